@@ -1,0 +1,46 @@
+"""sendonce: idempotent message publishing.
+
+Deterministic business-derived message ids, safe retries of in-doubt sends
+inside the broker's duplicate-detection window, partition and session key
+rules checked before anything is sent, and exactly-once Spark publishing.
+"""
+
+from __future__ import annotations
+
+from ._entity import EntityProfile
+from ._ids import MessageIdTemplate, content_message_id
+from ._message import Message, MessageSpec
+from .errors import (
+    ConfigurationError,
+    InDoubtError,
+    KeyRuleError,
+    MessageIdError,
+    MessageSizeError,
+    PayloadConflictError,
+    PermanentSendError,
+    SendError,
+    SendOnceError,
+    TransientSendError,
+    ValidationError,
+)
+
+__all__ = [
+    "ConfigurationError",
+    "EntityProfile",
+    "InDoubtError",
+    "KeyRuleError",
+    "Message",
+    "MessageIdError",
+    "MessageIdTemplate",
+    "MessageSizeError",
+    "MessageSpec",
+    "PayloadConflictError",
+    "PermanentSendError",
+    "SendError",
+    "SendOnceError",
+    "TransientSendError",
+    "ValidationError",
+    "content_message_id",
+]
+
+__version__ = "0.1.0.dev0"

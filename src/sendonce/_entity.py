@@ -1,0 +1,153 @@
+"""What a queue or topic enforces, and the partition/session key rules."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Literal
+
+from ._message import Message
+from .errors import ConfigurationError, KeyRuleError, MessageSizeError
+
+__all__ = [
+    "DEFAULT_WINDOW",
+    "MAX_WINDOW",
+    "MIN_WINDOW",
+    "DedupKey",
+    "EntityKind",
+    "EntityProfile",
+]
+
+MIN_WINDOW = timedelta(seconds=20)
+MAX_WINDOW = timedelta(days=7)
+DEFAULT_WINDOW = timedelta(minutes=10)
+DEFAULT_ID_CACHE_SIZE = 20_000
+EntityKind = Literal["queue", "topic"]
+DedupKey = tuple[str, str | None]
+"""(message id, partition key or None): what the broker compares."""
+
+
+@dataclass(frozen=True, slots=True)
+class EntityProfile:
+    """What the target queue or topic enforces.
+
+    ``id_cache_size`` switches duplicate detection from the Service Bus time
+    window to an Artemis-style count-bounded id cache; ``persist_id_cache``
+    says whether that cache survives a broker restart.
+    """
+
+    name: str
+    kind: EntityKind = field(default="queue", kw_only=True)
+    duplicate_detection: bool = field(default=True, kw_only=True)
+    duplicate_detection_window: timedelta = field(default=DEFAULT_WINDOW, kw_only=True)
+    partitioned: bool = field(default=False, kw_only=True)
+    sessions: bool = field(default=False, kw_only=True)
+    max_message_size: int = field(default=256 * 1024, kw_only=True)
+    id_cache_size: int | None = field(default=None, kw_only=True)
+    persist_id_cache: bool = field(default=True, kw_only=True)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ConfigurationError("entity name must be a non-empty str", field="name")
+        if len(self.name) > 260 or any(c in self.name for c in "\\?#\x00"):
+            raise ConfigurationError(
+                f"entity name {self.name!r} is not a valid queue or topic name", field="name"
+            )
+        if self.kind not in ("queue", "topic"):
+            raise ConfigurationError(
+                f"entity {self.name!r}: kind must be 'queue' or 'topic', got {self.kind!r}",
+                field="kind",
+            )
+        for flag in ("duplicate_detection", "partitioned", "sessions", "persist_id_cache"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigurationError(f"entity {self.name!r}: {flag} must be a bool", field=flag)
+        window = self.duplicate_detection_window
+        if not isinstance(window, timedelta):
+            raise ConfigurationError(
+                f"entity {self.name!r}: duplicate_detection_window must be a timedelta",
+                field="duplicate_detection_window",
+            )
+        if not MIN_WINDOW <= window <= MAX_WINDOW:
+            raise ConfigurationError(
+                f"entity {self.name!r}: duplicate_detection_window {window} is outside the "
+                f"broker's range {MIN_WINDOW} to {MAX_WINDOW}",
+                field="duplicate_detection_window",
+            )
+        size = self.max_message_size
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1024:
+            raise ConfigurationError(
+                f"entity {self.name!r}: max_message_size must be an int of at least 1024 bytes",
+                field="max_message_size",
+            )
+        cache = self.id_cache_size
+        if cache is not None and (
+            not isinstance(cache, int) or isinstance(cache, bool) or cache < 1
+        ):
+            raise ConfigurationError(
+                f"entity {self.name!r}: id_cache_size must be a positive int or None",
+                field="id_cache_size",
+            )
+
+    @property
+    def count_bounded(self) -> bool:
+        """True when duplicates are remembered by count (Artemis), not by time."""
+        return self.id_cache_size is not None
+
+    @property
+    def window(self) -> timedelta | None:
+        """The time window the broker remembers ids for, or None when count-bounded."""
+        return None if self.count_bounded else self.duplicate_detection_window
+
+    def dedup_key(self, message: Message) -> DedupKey:
+        """The uniqueness key the broker uses for ``message``.
+
+        Partitioned: MessageId + PartitionKey, where the session id stands in for
+        a missing partition key and, with duplicate detection on, the MessageId
+        stands in for both. Otherwise: MessageId alone.
+        """
+        if not self.partitioned:
+            return (message.message_id, None)
+        key = message.partition_key or message.session_id
+        if key is None:
+            key = message.message_id
+        return (message.message_id, key)
+
+    def effective_partition_key(self, message: Message) -> str | None:
+        """The key that decides which partition (or batch) a message belongs to."""
+        return message.partition_key or message.session_id
+
+    def check(self, message: Message) -> None:
+        """Raise if the entity would refuse ``message``; nothing has been sent yet."""
+        if self.sessions and message.session_id is None:
+            raise KeyRuleError(
+                f"message {message.message_id!r}: entity {self.name!r} requires sessions, "
+                "so session_id must be set",
+                field="session_id",
+            )
+        if (
+            message.partition_key is not None
+            and message.session_id is not None
+            and message.partition_key != message.session_id
+        ):
+            raise KeyRuleError(
+                f"message {message.message_id!r}: partition_key must equal session_id",
+                field="partition_key",
+            )
+        if message.size > self.max_message_size:
+            raise MessageSizeError(
+                f"message {message.message_id!r} is {message.size} bytes, over the "
+                f"{self.max_message_size}-byte limit of entity {self.name!r}",
+                field="body",
+            )
+
+    def require_duplicate_detection(self) -> None:
+        """Refuse an entity that cannot deduplicate: idempotent sends would be a lie."""
+        if not self.duplicate_detection:
+            raise ConfigurationError(
+                f"entity {self.name!r} has duplicate detection off (or is on the Basic tier, "
+                "which has none), so a resend after an in-doubt failure would create a "
+                "duplicate. Duplicate detection can only be set when the entity is created: "
+                "recreate it with requires_duplicate_detection=True, or pass "
+                "require_duplicate_detection=False to accept at-least-once delivery.",
+                field="duplicate_detection",
+            )

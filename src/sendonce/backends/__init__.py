@@ -1,0 +1,36 @@
+"""Backends: the transport protocol, ``connect(url)``, and the shipped backends."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._base import Ack, AckOutcome, Backend
+from ._url import connect, describe_url
+
+if TYPE_CHECKING:
+    from .local import LocalBackend, ReceivedMessage
+    from .servicebus import AzureServiceBusBackend
+
+__all__ = [
+    "Ack",
+    "AckOutcome",
+    "AzureServiceBusBackend",
+    "Backend",
+    "LocalBackend",
+    "ReceivedMessage",
+    "connect",
+    "describe_url",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # The Service Bus backend imports azure-servicebus, an optional extra: load on use.
+    if name in ("LocalBackend", "ReceivedMessage"):
+        from . import local
+
+        return getattr(local, name)
+    if name == "AzureServiceBusBackend":
+        from .servicebus import AzureServiceBusBackend
+
+        return AzureServiceBusBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,60 @@
+"""The small protocol every backend implements, in the manner of an httpx transport.
+
+A backend moves one transfer of messages to an entity and says what the broker
+did with each. It owns no retry loop and no sender configuration: retries,
+deadlines and batching are the sender's job, so every backend gets them right.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal, Protocol, runtime_checkable
+
+from .._entity import EntityProfile
+from .._message import Message
+
+__all__ = ["Ack", "AckOutcome", "Backend"]
+
+AckOutcome = Literal["accepted", "duplicate"]
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """What the broker did with one message of a transfer."""
+
+    outcome: AckOutcome
+    sequence_number: int | None = None
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A transport to one broker.
+
+    ``send`` and ``schedule`` return one :class:`Ack` per message, in order, or
+    raise ``TransientSendError`` (the outcome is in doubt) or
+    ``PermanentSendError`` (nothing was stored). With ``atomic=True`` the
+    messages are one all-or-nothing group; a backend that cannot honour that
+    raises ``ConfigurationError``.
+    """
+
+    def describe(self, entity: str) -> EntityProfile:
+        """The profile of an existing entity, as the broker enforces it."""
+        ...
+
+    def send(
+        self, entity: str, messages: Sequence[Message], *, timeout: float, atomic: bool = False
+    ) -> list[Ack]:
+        """Transfer ``messages`` to ``entity`` in one operation."""
+        ...
+
+    def schedule(
+        self, entity: str, messages: Sequence[Message], at: datetime, *, timeout: float
+    ) -> list[Ack]:
+        """Store ``messages`` for delivery at ``at``; acks carry sequence numbers."""
+        ...
+
+    def close(self) -> None:
+        """Release connections. Idempotent."""
+        ...

@@ -1,0 +1,140 @@
+"""The exception tree of sendonce.
+
+Every error a caller can see is one of these. ``ValidationError`` means nothing
+was sent; ``SendError`` subclasses say what is known about the broker's state.
+Messages pass through :func:`redact` so a secret can never leak into a log line
+or a traceback.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Any
+
+__all__ = [
+    "ConfigurationError",
+    "InDoubtError",
+    "KeyRuleError",
+    "MessageIdError",
+    "MessageSizeError",
+    "PayloadConflictError",
+    "PermanentSendError",
+    "SendError",
+    "SendOnceError",
+    "TransientSendError",
+    "ValidationError",
+    "redact",
+]
+
+# SharedAccessKey=..., SharedAccessSignature=..., sig=... (SAS token), AccountKey=...,
+# and any password in a URL's userinfo.
+_SECRET_PATTERNS = [
+    re.compile(r"(?i)(SharedAccessKey\s*=\s*)[^;\s\"']+"),
+    re.compile(r"(?i)(SharedAccessSignature\s*=\s*)[^;\"']+"),
+    re.compile(r"(?i)(AccountKey\s*=\s*)[^;\s\"']+"),
+    re.compile(r"(?i)([?&]sig=)[^&\s\"']+"),
+    re.compile(r"(?i)(\bsig%3D)[^&\s\"']+"),
+    re.compile(r"(?i)(://[^/\s:@]+:)[^@/\s]+(?=@)"),
+]
+REDACTED = "***"
+
+
+def redact(text: str) -> str:
+    """Return ``text`` with connection-string keys and SAS signatures masked."""
+    for pattern in _SECRET_PATTERNS:
+        text = pattern.sub(lambda m: m.group(1) + REDACTED, text)
+    return text
+
+
+class SendOnceError(Exception):
+    """Base of every sendonce error. Its message is always redacted."""
+
+    def __init__(self, message: str, *args: Any) -> None:
+        super().__init__(redact(message), *args)
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ValidationError(SendOnceError, ValueError):
+    """Bad input: the SDK refused it before anything was sent."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class MessageIdError(ValidationError):
+    """A message id could not be built or is not acceptable to the broker."""
+
+
+class KeyRuleError(ValidationError):
+    """A partition key or session id breaks the entity's rules."""
+
+
+class MessageSizeError(ValidationError):
+    """A message is larger than the entity accepts."""
+
+
+class ConfigurationError(ValidationError):
+    """An unsafe or impossible setup: window out of range, no duplicate detection."""
+
+
+class SendError(SendOnceError):
+    """A send did not complete normally. Carries the message id when one is known."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        message_id: str | None = None,
+        partition_key: str | None = None,
+        condition: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message_id = message_id
+        self.partition_key = partition_key
+        self.condition = condition
+
+
+class TransientSendError(SendError):
+    """The send may or may not have been committed; retrying with the same id is safe."""
+
+
+class PermanentSendError(SendError):
+    """The broker refused the send; retrying cannot help."""
+
+
+class PayloadConflictError(SendError):
+    """The same message id was sent earlier with a different body.
+
+    The broker would silently drop the second body, so this is an error, not a duplicate.
+    """
+
+
+class InDoubtError(SendError):
+    """Retries ran out before the duplicate-detection deadline.
+
+    The message may have been committed or not; only this message id is in doubt.
+    Resending it is safe only while the broker still remembers the id.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        message_id: str | None = None,
+        partition_key: str | None = None,
+        attempts: int = 0,
+        elapsed: timedelta = timedelta(0),
+        last_error: BaseException | None = None,
+    ) -> None:
+        super().__init__(message, message_id=message_id, partition_key=partition_key)
+        self.attempts = attempts
+        self.elapsed = elapsed
+        self.last_error = last_error
