@@ -10,6 +10,8 @@ from __future__ import annotations
 from ._entity import EntityProfile
 from ._ids import MessageIdTemplate, content_message_id
 from ._message import Message, MessageSpec
+from ._retry import RetryPolicy
+from ._sender import IdempotentSender, SendFailure, SendReport, SendResult, Transaction
 from .errors import (
     ConfigurationError,
     InDoubtError,
@@ -27,6 +29,7 @@ from .errors import (
 __all__ = [
     "ConfigurationError",
     "EntityProfile",
+    "IdempotentSender",
     "InDoubtError",
     "KeyRuleError",
     "Message",
@@ -36,8 +39,13 @@ __all__ = [
     "MessageSpec",
     "PayloadConflictError",
     "PermanentSendError",
+    "RetryPolicy",
     "SendError",
+    "SendFailure",
     "SendOnceError",
+    "SendReport",
+    "SendResult",
+    "Transaction",
     "TransientSendError",
     "ValidationError",
     "content_message_id",

@@ -54,6 +54,7 @@ class Message:
         default=None, kw_only=True, compare=True, hash=False
     )
     time_to_live: timedelta | None = field(default=None, kw_only=True)
+    _size: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.body, bytes | str):
@@ -125,6 +126,7 @@ class Message:
                         field="application_properties",
                     )
             object.__setattr__(self, "application_properties", MappingProxyType(dict(props)))
+        object.__setattr__(self, "_size", self._measure())
 
     @property
     def body_bytes(self) -> bytes:
@@ -134,7 +136,13 @@ class Message:
     @property
     def size(self) -> int:
         """Approximate encoded size: body plus ids and properties, as brokers count it."""
-        size = len(self.body_bytes) + len(self.message_id)
+        return self._size
+
+    def _measure(self) -> int:
+        body = self.body
+        size = (len(body) if isinstance(body, bytes) else len(body.encode("utf-8"))) + len(
+            self.message_id
+        )
         for extra in (self.partition_key, self.session_id, self.subject, self.content_type,
                       self.correlation_id):
             if extra:
