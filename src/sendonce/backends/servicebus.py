@@ -1,0 +1,536 @@
+"""``AzureServiceBusBackend``: queues and topics through the real azure-servicebus client.
+
+The client is configured so that sendonce owns the retry budget: its own retries
+are off (``retry_total=0``) and every send and schedule passes a timeout. Each
+``send`` is exactly one transfer (one ``ServiceBusMessageBatch``), because the
+sender decides the transfer boundaries by the partition-key and size rules.
+
+Thread safety: ``ServiceBusClient`` and ``ServiceBusSender`` are not
+thread-safe. The backend serialises its calls with a lock, so one backend may
+be shared by threads, but they then send one at a time; for parallel sends use
+one backend per thread or process (Spark executors build their own).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import Any, Literal
+
+from azure.core.exceptions import (
+    AzureError,
+    ClientAuthenticationError,
+    HttpResponseError,
+    ResourceNotFoundError,
+)
+from azure.servicebus import ServiceBusClient, ServiceBusSender, parse_connection_string
+from azure.servicebus.exceptions import MessageSizeExceededError
+
+from .._entity import DEFAULT_WINDOW, EntityKind, EntityProfile
+from .._message import Message
+from ..errors import (
+    ConfigurationError,
+    MessageSizeError,
+    SendError,
+    TransientSendError,
+    ValidationError,
+    redact,
+)
+from ._base import Ack
+from ._servicebus_convert import to_servicebus_message
+from ._servicebus_errors import is_connection_level, is_sdk_error, map_error
+
+__all__ = ["AzureServiceBusBackend"]
+
+logger = logging.getLogger("sendonce.servicebus")
+
+DEFAULT_LINK_TIMEOUT = 60.0
+DEFAULT_ADMIN_TIMEOUT = 30.0
+_STANDARD_MAX_MESSAGE_KB = 256
+
+
+def _is_emulator(conn_str: str) -> bool:
+    # The same test the client applies (UseDevelopmentEmulator=true, key case-insensitive).
+    for part in conn_str.strip().rstrip(";").split(";"):
+        key, _, value = part.partition("=")
+        if key.strip().lower() == "usedevelopmentemulator":
+            return value.strip() == "true"
+    return False
+
+
+def _check_entity(entity: object) -> str:
+    if not isinstance(entity, str) or not entity.strip():
+        raise ConfigurationError("entity must be a non-empty queue or topic name", field="entity")
+    return entity
+
+
+def _check_timeout(timeout: object) -> float:
+    if (
+        not isinstance(timeout, int | float)
+        or isinstance(timeout, bool)
+        or not timeout > 0
+        or timeout != timeout
+        or timeout == float("inf")
+    ):
+        raise ConfigurationError(
+            f"timeout must be a positive finite number of seconds, got {timeout!r}: a call "
+            "without a bound can hang when no disposition arrives",
+            field="timeout",
+        )
+    return float(timeout)
+
+
+class AzureServiceBusBackend:
+    """A backend that sends to Azure Service Bus (or its emulator).
+
+    Build it from a connection string (:meth:`from_connection_string`, or
+    ``connection_string=``), from ``fully_qualified_namespace`` and a
+    ``credential`` (an azure-identity credential; ``DefaultAzureCredential``
+    when omitted), or from a ready ``client`` whose retries are off.
+
+    ``profiles`` maps entity names to explicit :class:`EntityProfile` values;
+    they win over the administration API, and are required where it cannot be
+    read (the emulator, a send-only key). ``kinds`` maps entity names to
+    ``"queue"`` or ``"topic"`` when no profile says which.
+    """
+
+    def __init__(
+        self,
+        *,
+        client: ServiceBusClient | None = None,
+        fully_qualified_namespace: str | None = None,
+        credential: Any = None,
+        connection_string: str | None = None,
+        admin_client: Any = None,
+        profiles: Mapping[str, EntityProfile] | None = None,
+        kinds: Mapping[str, EntityKind] | None = None,
+        transport_type: Any = None,
+        link_timeout: float = DEFAULT_LINK_TIMEOUT,
+        admin_timeout: float = DEFAULT_ADMIN_TIMEOUT,
+        max_batch_size: int | None = None,
+        **client_kwargs: Any,
+    ) -> None:
+        sources = sum(x is not None for x in (client, fully_qualified_namespace, connection_string))
+        if sources != 1:
+            raise ConfigurationError(
+                "give exactly one of client=, connection_string= or fully_qualified_namespace=",
+                field="connection_string",
+            )
+        self._link_timeout = _check_timeout(link_timeout)
+        self._admin_timeout = _check_timeout(admin_timeout)
+        if max_batch_size is not None and (
+            not isinstance(max_batch_size, int)
+            or isinstance(max_batch_size, bool)
+            or max_batch_size < 1024
+        ):
+            raise ConfigurationError(
+                "max_batch_size must be an int of at least 1024 bytes or None",
+                field="max_batch_size",
+            )
+        self._max_batch_size = max_batch_size
+        retries = client_kwargs.pop("retry_total", 0)
+        if retries != 0:
+            raise ConfigurationError(
+                f"retry_total={retries!r}: the client's own retries must stay off; sendonce's "
+                "RetryPolicy is the only retry loop (it knows the duplicate-detection window)",
+                field="retry_total",
+            )
+        self._profiles: dict[str, EntityProfile] = {}
+        self._kinds: dict[str, EntityKind] = {}
+        for name, profile in (profiles or {}).items():
+            if not isinstance(profile, EntityProfile):
+                raise ConfigurationError(
+                    f"profiles[{name!r}] must be an EntityProfile", field="profiles"
+                )
+            self._profiles[name] = profile
+            self._kinds[name] = profile.kind
+        for name, kind in (kinds or {}).items():
+            if kind not in ("queue", "topic"):
+                raise ConfigurationError(
+                    f"kinds[{name!r}] must be 'queue' or 'topic', got {kind!r}", field="kinds"
+                )
+            self._kinds[name] = kind
+
+        self._connection_string: str | None = None
+        self._credential: Any = credential
+        self._emulator = False
+        self._entity_path: str | None = None
+        options: dict[str, Any] = dict(client_kwargs)
+        options["retry_total"] = 0
+        options.setdefault("try_timeout", self._link_timeout)
+        if transport_type is not None:
+            options["transport_type"] = transport_type
+
+        if client is not None:
+            configured = getattr(getattr(client, "_config", None), "retry_total", 0)
+            if configured != 0:
+                raise ConfigurationError(
+                    f"the given ServiceBusClient retries by itself (retry_total={configured}); "
+                    "build it with retry_total=0 so sendonce owns the retry budget",
+                    field="client",
+                )
+            self._client = client
+            self._namespace = str(getattr(client, "fully_qualified_namespace", "?"))
+        elif connection_string is not None:
+            if not isinstance(connection_string, str):
+                raise ConfigurationError(
+                    "connection_string must be a str", field="connection_string"
+                )
+            try:
+                props = parse_connection_string(connection_string)
+            except (ValueError, TypeError, KeyError, AttributeError):
+                raise ConfigurationError(
+                    "connection_string is malformed: expected "
+                    "Endpoint=sb://<namespace>/;SharedAccessKeyName=<name>;SharedAccessKey=<key> "
+                    "(or SharedAccessSignature=...; add UseDevelopmentEmulator=true for the "
+                    "emulator)",
+                    field="connection_string",
+                ) from None
+            self._connection_string = connection_string
+            self._emulator = _is_emulator(connection_string)
+            self._entity_path = props.entity_path or None
+            self._namespace = props.fully_qualified_namespace
+            try:
+                self._client = ServiceBusClient.from_connection_string(connection_string, **options)
+            except (ValueError, TypeError) as exc:
+                raise ConfigurationError(
+                    f"cannot build a Service Bus client: {redact(str(exc))}",
+                    field="connection_string",
+                ) from None
+        else:
+            assert fully_qualified_namespace is not None
+            if not isinstance(fully_qualified_namespace, str) or not fully_qualified_namespace:
+                raise ConfigurationError(
+                    "fully_qualified_namespace must be a non-empty str",
+                    field="fully_qualified_namespace",
+                )
+            if credential is None:
+                credential = _default_credential()
+                self._credential = credential
+            self._namespace = fully_qualified_namespace
+            self._client = ServiceBusClient(fully_qualified_namespace, credential, **options)
+        self._admin: Any = admin_client
+        self._senders: dict[str, ServiceBusSender] = {}
+        self._lock = threading.RLock()
+        self._closed = False
+        logger.debug("created %r", self)
+
+    # -- construction -----------------------------------------------------------------
+
+    @classmethod
+    def from_connection_string(cls, conn_str: str, **options: Any) -> AzureServiceBusBackend:
+        """A backend for a connection string (``UseDevelopmentEmulator=true`` for the emulator)."""
+        return cls(connection_string=conn_str, **options)
+
+    def __repr__(self) -> str:
+        extra = ", emulator=True" if self._emulator else ""
+        return f"AzureServiceBusBackend(namespace={self._namespace!r}{extra})"
+
+    @property
+    def namespace(self) -> str:
+        """The fully qualified namespace (host, and port for the emulator)."""
+        return self._namespace
+
+    # -- entities ---------------------------------------------------------------------
+
+    def describe(self, entity: str) -> EntityProfile:
+        """The profile of ``entity``: an explicit profile, else the administration API.
+
+        Raises ``ConfigurationError`` when the properties cannot be read (the
+        emulator, or a credential without Manage rights): pass ``profiles=``.
+        """
+        entity = _check_entity(entity)
+        with self._lock:
+            known = self._profiles.get(entity)
+            if known is not None:
+                return known
+            admin = self._admin_client(entity)
+            profile = self._read_profile(admin, entity)
+            self._profiles[entity] = profile
+            self._kinds[entity] = profile.kind
+            logger.debug("described %s as %r", entity, profile)
+            return profile
+
+    def _needs_profile(self, entity: str, why: str) -> ConfigurationError:
+        return ConfigurationError(
+            f"cannot read the properties of entity {entity!r} ({why}); pass an explicit profile, "
+            f"e.g. AzureServiceBusBackend(..., profiles={{{entity!r}: EntityProfile({entity!r}, "
+            "duplicate_detection=True, duplicate_detection_window=timedelta(minutes=10), "
+            "partitioned=False, sessions=False)}) or IdempotentSender(backend, "
+            "EntityProfile(...)), with the values the entity was created with",
+            field="entity",
+        )
+
+    def _admin_client(self, entity: str) -> Any:
+        if self._admin is not None:
+            return self._admin
+        if self._emulator:
+            raise self._needs_profile(entity, "the development emulator has no administration API")
+        from azure.servicebus.management import ServiceBusAdministrationClient
+
+        try:
+            if self._connection_string is not None:
+                self._admin = ServiceBusAdministrationClient.from_connection_string(
+                    self._connection_string
+                )
+            elif self._credential is not None:
+                self._admin = ServiceBusAdministrationClient(self._namespace, self._credential)
+            else:
+                raise self._needs_profile(entity, "no credential for the administration API")
+        except (ValueError, TypeError) as exc:
+            raise self._needs_profile(entity, redact(str(exc))) from None
+        return self._admin
+
+    def _read_profile(self, admin: Any, entity: str) -> EntityProfile:
+        kind: EntityKind = self._kinds.get(entity, "queue")
+        try:
+            try:
+                props = (admin.get_queue if kind == "queue" else admin.get_topic)(
+                    entity, timeout=self._admin_timeout
+                )
+            except (ResourceNotFoundError, AttributeError):
+                # get_queue on a topic name finds no queue description (AttributeError in 7.x).
+                kind = "topic" if kind == "queue" else "queue"
+                props = (admin.get_queue if kind == "queue" else admin.get_topic)(
+                    entity, timeout=self._admin_timeout
+                )
+        except (ResourceNotFoundError, AttributeError):
+            raise ConfigurationError(
+                f"entity {entity!r} does not exist in namespace {self._namespace!r} "
+                "(neither a queue nor a topic)",
+                field="entity",
+            ) from None
+        except HttpResponseError as exc:
+            status = getattr(exc, "status_code", None)
+            if isinstance(exc, ClientAuthenticationError) or status in (401, 403):
+                raise self._needs_profile(
+                    entity, f"the credential may not read entity properties (HTTP {status})"
+                ) from None
+            if status == 404:
+                raise self._needs_profile(entity, "the administration API is not there") from None
+            raise TransientSendError(
+                f"reading the properties of entity {entity!r} failed: "
+                f"{type(exc).__name__} (HTTP {status})"
+            ) from None
+        except AzureError as exc:
+            raise TransientSendError(
+                f"reading the properties of entity {entity!r} failed: {type(exc).__name__}: "
+                f"{redact(str(exc))}"
+            ) from None
+        return _profile_from_properties(entity, kind, props)
+
+    # -- sending ----------------------------------------------------------------------
+
+    def _sender(self, entity: str) -> ServiceBusSender:
+        if self._closed:
+            raise ConfigurationError("the backend is closed", field="backend")
+        sender = self._senders.get(entity)
+        if sender is not None:
+            return sender
+        if self._entity_path is not None and entity != self._entity_path:
+            raise ConfigurationError(
+                f"the connection string is scoped to entity {self._entity_path!r}, not {entity!r}",
+                field="entity",
+            )
+        if self._kinds.get(entity) == "topic":
+            sender = self._client.get_topic_sender(topic_name=entity)
+        else:
+            sender = self._client.get_queue_sender(queue_name=entity)
+        logger.debug("opened a sender for %s", entity)
+        self._senders[entity] = sender
+        return sender
+
+    def _discard_sender(self, entity: str) -> None:
+        sender = self._senders.pop(entity, None)
+        if sender is None:
+            return
+        logger.info("closing the sender for %s after a connection-level error", entity)
+        try:
+            sender.close()
+        except Exception as exc:  # a dead link may fail to close; it is dropped either way
+            logger.debug("closing the sender for %s failed: %s", entity, redact(repr(exc)))
+
+    def _fail(
+        self, exc: BaseException, *, operation: str, entity: str, messages: Sequence[Message]
+    ) -> SendError:
+        one = messages[0] if len(messages) == 1 else None
+        error = map_error(
+            exc,
+            operation=operation,
+            entity=entity,
+            message_id=None if one is None else one.message_id,
+            partition_key=None if one is None else (one.partition_key or one.session_id),
+            count=len(messages),
+        )
+        if is_connection_level(exc) or isinstance(error, TransientSendError):
+            self._discard_sender(entity)
+        return error
+
+    def send(
+        self, entity: str, messages: Sequence[Message], *, timeout: float, atomic: bool = False
+    ) -> list[Ack]:
+        """Send ``messages`` to a queue or topic as one transfer (one message batch).
+
+        Raises ``MessageSizeError`` (nothing sent) if they do not fit in one
+        batch on the link. Service Bus does not tell the sender about duplicates,
+        so every ack is ``"accepted"``.
+        """
+        entity = _check_entity(entity)
+        timeout = _check_timeout(timeout)
+        if atomic:
+            raise ConfigurationError(
+                "Service Bus has no transactions in the Python client: an all-or-nothing group "
+                "cannot be sent (use the local broker for transactional groups)",
+                field="atomic",
+            )
+        messages = list(messages)
+        if not messages:
+            return []
+        converted = [to_servicebus_message(m) for m in messages]
+        with self._lock:
+            sender = self._sender(entity)
+            try:
+                payload: Any = self._batch(sender, entity, messages, converted)
+                sender.send_messages(payload, timeout=timeout)
+            except ValidationError:
+                raise
+            except Exception as exc:
+                if not is_sdk_error(exc):
+                    raise
+                raise self._fail(exc, operation="send", entity=entity, messages=messages) from None
+        logger.debug("sent %d message(s) to %s", len(messages), entity)
+        return [Ack("accepted") for _ in messages]
+
+    def _batch(
+        self, sender: ServiceBusSender, entity: str, messages: list[Message], converted: list[Any]
+    ) -> Any:
+        if self._max_batch_size is None:
+            batch = sender.create_message_batch()
+        else:
+            batch = sender.create_message_batch(max_size_in_bytes=self._max_batch_size)
+        for index, (message, sb_message) in enumerate(zip(messages, converted, strict=True)):
+            try:
+                batch.add_message(sb_message)
+            except MessageSizeExceededError:
+                if len(messages) == 1:
+                    # A single large message (Premium allows up to 100 MB) goes on its own,
+                    # where the link's message size limit, not the batch limit, applies.
+                    return sb_message
+                raise MessageSizeError(
+                    f"message {message.message_id!r} (index {index}) does not fit in one "
+                    f"transfer of {len(messages)} messages to {entity!r}: the batch limit is "
+                    f"{batch.max_size_in_bytes} bytes; nothing was sent",
+                    field="messages",
+                ) from None
+        return batch
+
+    def schedule(
+        self, entity: str, messages: Sequence[Message], at: datetime, *, timeout: float
+    ) -> list[Ack]:
+        """Schedule ``messages`` for ``at``; the acks carry the sequence numbers.
+
+        A retried schedule can return the sequence number of a copy the service
+        dropped as a duplicate (Azure/azure-service-bus #265, #266): such a number
+        cannot be used to cancel the message that was kept.
+        """
+        entity = _check_entity(entity)
+        timeout = _check_timeout(timeout)
+        if not isinstance(at, datetime) or at.tzinfo is None:
+            raise ValidationError("at must be a timezone-aware datetime", field="at")
+        messages = list(messages)
+        if not messages:
+            return []
+        converted = [to_servicebus_message(m) for m in messages]
+        with self._lock:
+            sender = self._sender(entity)
+            try:
+                numbers = sender.schedule_messages(converted, at, timeout=timeout)
+            except ValidationError:
+                raise
+            except Exception as exc:
+                if not is_sdk_error(exc):
+                    raise
+                raise self._fail(
+                    exc, operation="schedule", entity=entity, messages=messages
+                ) from None
+        numbers = list(numbers)
+        if len(numbers) != len(messages):
+            raise TransientSendError(
+                f"schedule of {len(messages)} messages to {entity!r} returned {len(numbers)} "
+                "sequence numbers: the outcome is in doubt"
+            )
+        logger.debug("scheduled %d message(s) to %s for %s", len(messages), entity, at)
+        return [Ack("accepted", int(n)) for n in numbers]
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close every sender, the client and the administration client. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for entity in list(self._senders):
+                sender = self._senders.pop(entity)
+                try:
+                    sender.close()
+                except Exception as exc:
+                    logger.debug("closing the sender for %s failed: %s", entity, redact(repr(exc)))
+            for name, closable in (("client", self._client), ("admin client", self._admin)):
+                if closable is None:
+                    continue
+                try:
+                    closable.close()
+                except Exception as exc:
+                    logger.debug("closing the %s failed: %s", name, redact(repr(exc)))
+
+    def __enter__(self) -> AzureServiceBusBackend:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
+        self.close()
+        return False
+
+    def __getstate__(self) -> Any:
+        raise TypeError(
+            "AzureServiceBusBackend holds live connections and cannot be pickled: ship the "
+            "connection string and call sendonce.backends.connect(url) on the executor"
+        )
+
+
+def _default_credential() -> Any:
+    try:
+        from azure.identity import DefaultAzureCredential
+    except ImportError:
+        raise ConfigurationError(
+            "fully_qualified_namespace without a credential needs azure-identity: "
+            "pip install 'sendonce[azure]', or pass credential=",
+            field="credential",
+        ) from None
+    return DefaultAzureCredential()
+
+
+def _profile_from_properties(entity: str, kind: EntityKind, props: Any) -> EntityProfile:
+    window = getattr(props, "duplicate_detection_history_time_window", None)
+    if not isinstance(window, timedelta):
+        window = DEFAULT_WINDOW
+    size_kb = getattr(props, "max_message_size_in_kilobytes", None)
+    if not isinstance(size_kb, int) or size_kb <= 0:
+        size_kb = _STANDARD_MAX_MESSAGE_KB
+    return EntityProfile(
+        entity,
+        kind=kind,
+        duplicate_detection=bool(getattr(props, "requires_duplicate_detection", False)),
+        duplicate_detection_window=window,
+        partitioned=bool(getattr(props, "enable_partitioning", False)),
+        sessions=bool(getattr(props, "requires_session", False)) if kind == "queue" else False,
+        max_message_size=size_kb * 1024,
+    )
