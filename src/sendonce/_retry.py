@@ -47,12 +47,14 @@ class _StopAtDeadline(tenacity.stop.stop_base):
     def __init__(self, clock: Clock, deadline: float | None) -> None:
         self.clock = clock
         self.deadline = deadline
+        self.fired = False
 
     def __call__(self, retry_state: RetryCallState) -> bool:
         if self.deadline is None:
             return False
         next_start = self.clock() + retry_state.upcoming_sleep
-        return next_start + MIN_ATTEMPT_TIME >= self.deadline
+        self.fired = next_start + MIN_ATTEMPT_TIME >= self.deadline
+        return self.fired
 
 
 class _ExponentialBackoff(tenacity.wait.wait_base):
@@ -192,8 +194,9 @@ class RetryPolicy:
                 in_doubt = True
                 raise
 
+        at_deadline = _StopAtDeadline(clock, deadline)
         retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(self.max_attempts) | _StopAtDeadline(clock, deadline),
+            stop=tenacity.stop_after_attempt(self.max_attempts) | at_deadline,
             wait=_ExponentialBackoff(self.initial_backoff, self.max_backoff, self.jitter, self.rng),
             retry=tenacity.retry_if_exception_type(TransientSendError),
             sleep=self.sleep,
@@ -209,10 +212,10 @@ class RetryPolicy:
             last = exc if isinstance(exc, TransientSendError) else None
             elapsed = timedelta(seconds=max(clock() - first, 0.0))
             reason = (
-                "the duplicate-detection deadline would pass before another attempt"
-                if deadline is not None and clock() + MIN_ATTEMPT_TIME >= deadline
-                or isinstance(exc, _DeadlinePassed)
-                else f"{attempts} attempts were used"
+                "the duplicate-detection deadline (first attempt + window - safety margin) "
+                "would pass before another attempt could finish"
+                if at_deadline.fired or isinstance(exc, _DeadlinePassed)
+                else f"all {self.max_attempts} attempts were used"
             )
             raise InDoubtError(
                 f"message {message_id!r} (partition key {partition_key!r}) is in doubt after "
