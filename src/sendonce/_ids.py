@@ -44,7 +44,7 @@ def canonical_text(value: object, field: str) -> str:
     if kind is str:
         return value  # type: ignore[return-value]
     if kind is int:
-        return str(value)
+        return _int_text(value, field)  # type: ignore[arg-type]
     formatter = _FORMATTERS.get(kind)
     if formatter is not None:
         return formatter(value, field)
@@ -52,12 +52,30 @@ def canonical_text(value: object, field: str) -> str:
 
 
 def _decimal_text(value: Any, field: str) -> str:
+    # Context-free: normalize()/quantize() would round to the thread's decimal precision.
     d: Decimal = value
     if not d.is_finite():
         raise MessageIdError(f"field {field!r}: Decimal {d} is not finite", field=field)
-    if d == d.to_integral_value():
-        return str(int(d))
-    return format(d.normalize(), "f")
+    if d and not -MAX_ID_LENGTH <= d.adjusted() <= MAX_ID_LENGTH:
+        raise MessageIdError(
+            f"field {field!r}: Decimal with exponent {d.adjusted()} has too many digits for an id",
+            field=field,
+        )
+    text = format(d, "f")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    if text in ("-0", ""):
+        text = "0"
+    return text
+
+
+def _int_text(value: int, field: str) -> str:
+    try:
+        return str(value)
+    except ValueError:
+        raise MessageIdError(
+            f"field {field!r}: integer has too many digits for an id", field=field
+        ) from None
 
 
 def _datetime_text(value: Any, field: str) -> str:
@@ -104,7 +122,7 @@ def _canonical_slow(value: object, field: str) -> str:
     if isinstance(value, str):
         return str.__str__(value)
     if isinstance(value, numbers.Integral):
-        return str(int(value))
+        return _int_text(int(value), field)
     if isinstance(value, Decimal):
         return _decimal_text(value, field)
     if isinstance(value, datetime):
@@ -202,7 +220,11 @@ class MessageIdTemplate:
     def build(self, record: Any) -> str:
         """The id for ``record``; raises :class:`MessageIdError` naming the field at fault."""
         message_id = self._build(record)
-        if len(message_id) > self.max_length:
+        if len(message_id) >= self.max_length and (
+            len(message_id) > self.max_length or self.overflow == "hash"
+        ):
+            # Hashed ids are exactly max_length and unhashed ones strictly shorter, so a value
+            # that equals another record's hashed id can never collide with it.
             return self._overflow(message_id)
         if not message_id:
             raise MessageIdError(

@@ -198,6 +198,18 @@ def canonical_json(record: Any) -> bytes:
     ).encode("utf-8")
 
 
+def _build_key(template: MessageIdTemplate | None, record: Any, name: str) -> str | None:
+    """Build a partition key or session id, reporting failures under the key's own name."""
+    if template is None:
+        return None
+    try:
+        return template.build(record)
+    except MessageIdError as exc:
+        if exc.field not in ("message_id", "template"):
+            raise  # a missing or bad record field: the field is named already
+        raise KeyRuleError(f"{name}: {exc}", field=name) from None
+
+
 BodySource = str | Callable[[Any], bytes | str] | None
 
 
@@ -292,8 +304,8 @@ class MessageSpec:
     def to_message(self, record: Any) -> Message:
         """Build the message for ``record``; raises a ``ValidationError`` naming the field."""
         message_id = self.message_id.build(record)
-        partition_key = None if self.partition_key is None else self.partition_key.build(record)
-        session_id = None if self.session_id is None else self.session_id.build(record)
+        partition_key = _build_key(self.partition_key, record, "partition_key")
+        session_id = _build_key(self.session_id, record, "session_id")
         if session_id is not None and partition_key is None:
             partition_key = session_id
         return Message(

@@ -30,12 +30,14 @@ __all__ = [
 # SharedAccessKey=..., SharedAccessSignature=..., sig=... (SAS token), AccountKey=...,
 # and any password in a URL's userinfo.
 _SECRET_PATTERNS = [
-    re.compile(r"(?i)(SharedAccessKey\s*=\s*)[^;\s\"']+"),
-    re.compile(r"(?i)(SharedAccessSignature\s*=\s*)[^;\"']+"),
-    re.compile(r"(?i)(AccountKey\s*=\s*)[^;\s\"']+"),
-    re.compile(r"(?i)([?&]sig=)[^&\s\"']+"),
-    re.compile(r"(?i)(\bsig%3D)[^&\s\"']+"),
+    re.compile(r"(?i)(SharedAccessKey\s*=\s*[\"']?)[^;\s\"']+"),
+    re.compile(r"(?i)(SharedAccessSignature\s*=\s*[\"']?)[^;\"']+"),
+    re.compile(r"(?i)(AccountKey\s*=\s*[\"']?)[^;\s\"']+"),
+    re.compile(r"(?i)((?<![A-Za-z0-9_])sig=)[^&\s\"';]+"),
+    re.compile(r"(?i)((?<![A-Za-z0-9_])sig%3D)[^&\s\"';%]+(?:%[0-9A-F]{2}[^&\s\"';%]*)*"),
+    re.compile(r"(?i)(%26sig%3D)[^&\s\"';%]+(?:%[0-9A-F]{2}[^&\s\"';%]*)*"),
     re.compile(r"(?i)(://[^/\s:@]+:)[^@/\s]+(?=@)"),
+    re.compile(r"(?i)((?<![A-Za-z0-9_/])[^/\s:@'\"]+:)[^@/\s'\"]+(?=@[A-Za-z0-9.\-]+)"),
 ]
 REDACTED = "***"
 

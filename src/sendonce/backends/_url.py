@@ -25,12 +25,13 @@ def local_path(url: str) -> tuple[str, dict[str, str]]:
         raise ConfigurationError(f"not a local: url: {redact(url)!r}", field="url")
     if parts.netloc not in ("", "localhost"):
         raise ConfigurationError(
-            f"local url {url!r} names host {parts.netloc!r}; use local:///absolute/path.db",
+            f"local url {redact(url)!r} names host {parts.hostname!r}; "
+            "use local:///absolute/path.db",
             field="url",
         )
     path = unquote(parts.path)
     if not path or path.endswith("/"):
-        raise ConfigurationError(f"local url {url!r} names no broker file", field="url")
+        raise ConfigurationError(f"local url {redact(url)!r} names no broker file", field="url")
     return os.path.abspath(path), dict(parse_qsl(parts.query))
 
 
