@@ -1,0 +1,431 @@
+"""AMQP message bytes as the emulator keeps them: split, unbatch, read, re-stamp.
+
+The emulator stores each message's encoded bytes unchanged and delivers them
+back as they came, so every property the client set survives the round trip.
+Only the sections the broker owns (header delivery count, message
+annotations) are rebuilt on delivery. Bodies are never decoded and re-encoded.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from proton import Data, Described, Message, symbol, timestamp, ulong
+
+from .._message import Message as SendOnceMessage
+
+__all__ = [
+    "ANNOTATIONS",
+    "APPLICATION_PROPERTIES",
+    "DATA",
+    "HEADER",
+    "PROPERTIES",
+    "Section",
+    "body_bytes",
+    "encode_fields",
+    "is_batch",
+    "restamp",
+    "split_sections",
+    "to_message",
+    "unbatch",
+]
+
+HEADER = 0x70
+DELIVERY_ANNOTATIONS = 0x71
+ANNOTATIONS = 0x72
+PROPERTIES = 0x73
+APPLICATION_PROPERTIES = 0x74
+DATA = 0x75
+SEQUENCE = 0x76
+VALUE = 0x77
+FOOTER = 0x78
+
+_SYMBOLIC = {
+    b"amqp:header:list": HEADER,
+    b"amqp:delivery-annotations:map": DELIVERY_ANNOTATIONS,
+    b"amqp:message-annotations:map": ANNOTATIONS,
+    b"amqp:properties:list": PROPERTIES,
+    b"amqp:application-properties:map": APPLICATION_PROPERTIES,
+    b"amqp:data:binary": DATA,
+    b"amqp:amqp-sequence:list": SEQUENCE,
+    b"amqp:amqp-value:*": VALUE,
+    b"amqp:footer:map": FOOTER,
+}
+
+PARTITION_KEY = symbol("x-opt-partition-key")
+SCHEDULED_TIME = symbol("x-opt-scheduled-enqueue-time")
+SEQUENCE_NUMBER = symbol("x-opt-sequence-number")
+ENQUEUED_TIME = symbol("x-opt-enqueued-time")
+LOCKED_UNTIL = symbol("x-opt-locked-until")
+LOCK_TOKEN = symbol("x-opt-lock-token")
+
+
+class CodecError(ValueError):
+    """The bytes are not a well-formed AMQP message."""
+
+
+@dataclass(frozen=True, slots=True)
+class Section:
+    """One top-level section of an encoded message: its code and byte span."""
+
+    code: int
+    start: int
+    value_start: int
+    end: int
+
+
+def _skip(buf: bytes, pos: int) -> int:
+    """The offset just past the AMQP value that starts at ``pos``."""
+    if pos >= len(buf):
+        raise CodecError("truncated value")
+    ctor = buf[pos]
+    pos += 1
+    if ctor == 0x00:  # described: descriptor, then value
+        return _skip(buf, _skip(buf, pos))
+    width = ctor >> 4
+    if width == 0x4:
+        end = pos
+    elif width == 0x5:
+        end = pos + 1
+    elif width == 0x6:
+        end = pos + 2
+    elif width == 0x7:
+        end = pos + 4
+    elif width == 0x8:
+        end = pos + 8
+    elif width == 0x9:
+        end = pos + 16
+    elif width in (0xA, 0xC, 0xE):
+        if pos >= len(buf):
+            raise CodecError("truncated size")
+        end = pos + 1 + buf[pos]
+    elif width in (0xB, 0xD, 0xF):
+        if pos + 4 > len(buf):
+            raise CodecError("truncated size")
+        end = pos + 4 + struct.unpack_from(">I", buf, pos)[0]
+    else:
+        raise CodecError(f"unknown constructor 0x{ctor:02x}")
+    if end > len(buf):
+        raise CodecError("truncated value")
+    return end
+
+
+def _descriptor(buf: bytes, pos: int) -> tuple[int, int]:
+    """The section code of the descriptor at ``pos`` and the offset after it."""
+    ctor = buf[pos]
+    if ctor == 0x53:
+        return buf[pos + 1], pos + 2
+    if ctor == 0x80:
+        return struct.unpack_from(">Q", buf, pos + 1)[0], pos + 9
+    if ctor in (0xA3, 0xB3):
+        end = _skip(buf, pos)
+        head = 2 if ctor == 0xA3 else 5
+        return _SYMBOLIC.get(bytes(buf[pos + head : end]), -1), end
+    raise CodecError(f"unexpected descriptor constructor 0x{ctor:02x}")
+
+
+def split_sections(payload: bytes) -> list[Section]:
+    """Split an encoded message into its top-level sections."""
+    sections: list[Section] = []
+    pos = 0
+    while pos < len(payload):
+        if payload[pos] != 0x00:
+            raise CodecError(f"section at offset {pos} is not a described type")
+        code, value_start = _descriptor(payload, pos + 1)
+        end = _skip(payload, value_start)
+        sections.append(Section(code, pos, value_start, end))
+        pos = end
+    return sections
+
+
+def _binary(buf: bytes, section: Section) -> bytes:
+    ctor = buf[section.value_start]
+    if ctor == 0xA0:
+        return bytes(buf[section.value_start + 2 : section.end])
+    if ctor == 0xB0:
+        return bytes(buf[section.value_start + 5 : section.end])
+    raise CodecError("data section does not hold a binary")
+
+
+def is_batch(payload: bytes, sections: list[Section] | None = None) -> bool:
+    """Whether ``payload`` is the client's batch wrapper (format 0x80013700).
+
+    Proton does not expose the transfer's message format, so the wrapper is
+    recognised by its shape: no body but data sections, and each data section
+    itself a whole encoded message with a properties section (the client
+    copies the first message's properties onto the wrapper). A single message
+    whose body is exactly such encoded messages would be taken for a batch.
+    """
+    sections = split_sections(payload) if sections is None else sections
+    data = [s for s in sections if s.code == DATA]
+    if not data or any(s.code in (SEQUENCE, VALUE) for s in sections):
+        return False
+    for s in data:
+        inner = _binary(payload, s)
+        try:
+            inner_sections = split_sections(inner)
+        except (CodecError, IndexError, struct.error):
+            return False
+        if not any(x.code == PROPERTIES for x in inner_sections):
+            return False
+    return True
+
+
+def unbatch(payload: bytes) -> list[bytes]:
+    """The encoded messages a transfer carries: the inner messages of a batch, or itself."""
+    sections = split_sections(payload)
+    if is_batch(payload, sections):
+        return [_binary(payload, s) for s in sections if s.code == DATA]
+    return [bytes(payload)]
+
+
+def _decode(buf: bytes, section: Section) -> Any:
+    data = Data()
+    data.decode(bytes(buf[section.start : section.end]))
+    data.rewind()
+    data.next()
+    described = data.get_object()
+    value = described.value if isinstance(described, Described) else described
+    return _copy(value)
+
+
+def _copy(value: Any) -> Any:
+    """A deep copy holding no buffer that proton may free (binary values dangle)."""
+    if isinstance(value, memoryview | bytearray):
+        return bytes(value)
+    if isinstance(value, bytes):
+        return bytes(value)
+    if isinstance(value, dict):
+        return {_copy(k): _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value
+
+
+def _encode(code: int, value: Any) -> bytes:
+    data = Data()
+    data.put_object(Described(ulong(code), value))
+    return bytes(data.encode())
+
+
+def body_bytes(payload: bytes, sections: list[Section] | None = None) -> bytes:
+    """The body as bytes: data sections joined; a str or binary value as is.
+
+    Other bodies (sequences, maps) are returned as their encoded section bytes:
+    the raw bytes still carry them exactly.
+    """
+    sections = split_sections(payload) if sections is None else sections
+    data = [s for s in sections if s.code == DATA]
+    if data:
+        return b"".join(_binary(payload, s) for s in data)
+    for s in sections:
+        if s.code == VALUE:
+            value = _decode(payload, s)
+            if isinstance(value, bytes):
+                return value
+            if isinstance(value, str):
+                return value.encode("utf-8")
+            return bytes(payload[s.start : s.end])
+        if s.code == SEQUENCE:
+            return bytes(payload[s.start : s.end])
+    return b""
+
+
+def _to_datetime(ms: Any) -> datetime | None:
+    if ms is None:
+        return None
+    if isinstance(ms, datetime):
+        return ms if ms.tzinfo else ms.replace(tzinfo=UTC)
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=int(ms))
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _property(value: Any) -> str | int | float | bool | bytes | None:
+    if value is None or isinstance(value, str | int | float | bool | bytes):
+        if isinstance(value, str):
+            return str(value)  # drop proton's symbol/char subclasses
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int):
+            return int(value)
+        if isinstance(value, float):
+            return float(value)
+        return value
+    return str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """What the store needs of one encoded message, plus the bytes themselves."""
+
+    message: SendOnceMessage
+    raw: bytes
+    has_message_id: bool
+
+
+def to_message(raw: bytes, *, default_id: str | None = None) -> Decoded:
+    """The ``sendonce.Message`` view of an encoded message (the raw bytes stay the truth).
+
+    A message without a message id gets ``default_id`` (or a random one): the
+    emulator accepts it as Service Bus does, and duplicate detection cannot
+    apply to it.
+    """
+    sections = split_sections(raw)
+    props: list[Any] = []
+    annotations: dict[Any, Any] = {}
+    app: dict[Any, Any] = {}
+    header: list[Any] = []
+    for s in sections:
+        if s.code == PROPERTIES:
+            props = list(_decode(raw, s) or [])
+        elif s.code == ANNOTATIONS:
+            annotations = dict(_decode(raw, s) or {})
+        elif s.code == APPLICATION_PROPERTIES:
+            app = dict(_decode(raw, s) or {})
+        elif s.code == HEADER:
+            header = list(_decode(raw, s) or [])
+    props += [None] * (13 - len(props))
+    message_id = _text(props[0])
+    has_id = bool(message_id)
+    if not message_id:
+        message_id = default_id or str(uuid.uuid4())
+    ttl_ms = header[2] if len(header) > 2 else None
+    keys = {str(k): v for k, v in annotations.items()}
+    partition_key = _text(keys.get("x-opt-partition-key"))
+    session_id = _text(props[10])
+    if partition_key is not None and session_id is not None and partition_key != session_id:
+        partition_key = session_id  # Service Bus rule: the session id is the partition key
+    message = SendOnceMessage(
+        body_bytes(raw, sections),
+        message_id=message_id,
+        partition_key=partition_key or None,
+        session_id=session_id or None,
+        scheduled_enqueue_time=_to_datetime(keys.get("x-opt-scheduled-enqueue-time")),
+        subject=_text(props[3]),
+        content_type=_text(props[6]),
+        correlation_id=_text(props[5]),
+        application_properties={str(k): _property(v) for k, v in app.items()} or None,
+        time_to_live=timedelta(milliseconds=int(ttl_ms)) if ttl_ms else None,
+    )
+    return Decoded(message, bytes(raw), has_id)
+
+
+def encode_fields(
+    *,
+    message_id: str,
+    body: bytes,
+    subject: str | None = None,
+    content_type: str | None = None,
+    correlation_id: str | None = None,
+    session_id: str | None = None,
+    application_properties: Mapping[str, Any] | None = None,
+    time_to_live: timedelta | None = None,
+) -> bytes:
+    """Encode a message that arrived without raw bytes (sent through ``local://``)."""
+    m = Message()
+    m.id = message_id
+    m.body = bytes(body)
+    m.inferred = True  # a binary body goes in a data section, as the client expects
+    if subject is not None:
+        m.subject = subject
+    if content_type is not None:
+        m.content_type = content_type
+    if correlation_id is not None:
+        m.correlation_id = correlation_id
+    if session_id is not None:
+        m.group_id = session_id
+    if application_properties:
+        m.properties = dict(application_properties)  # type: ignore[assignment]
+    if time_to_live is not None:
+        m.ttl = time_to_live.total_seconds()
+    return bytes(m.encode())
+
+
+def _ms(when: datetime) -> timestamp:
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return timestamp(int(when.timestamp() * 1000))
+
+
+def restamp(
+    raw: bytes,
+    *,
+    sequence_number: int,
+    enqueued_time: datetime | None,
+    locked_until: datetime | None = None,
+    lock_token: str | None = None,
+    partition_key: str | None = None,
+    delivery_count: int | None = None,
+) -> bytes:
+    """``raw`` with the broker-owned annotations and header delivery count replaced.
+
+    Every other section is copied byte for byte.
+    """
+    sections = split_sections(raw)
+    header: list[Any] | None = None
+    annotations: dict[Any, Any] = {}
+    rest: list[bytes] = []
+    delivery_annotations = b""
+    for s in sections:
+        if s.code == HEADER:
+            header = list(_decode(raw, s) or [])
+        elif s.code == DELIVERY_ANNOTATIONS:
+            delivery_annotations = bytes(raw[s.start : s.end])
+        elif s.code == ANNOTATIONS:
+            annotations = {
+                symbol(str(k)) if isinstance(k, str) else k: v
+                for k, v in (_decode(raw, s) or {}).items()
+            }
+        else:
+            rest.append(bytes(raw[s.start : s.end]))
+    annotations[SEQUENCE_NUMBER] = int(sequence_number)
+    if enqueued_time is not None:
+        annotations[ENQUEUED_TIME] = _ms(enqueued_time)
+    if locked_until is not None:
+        annotations[LOCKED_UNTIL] = _ms(locked_until)
+    if lock_token is not None:
+        annotations[LOCK_TOKEN] = uuid.UUID(lock_token) if _is_uuid(lock_token) else lock_token
+    if partition_key is not None and PARTITION_KEY not in annotations:
+        annotations[PARTITION_KEY] = partition_key
+    out = bytearray()
+    if header is not None or delivery_count is not None:
+        header = list(header or [])
+        if delivery_count is not None:
+            from proton import uint
+
+            header += [None] * (5 - len(header))
+            header[4] = uint(max(0, delivery_count))
+        out += _encode(HEADER, header)
+    out += delivery_annotations
+    out += _encode(ANNOTATIONS, annotations)
+    for chunk in rest:
+        out += chunk
+    return bytes(out)
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True
+
+
+def lock_token_tag(lock_token: str) -> bytes:
+    """The 16-byte delivery tag the client reads as a lock token (``UUID(bytes_le=tag)``)."""
+    try:
+        return uuid.UUID(lock_token).bytes_le
+    except ValueError:
+        return uuid.uuid5(uuid.NAMESPACE_URL, lock_token).bytes_le

@@ -1,0 +1,857 @@
+"""A Service Bus-compatible AMQP 1.0 endpoint over the local broker file.
+
+The unmodified ``azure-servicebus`` client talks to it with a
+``UseDevelopmentEmulator=true`` connection string. Every message is stored
+through ``LocalBackend``, so ``local://`` producers and Service Bus producers
+share one broker file and one duplicate-detection id space.
+
+The proton reactor runs on one background thread that owns its own
+``LocalBackend`` (SQLite connections are per thread). Other threads talk to it
+only through the thread-safe fault script and the stop flag.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from types import TracebackType
+from typing import Any
+
+from proton import Condition, Delivery, Endpoint, Handler, Link, Message, symbol
+from proton.reactor import Container
+
+from ..errors import (
+    ConfigurationError,
+    MessageSizeError,
+    PermanentSendError,
+    SendOnceError,
+    TransientSendError,
+    ValidationError,
+)
+from . import _codec
+from ._faults import FaultAction, FaultScript
+
+__all__ = ["Emulator"]
+
+_log = logging.getLogger("sendonce.emulator")
+
+SERVER_BUSY = "com.microsoft:server-busy"
+UNAUTHORIZED = "amqp:unauthorized-access"
+NOT_FOUND = "amqp:not-found"
+NOT_IMPLEMENTED = "amqp:not-implemented"
+DETACH_FORCED = "amqp:link:detach-forced"
+MESSAGE_SIZE = "amqp:link:message-size-exceeded"
+ARGUMENT_ERROR = "com.microsoft:argument-error"
+DECODE_ERROR = "amqp:decode-error"
+INTERNAL_ERROR = "amqp:internal-error"
+LOCK_LOST = "com.microsoft:message-lock-lost"
+
+_STORE_TIMEOUT = 30.0
+_RECEIVE_CREDIT = 200
+_SUBSCRIPTIONS = "/subscriptions/"
+
+
+def _condition(name: str, description: str) -> Condition:
+    # The client crashes on an error without an info map: always send one.
+    return Condition(name, description, {symbol("com.microsoft:tracking-id"): str(uuid.uuid4())})
+
+
+def _strip_address(address: str | None) -> str:
+    """The node path of a link address (``amqps://host:port/orders`` -> ``orders``)."""
+    text = address or ""
+    if "://" in text:
+        text = text.split("://", 1)[1]
+        text = text.split("/", 1)[1] if "/" in text else ""
+    return text.strip("/")
+
+
+@dataclass
+class _Node:
+    """What a link is attached to."""
+
+    kind: str  # "entity" | "management" | "cbs"
+    entity: str = ""
+    subscription: str | None = None
+
+
+@dataclass
+class _Locked:
+    entity: str
+    subscription: str | None
+    lock_token: str
+
+
+@dataclass
+class _ConnState:
+    connection: Any
+    outbox: dict[Any, list[bytes]] = field(default_factory=dict)
+
+
+def _parse_node(path: str) -> _Node:
+    if path == "$cbs":
+        return _Node("cbs")
+    if path.endswith("/$management") or path == "$management":
+        entity = path[: -len("$management")].rstrip("/")
+        base = _parse_node(entity) if entity else _Node("entity")
+        return _Node("management", base.entity, base.subscription)
+    lowered = path.lower()
+    if _SUBSCRIPTIONS in lowered:
+        i = lowered.index(_SUBSCRIPTIONS)
+        return _Node("entity", path[:i], path[i + len(_SUBSCRIPTIONS) :])
+    return _Node("entity", path)
+
+
+class Emulator:
+    """Serve a local broker file over AMQP for the ``azure-servicebus`` client.
+
+    ``with Emulator(path) as emu:`` starts the server on a background thread and
+    stops it on exit; ``emu.connection_string`` is what the client needs. Only
+    loopback addresses may be bound: the emulator accepts any key.
+
+    ``emu.faults`` scripts failures for tests (see :class:`Fault`).
+    """
+
+    def __init__(
+        self,
+        db_path: str | os.PathLike[str],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        lock_duration: timedelta = timedelta(seconds=60),
+        poll_interval: float = 0.05,
+        store_factory: Callable[[], Any] | None = None,
+    ) -> None:
+        if not _is_loopback(host):
+            raise ConfigurationError(
+                f"host {host!r} is not a loopback address: the emulator accepts any key, so it "
+                "only listens on 127.0.0.1, ::1 or localhost",
+                field="host",
+            )
+        if not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ConfigurationError(f"port must be an int in 0..65535, got {port!r}", field="port")
+        if poll_interval <= 0:
+            raise ConfigurationError("poll_interval must be positive", field="poll_interval")
+        self.db_path = os.fspath(db_path)
+        self.host = "127.0.0.1" if host == "localhost" else host
+        self._requested_port = port
+        self._port: int | None = None
+        self.lock_duration = lock_duration
+        self.poll_interval = poll_interval
+        self._store_factory = store_factory
+        self.faults = FaultScript()
+        self._transfers: dict[str, int] = {}
+        self._stats_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+
+    # -- public surface -------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        """The TCP port being served (known once started)."""
+        if self._port is None:
+            raise RuntimeError("the emulator is not started")
+        return self._port
+
+    @property
+    def connection_string(self) -> str:
+        """A connection string for the real client (any key is accepted)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return (
+            f"Endpoint=sb://{host}:{self.port};SharedAccessKeyName=RootManageSharedAccessKey;"
+            "SharedAccessKey=SAS_KEY_VALUE;UseDevelopmentEmulator=true;"
+        )
+
+    def transfers(self, entity: str | None = None) -> int:
+        """How many send transfers and schedule requests reached ``entity`` (or any)."""
+        with self._stats_lock:
+            if entity is None:
+                return sum(self._transfers.values())
+            return self._transfers.get(entity, 0)
+
+    def start(self) -> Emulator:
+        if self._thread is not None:
+            raise RuntimeError("the emulator is already started")
+        self._thread = threading.Thread(
+            target=self._run, name=f"sendonce-emulator-{self.db_path}", daemon=True
+        )
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            self._thread.join()
+            raise self._error
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop serving and close every connection. Idempotent."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def serve_forever(self) -> None:
+        """Block until :meth:`stop` is called from another thread or the thread dies."""
+        if self._thread is None:
+            self.start()
+        assert self._thread is not None
+        while self._thread.is_alive():
+            self._thread.join(0.5)
+
+    def __enter__(self) -> Emulator:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        where = f"{self.host}:{self._port}" if self._port else "not started"
+        return f"Emulator({self.db_path!r}, {where})"
+
+    # -- reactor thread -------------------------------------------------------------------
+
+    def _count(self, entity: str) -> None:
+        with self._stats_lock:
+            self._transfers[entity] = self._transfers.get(entity, 0) + 1
+
+    def _open_store(self) -> Any:
+        if self._store_factory is not None:
+            return self._store_factory()
+        from ..backends.local import LocalBackend
+
+        return LocalBackend(self.db_path)
+
+    def _run(self) -> None:
+        store: Any = None
+        try:
+            store = self._open_store()
+            handler = _Handler(self, store)
+            container = Container(handler)
+            acceptor = container.acceptor(self.host, str(self._requested_port))
+            self._port = int(acceptor._selectable.getsockname()[1])
+            handler.acceptor = acceptor
+            container.timeout = self.poll_interval
+            container.start()
+            container.schedule(self.poll_interval, _Tick(handler))
+        except BaseException as exc:  # reported to the starting thread
+            self._error = exc
+            self._ready.set()
+            if store is not None:
+                store.close()
+            return
+        self._ready.set()
+        try:
+            while container.process():
+                pass
+        except Exception:  # pragma: no cover - a bug; keep the traceback in the log
+            _log.exception("emulator reactor failed")
+        finally:
+            handler.close_all()
+            listener = getattr(acceptor._selectable, "_delegate", None)
+            if isinstance(listener, socket.socket):
+                listener.close()
+            store.close()
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _Tick(Handler):
+    """The periodic timer: polls the store for receivers and honours the stop flag."""
+
+    def __init__(self, handler: _Handler) -> None:
+        self.handler = handler
+
+    def on_timer_task(self, event: Any) -> None:
+        h = self.handler
+        if h.emulator._stop.is_set():
+            h.shutdown(event.container)
+            return
+        h.poll()
+        event.container.schedule(h.emulator.poll_interval, self)
+
+
+class _Handler(Handler):
+    """Proton events -> Service Bus behaviour."""
+
+    def __init__(self, emulator: Emulator, store: Any) -> None:
+        self.emulator = emulator
+        self.store = store
+        self.acceptor: Any = None
+        self.connections: dict[Any, _ConnState] = {}
+        self.nodes: dict[Any, _Node] = {}
+        self.locked: dict[Any, _Locked] = {}
+        self.tokens: dict[uuid.UUID, _Locked] = {}
+        self.senders: list[Any] = []  # links delivering to clients' receivers
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def on_connection_bound(self, event: Any) -> None:
+        sasl = event.transport.sasl()
+        sasl.allowed_mechs("ANONYMOUS")
+        self.connections[event.connection] = _ConnState(event.connection)
+
+    def on_connection_remote_open(self, event: Any) -> None:
+        conn = event.connection
+        conn.container = "sendonce-emulator"
+        if conn.state & Endpoint.LOCAL_UNINIT:
+            conn.open()
+
+    def on_session_remote_open(self, event: Any) -> None:
+        if event.session.state & Endpoint.LOCAL_UNINIT:
+            event.session.open()
+
+    def on_session_remote_close(self, event: Any) -> None:
+        if not event.session.state & Endpoint.LOCAL_CLOSED:
+            event.session.close()
+
+    def on_connection_remote_close(self, event: Any) -> None:
+        if not event.connection.state & Endpoint.LOCAL_CLOSED:
+            event.connection.close()
+        self._forget(event.connection)
+
+    def on_transport_closed(self, event: Any) -> None:
+        if event.connection is not None:
+            self._forget(event.connection)
+
+    def _forget(self, connection: Any) -> None:
+        self.connections.pop(connection, None)
+        for link in [k for k in self.nodes if k.connection == connection]:
+            self.nodes.pop(link, None)
+        self.senders = [s for s in self.senders if s.connection != connection]
+        for dlv in [d for d in self.locked if d.link.connection == connection]:
+            self.locked.pop(dlv, None)
+
+    def on_link_remote_open(self, event: Any) -> None:
+        link = event.link
+        if link.is_receiver:
+            path = _strip_address(link.remote_target.address)
+        else:
+            path = _strip_address(link.remote_source.address)
+        node = _parse_node(path)
+        link.source.copy(link.remote_source)
+        link.target.copy(link.remote_target)
+        link.snd_settle_mode = link.remote_snd_settle_mode
+        link.rcv_settle_mode = link.remote_rcv_settle_mode
+        if node.kind == "entity":
+            error = self._check_entity(node, receiving=link.is_sender)
+            if error is not None:
+                link.open()
+                link.condition = _condition(NOT_FOUND, error)
+                link.close()
+                return
+        if link.is_receiver:
+            link.max_message_size = self._max_size(node)
+        link.open()
+        self.nodes[link] = node
+        if link.is_receiver:
+            link.flow(_RECEIVE_CREDIT)
+        elif node.kind == "entity":
+            self.senders.append(link)
+
+    def _check_entity(self, node: _Node, *, receiving: bool) -> str | None:
+        if not node.entity:
+            return "no entity named in the link address"
+        if "$" in node.entity or (node.subscription and "$" in node.subscription):
+            return f"{node.entity!r}: dead-letter and system queues are not emulated"
+        try:
+            profile = self.store.describe(node.entity)
+        except Exception:
+            return f"the messaging entity {node.entity!r} could not be found"
+        if not receiving and node.subscription is not None:
+            return "cannot send to a subscription"
+        if getattr(profile, "kind", "queue") == "topic" and receiving and not node.subscription:
+            return f"{node.entity!r} is a topic: receive from {node.entity}/Subscriptions/<name>"
+        return None
+
+    def _max_size(self, node: _Node) -> int:
+        if node.kind != "entity":
+            return 0
+        try:
+            return int(self.store.describe(node.entity).max_message_size)
+        except Exception:
+            return 256 * 1024
+
+    def on_link_remote_close(self, event: Any) -> None:
+        link = event.link
+        if not link.state & Endpoint.LOCAL_CLOSED:
+            link.close()
+        self.nodes.pop(link, None)
+        if link in self.senders:
+            self.senders.remove(link)
+
+    def on_link_flow(self, event: Any) -> None:
+        link = event.link
+        if link.is_sender:
+            self._flush_outbox(link)
+            if link in self.senders:
+                self._pump(link)
+
+    def close_all(self) -> None:
+        for state in list(self.connections.values()):
+            self._hard_close(state.connection)
+        self.connections.clear()
+
+    def shutdown(self, container: Any) -> None:
+        if self.acceptor is not None:
+            self.acceptor.close()
+        self.close_all()
+        container.stop()
+
+    @staticmethod
+    def _hard_close(connection: Any) -> None:
+        """Drop the TCP connection at once: no close frame, no pending output."""
+        transport = connection.transport
+        selectable = getattr(transport, "_selectable", None) if transport else None
+        sock = getattr(selectable, "_delegate", None)
+        if isinstance(sock, socket.socket):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        if transport is not None:
+            transport.close_head()
+            transport.close_tail()
+
+    # -- incoming transfers ---------------------------------------------------------------
+
+    def on_delivery(self, event: Any) -> None:
+        dlv = event.delivery
+        link = event.link
+        if link.is_receiver:
+            if not dlv.readable or dlv.partial:
+                return
+            payload = link.recv(dlv.pending) or b""
+            payload = bytes(payload)
+            link.advance()
+            if link.credit < _RECEIVE_CREDIT // 2:
+                link.flow(_RECEIVE_CREDIT - link.credit)
+            node = self.nodes.get(link)
+            if node is None:
+                self._settle(dlv, Delivery.REJECTED, _condition(NOT_FOUND, "link not attached"))
+            elif node.kind == "cbs":
+                self._on_cbs(link, dlv, payload)
+            elif node.kind == "management":
+                self._on_management(link, dlv, node, payload)
+            else:
+                self._on_transfer(link, dlv, node, payload)
+        elif dlv.updated:
+            self._on_settlement(dlv)
+
+    @staticmethod
+    def _settle(dlv: Any, outcome: Any, condition: Condition | None = None) -> None:
+        if condition is not None:
+            dlv.local.condition = condition
+        dlv.update(outcome)
+        dlv.settle()
+
+    def _on_transfer(self, link: Any, dlv: Any, node: _Node, payload: bytes) -> None:
+        entity = node.entity
+        self.emulator._count(entity)
+        action = self.emulator.faults.take(entity, "send")
+        if action is FaultAction.SERVER_BUSY:
+            self._settle(dlv, Delivery.REJECTED, _condition(SERVER_BUSY, "server busy (injected)"))
+            return
+        if action is FaultAction.UNAUTHORIZED:
+            refusal = _condition(UNAUTHORIZED, "unauthorized (injected)")
+            self._settle(dlv, Delivery.REJECTED, refusal)
+            return
+        if action is FaultAction.DROP_BEFORE_COMMIT:
+            self._hard_close(link.connection)
+            return
+        try:
+            decoded = [_codec.to_message(raw) for raw in _codec.unbatch(payload)]
+        except (_codec.CodecError, ValidationError, IndexError, ValueError) as exc:
+            self._settle(dlv, Delivery.REJECTED, _condition(DECODE_ERROR, _describe(exc)))
+            return
+        try:
+            self.store.send(
+                entity,
+                [d.message for d in decoded],
+                timeout=_STORE_TIMEOUT,
+                raw=[d.raw for d in decoded],
+            )
+        except Exception as exc:
+            self._settle(dlv, Delivery.REJECTED, _store_condition(exc))
+            return
+        self._after_commit(link, dlv, action)
+
+    def _after_commit(self, link: Any, dlv: Any, action: FaultAction) -> None:
+        if action is FaultAction.WITHHOLD:
+            return  # stored, and the client never hears of it
+        if action is FaultAction.DROP_AFTER_COMMIT:
+            self._hard_close(link.connection)
+            return
+        if action is FaultAction.DETACH_AFTER_COMMIT:
+            link.condition = _condition(DETACH_FORCED, "link detached (injected)")
+            link.close()
+            self.nodes.pop(link, None)
+            return
+        self._settle(dlv, Delivery.ACCEPTED)
+
+    # -- $cbs and $management -------------------------------------------------------------
+
+    def _request(self, dlv: Any, payload: bytes) -> Message | None:
+        request = Message()
+        try:
+            request.decode(payload)
+        except Exception as exc:
+            self._settle(dlv, Delivery.REJECTED, _condition(DECODE_ERROR, _describe(exc)))
+            return None
+        self._settle(dlv, Delivery.ACCEPTED)
+        return request
+
+    def _on_cbs(self, link: Any, dlv: Any, payload: bytes) -> None:
+        request = self._request(dlv, payload)
+        if request is None:
+            return
+        self._reply(
+            link,
+            request,
+            {"status-code": 200, "status-description": "OK"},
+            None,
+        )
+
+    def _reply(
+        self,
+        link: Any,
+        request: Message,
+        properties: dict[str, Any],
+        body: Any,
+    ) -> None:
+        reply = Message()
+        reply.correlation_id = request.id
+        reply.properties = properties  # type: ignore[assignment]
+        if body is not None:
+            reply.body = body
+        encoded = bytes(reply.encode())
+        target = self._reply_link(link, request.reply_to)
+        if target is None:
+            _log.warning("no reply link for %r", request.reply_to)
+            return
+        state = self.connections.get(link.connection)
+        if state is None:
+            return
+        state.outbox.setdefault(target, []).append(encoded)
+        self._flush_outbox(target)
+
+    def _reply_link(self, link: Any, reply_to: str | None) -> Any:
+        source = _strip_address(link.remote_target.address)
+        fallback = None
+        other = link.connection.link_head(Endpoint.LOCAL_ACTIVE)
+        while other is not None:
+            if other.is_sender:
+                if reply_to and other.remote_target.address == reply_to:
+                    return other
+                if _strip_address(other.remote_source.address) == source:
+                    fallback = other
+            other = other.next(Endpoint.LOCAL_ACTIVE)
+        return fallback
+
+    def _flush_outbox(self, link: Any) -> None:
+        state = self.connections.get(link.connection)
+        if state is None:
+            return
+        queue = state.outbox.get(link)
+        while queue and link.credit > 0:
+            encoded = queue.pop(0)
+            dlv = link.delivery(uuid.uuid4().bytes)
+            link.stream(encoded)
+            link.advance()
+            dlv.settle()
+
+    def _on_management(self, link: Any, dlv: Any, node: _Node, payload: bytes) -> None:
+        request = self._request(dlv, payload)
+        if request is None:
+            return
+        request_props: dict[Any, Any] = dict(request.properties or {})
+        props = {str(k): v for k, v in request_props.items()}
+        operation = str(props.get("operation", ""))
+        body = _codec._copy(request.body)
+        try:
+            status, reply_body = self._operate(link, node, operation, body)
+        except _Fault as fault:
+            if fault.action is FaultAction.SERVER_BUSY:
+                status, reply_body = (503, SERVER_BUSY), None
+            elif fault.action is FaultAction.UNAUTHORIZED:
+                status, reply_body = (401, UNAUTHORIZED), None
+            else:
+                return  # dropped, detached or withheld: no reply
+        except _MgmtError as err:
+            status, reply_body = (err.status, err.condition), None
+            description = err.description
+        else:
+            description = "OK"
+        code, condition = status
+        properties: dict[str, Any] = {"statusCode": code, "statusDescription": description}
+        if condition:
+            properties["errorCondition"] = symbol(condition)
+            if description == "OK":
+                properties["statusDescription"] = condition
+        self._reply(link, request, properties, reply_body)
+
+    def _operate(
+        self, link: Any, node: _Node, operation: str, body: Any
+    ) -> tuple[tuple[int, str | None], Any]:
+        body = body if isinstance(body, dict) else {}
+        body = {str(k): v for k, v in body.items()}
+        if operation == "com.microsoft:schedule-message":
+            return (200, None), {"sequence-numbers": self._schedule(link, node, body)}
+        if operation == "com.microsoft:cancel-scheduled-message":
+            seqs = [int(s) for s in body.get("sequence-numbers") or []]
+            try:
+                self.store.cancel_scheduled(node.entity, seqs)
+            except Exception as exc:
+                raise _MgmtError(404, NOT_FOUND, _describe(exc)) from exc
+            return (200, None), {}
+        if operation == "com.microsoft:update-disposition":
+            return self._update_disposition(node, body), {}
+        if operation == "com.microsoft:renew-lock":
+            return (200, None), {"expirations": self._renew(body)}
+        if operation == "com.microsoft:peek-message":
+            return self._peek(node, body)
+        raise _MgmtError(501, NOT_IMPLEMENTED, f"{operation!r} is not emulated")
+
+    def _schedule(self, link: Any, node: _Node, body: dict[str, Any]) -> list[int]:
+        entity = node.entity
+        self.emulator._count(entity)
+        action = self.emulator.faults.take(entity, "schedule")
+        if action in (FaultAction.SERVER_BUSY, FaultAction.UNAUTHORIZED):
+            raise _Fault(action)
+        if action is FaultAction.DROP_BEFORE_COMMIT:
+            self._hard_close(link.connection)
+            raise _Fault(action)
+        items = body.get("messages") or []
+        try:
+            decoded = [
+                _codec.to_message(bytes(dict(item)["message"]) if isinstance(item, dict) else b"")
+                for item in items
+            ]
+        except Exception as exc:
+            raise _MgmtError(400, DECODE_ERROR, _describe(exc)) from exc
+        if not decoded:
+            return []
+        at = decoded[0].message.scheduled_enqueue_time
+        if at is None:
+            raise _MgmtError(400, ARGUMENT_ERROR, "x-opt-scheduled-enqueue-time is missing")
+        try:
+            acks = self.store.schedule(
+                entity,
+                [d.message for d in decoded],
+                at,
+                timeout=_STORE_TIMEOUT,
+                raw=[d.raw for d in decoded],
+            )
+        except Exception as exc:
+            cond = _store_condition(exc)
+            raise _MgmtError(
+                503 if cond.name == SERVER_BUSY else 400, cond.name, cond.description or ""
+            ) from exc
+        seqs = [int(a.sequence_number) if a.sequence_number is not None else -1 for a in acks]
+        if action is not FaultAction.NONE:
+            self._after_commit_mgmt(link, action)
+            raise _Fault(action)
+        return seqs
+
+    def _after_commit_mgmt(self, link: Any, action: FaultAction) -> None:
+        if action is FaultAction.DROP_AFTER_COMMIT:
+            self._hard_close(link.connection)
+        elif action is FaultAction.DETACH_AFTER_COMMIT:
+            link.condition = _condition(DETACH_FORCED, "link detached (injected)")
+            link.close()
+            self.nodes.pop(link, None)
+
+    def _update_disposition(self, node: _Node, body: dict[str, Any]) -> tuple[int, str | None]:
+        status = str(body.get("disposition-status", ""))
+        for token in body.get("lock-tokens") or []:
+            locked = self.tokens.pop(_as_uuid(token), None)
+            if locked is None:
+                raise _MgmtError(410, LOCK_LOST, "the lock on the message is lost")
+            try:
+                if status in ("completed", "suspended"):
+                    self.store.complete(
+                        locked.entity, locked.lock_token, subscription=locked.subscription
+                    )
+                else:
+                    self.store.abandon(
+                        locked.entity, locked.lock_token, subscription=locked.subscription
+                    )
+            except Exception as exc:
+                raise _MgmtError(410, LOCK_LOST, _describe(exc)) from exc
+        for dlv, locked in list(self.locked.items()):
+            if locked not in self.tokens.values():
+                self.locked.pop(dlv, None)
+                dlv.settle()
+        return (200, None)
+
+    def _renew(self, body: dict[str, Any]) -> list[Any]:
+        until = datetime.now(UTC) + self.emulator.lock_duration
+        stamp = _codec._ms(until)
+        return [stamp for _ in body.get("lock-tokens") or []]
+
+    def _peek(self, node: _Node, body: dict[str, Any]) -> tuple[tuple[int, str | None], Any]:
+        count = int(body.get("message-count") or 1)
+        start = body.get("from-sequence-number")
+        messages = self.store.peek(
+            node.entity,
+            max_messages=count,
+            subscription=node.subscription,
+            from_sequence_number=int(start) if start is not None else None,
+        )
+        if not messages:
+            return (204, None), None
+        return (200, None), {
+            "messages": [{"message": self._encode_received(m, peek_lock=False)} for m in messages]
+        }
+
+    # -- delivering to receivers ----------------------------------------------------------
+
+    def poll(self) -> None:
+        for link in list(self.senders):
+            if link.credit > 0:
+                self._pump(link)
+
+    def _pump(self, link: Any) -> None:
+        node = self.nodes.get(link)
+        if node is None or not link.state & Endpoint.LOCAL_ACTIVE:
+            return
+        peek_lock = link.remote_snd_settle_mode != Link.SND_SETTLED
+        while link.credit > 0:
+            try:
+                messages = self.store.receive(
+                    node.entity,
+                    max_messages=min(link.credit, 100),
+                    subscription=node.subscription,
+                    mode="peek_lock" if peek_lock else "receive_and_delete",
+                    lock_duration=self.emulator.lock_duration,
+                )
+            except Exception:
+                _log.exception("receive from %r failed", node.entity)
+                return
+            if not messages:
+                break
+            for m in messages:
+                encoded = self._encode_received(m, peek_lock=peek_lock)
+                token = getattr(m, "lock_token", None)
+                tag = _codec.lock_token_tag(token) if peek_lock and token else uuid.uuid4().bytes
+                dlv = link.delivery(tag)
+                link.stream(encoded)
+                link.advance()
+                if peek_lock and token:
+                    locked = _Locked(node.entity, node.subscription, str(token))
+                    self.locked[dlv] = locked
+                    self.tokens[uuid.UUID(bytes_le=tag)] = locked
+                else:
+                    dlv.settle()
+        if link.drain_mode and link.credit > 0:
+            link.drained()
+
+    def _encode_received(self, m: Any, *, peek_lock: bool) -> bytes:
+        raw = getattr(m, "raw", None)
+        if not raw:
+            raw = _codec.encode_fields(
+                message_id=m.message_id,
+                body=m.body,
+                subject=m.subject,
+                content_type=m.content_type,
+                correlation_id=m.correlation_id,
+                session_id=m.session_id,
+                application_properties=m.application_properties,
+                time_to_live=m.time_to_live,
+            )
+        count = getattr(m, "delivery_count", None)
+        return _codec.restamp(
+            raw,
+            sequence_number=m.sequence_number,
+            enqueued_time=m.enqueued_time,
+            locked_until=m.locked_until if peek_lock else None,
+            partition_key=m.partition_key,
+            delivery_count=max(0, int(count) - 1) if count else None,
+        )
+
+    def _on_settlement(self, dlv: Any) -> None:
+        locked = self.locked.pop(dlv, None)
+        state = dlv.remote_state
+        if locked is None:
+            if dlv.settled:
+                dlv.settle()
+            return
+        self.tokens = {k: v for k, v in self.tokens.items() if v is not locked}
+        try:
+            if state in (Delivery.ACCEPTED, Delivery.REJECTED):
+                # Dead-lettering is not emulated: a rejected message is removed.
+                self.store.complete(
+                    locked.entity, locked.lock_token, subscription=locked.subscription
+                )
+            else:
+                self.store.abandon(
+                    locked.entity, locked.lock_token, subscription=locked.subscription
+                )
+        except Exception as exc:
+            self._settle(dlv, Delivery.REJECTED, _condition(LOCK_LOST, _describe(exc)))
+            return
+        echo = (
+            state
+            if state in (Delivery.ACCEPTED, Delivery.REJECTED, Delivery.MODIFIED, Delivery.RELEASED)
+            else Delivery.ACCEPTED
+        )
+        self._settle(dlv, echo)
+
+
+class _Fault(Exception):
+    def __init__(self, action: FaultAction) -> None:
+        super().__init__(action.value)
+        self.action = action
+
+
+class _MgmtError(Exception):
+    def __init__(self, status: int, condition: str, description: str) -> None:
+        super().__init__(description)
+        self.status = status
+        self.condition = condition
+        self.description = description
+
+
+def _as_uuid(value: Any) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    if isinstance(value, bytes | bytearray) and len(value) == 16:
+        return uuid.UUID(bytes=bytes(value))
+    return uuid.UUID(str(value))
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text[:500]
+
+
+def _store_condition(exc: BaseException) -> Condition:
+    """The AMQP error condition Service Bus would use for a store failure."""
+    if isinstance(exc, MessageSizeError):
+        return _condition(MESSAGE_SIZE, _describe(exc))
+    if isinstance(exc, ValidationError):
+        return _condition(ARGUMENT_ERROR, _describe(exc))
+    if isinstance(exc, TransientSendError):
+        return _condition(SERVER_BUSY, _describe(exc))
+    if isinstance(exc, PermanentSendError):
+        return _condition(NOT_FOUND, _describe(exc))
+    if isinstance(exc, SendOnceError):
+        return _condition(INTERNAL_ERROR, _describe(exc))
+    return _condition(INTERNAL_ERROR, f"{type(exc).__name__}: {_describe(exc)}")
