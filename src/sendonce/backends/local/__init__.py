@@ -1,17 +1,9 @@
-"""The embedded local broker (placeholder until the store lands)."""
+"""The embedded local broker: one SQLite file, Service Bus and Artemis duplicate detection."""
 
 from __future__ import annotations
 
-from typing import Any
+from ._backend import LocalBackend, LockLostError
+from ._received import ReceivedMessage
+from ._store import BrokerFileError
 
-
-class LocalBackend:  # pragma: no cover - replaced by the real store
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise NotImplementedError("LocalBackend is being built")
-
-
-class ReceivedMessage:  # pragma: no cover
-    pass
-
-
-__all__ = ["LocalBackend", "ReceivedMessage"]
+__all__ = ["BrokerFileError", "LocalBackend", "LockLostError", "ReceivedMessage"]

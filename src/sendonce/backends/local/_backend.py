@@ -1,0 +1,855 @@
+"""``LocalBackend``: the embedded broker with Service Bus and Artemis duplicate detection."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sqlite3
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from types import TracebackType
+from typing import Any, Literal, NoReturn, TypeVar
+
+from ..._entity import EntityProfile
+from ..._message import Message
+from ...errors import (
+    ConfigurationError,
+    PermanentSendError,
+    SendOnceError,
+    TransientSendError,
+    ValidationError,
+)
+from .._base import Ack
+from ._lock import OpenerLock
+from ._received import ROW_COLUMNS, ReceivedMessage, encode_extra, received_from_row
+from ._store import Durability, open_store, to_us, write_transaction
+
+__all__ = ["LocalBackend", "LockLostError"]
+
+T = TypeVar("T")
+Clock = Callable[[], datetime]
+ReceiveMode = Literal["receive_and_delete", "peek_lock"]
+
+_US = timedelta(microseconds=1)
+# Expired ids forgotten per send, at least: more than a send can add, so the id
+# table stays bounded by the window without a stop-the-world sweep.
+_HOUSEKEEPING_MIN = 256
+_MAX_JSON_BATCH = 50_000
+
+
+class LockLostError(SendOnceError):
+    """A peek-lock settlement came too late: the lock expired or the message is gone."""
+
+
+class _GroupRejected(Exception):
+    """Internal: a transactional group met a duplicate and is rolled back whole."""
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _profile_to_json(profile: EntityProfile) -> str:
+    return json.dumps(
+        {
+            "kind": profile.kind,
+            "duplicate_detection": profile.duplicate_detection,
+            "window_us": profile.duplicate_detection_window // _US,
+            "partitioned": profile.partitioned,
+            "sessions": profile.sessions,
+            "max_message_size": profile.max_message_size,
+            "id_cache_size": profile.id_cache_size,
+            "persist_id_cache": profile.persist_id_cache,
+        },
+        sort_keys=True,
+    )
+
+
+def _profile_from_json(name: str, text: str) -> EntityProfile:
+    data = json.loads(text)
+    return EntityProfile(
+        name,
+        kind=data["kind"],
+        duplicate_detection=data["duplicate_detection"],
+        duplicate_detection_window=timedelta(microseconds=data["window_us"]),
+        partitioned=data["partitioned"],
+        sessions=data["sessions"],
+        max_message_size=data["max_message_size"],
+        id_cache_size=data["id_cache_size"],
+        persist_id_cache=data["persist_id_cache"],
+    )
+
+
+def _durability(value: object) -> Durability:
+    if value == "normal":
+        return "normal"
+    if value == "full":
+        return "full"
+    raise ConfigurationError(
+        f"durability must be 'normal' or 'full', got {value!r}", field="durability"
+    )
+
+
+def _positive_seconds(value: object, field: str) -> float:
+    try:
+        seconds = float(value)  # type: ignore[arg-type]  # url options arrive as str
+    except (TypeError, ValueError):
+        raise ConfigurationError(
+            f"{field} must be a number of seconds, got {value!r}", field=field
+        ) from None
+    if isinstance(value, bool) or not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigurationError(f"{field} must be positive, got {value!r}", field=field)
+    return seconds
+
+
+class LocalBackend:
+    """A durable broker in one SQLite file, safe for many processes at once.
+
+    It implements the Service Bus duplicate-detection semantics (time window,
+    partition keys, sessions, scheduled messages sharing the id space, topics
+    that deduplicate before fan-out) and, for entities with ``id_cache_size``,
+    the Artemis ones (count-bounded id cache, persisted or not, all-or-nothing
+    transactional groups). ``durability="normal"`` (WAL, ``synchronous=NORMAL``)
+    keeps every acknowledged message through a crash of any process;
+    ``"full"`` (``synchronous=FULL``) syncs to disk before acknowledging, so it
+    also survives power loss.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Clock | None = None,
+        durability: Literal["normal", "full"] = "normal",
+        busy_timeout: float = 60.0,
+        **options: object,
+    ) -> None:
+        if options:
+            name = sorted(options)[0]
+            raise ConfigurationError(f"unknown local broker option {name!r}", field=name)
+        try:
+            raw_path = os.fspath(path)
+        except TypeError:
+            raise ConfigurationError("path must be a file path", field="path") from None
+        if not isinstance(raw_path, str) or not raw_path:
+            raise ConfigurationError("path must be a non-empty str path", field="path")
+        self._path = os.path.abspath(raw_path)
+        if not os.path.isdir(os.path.dirname(self._path)):
+            raise ConfigurationError(
+                f"directory of broker file {self._path!r} does not exist", field="path"
+            )
+        if clock is not None and not callable(clock):
+            raise ConfigurationError("clock must be a callable returning a datetime", field="clock")
+        self._clock: Clock = clock or _utc_now
+        self._durability = _durability(durability)
+        self._busy_timeout = _positive_seconds(busy_timeout, "busy_timeout")
+        self._mutex = threading.RLock()
+        self._conn: sqlite3.Connection | None = None
+        self._opener = OpenerLock(self._path)
+        try:
+            conn = open_store(
+                self._path,
+                durability=self._durability,
+                busy_timeout=self._busy_timeout,
+                verify=self._opener.first,
+            )
+            self._conn = conn
+            if self._opener.first:
+                self._write(self._forget_volatile_caches, timeout=self._busy_timeout)
+            self._opener.downgrade()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def durability(self) -> Durability:
+        return self._durability
+
+    def __repr__(self) -> str:
+        return f"LocalBackend({self._path!r}, durability={self._durability!r})"
+
+    def __enter__(self) -> LocalBackend:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the file and release the opener lock. Idempotent."""
+        with self._mutex:
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                conn.close()
+            self._opener.close()
+
+    def _now(self) -> int:
+        moment = self._clock()
+        if not isinstance(moment, datetime) or moment.tzinfo is None:
+            raise ConfigurationError("clock must return a timezone-aware datetime", field="clock")
+        return to_us(moment)
+
+    def _write(
+        self,
+        work: Callable[[sqlite3.Connection], T],
+        *,
+        timeout: float,
+        immediate: bool = True,
+    ) -> T:
+        with self._mutex:
+            conn = self._conn
+            if conn is None:
+                raise ConfigurationError(f"{self!r} is closed", field="backend")
+            return write_transaction(
+                conn,
+                work,
+                timeout=timeout,
+                path=self._path,
+                on_busy=TransientSendError,
+                immediate=immediate,
+            )
+
+    def _read(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        return self._write(work, timeout=self._busy_timeout, immediate=False)
+
+    def _forget_volatile_caches(self, conn: sqlite3.Connection) -> None:
+        """First opener: the broker "restarts", so caches with persist_id_cache=False go."""
+        for eid, name, text in conn.execute("SELECT eid, name, profile FROM entities").fetchall():
+            if not _profile_from_json(name, text).persist_id_cache:
+                conn.execute("DELETE FROM ids WHERE eid = ?", (eid,))
+                conn.execute("UPDATE entities SET id_count = 0 WHERE eid = ?", (eid,))
+
+    @staticmethod
+    def _entity(
+        conn: sqlite3.Connection, name: str, *, sending: bool = False
+    ) -> tuple[int, EntityProfile, int, int]:
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError("entity must be a non-empty str", field="entity")
+        row = conn.execute(
+            "SELECT eid, profile, next_seq, id_count FROM entities WHERE name = ?", (name,)
+        ).fetchone()
+        if row is None:
+            if sending:
+                raise PermanentSendError(
+                    f"entity {name!r} does not exist in the local broker",
+                    condition="amqp:not-found",
+                )
+            raise ConfigurationError(
+                f"entity {name!r} does not exist in the local broker", field="entity"
+            )
+        eid, text, next_seq, id_count = row
+        return eid, _profile_from_json(name, text), next_seq, id_count
+
+    @staticmethod
+    def _sub(
+        conn: sqlite3.Connection, eid: int, profile: EntityProfile, subscription: str | None
+    ) -> str:
+        if profile.kind == "queue":
+            if subscription is not None:
+                raise ConfigurationError(
+                    f"{profile.name!r} is a queue; it has no subscription {subscription!r}",
+                    field="subscription",
+                )
+            return ""
+        if subscription is None:
+            raise ConfigurationError(
+                f"{profile.name!r} is a topic: name a subscription to read from",
+                field="subscription",
+            )
+        if (
+            conn.execute(
+                "SELECT 1 FROM subscriptions WHERE eid = ? AND name = ?", (eid, subscription)
+            ).fetchone()
+            is None
+        ):
+            raise ConfigurationError(
+                f"topic {profile.name!r} has no subscription {subscription!r}",
+                field="subscription",
+            )
+        return subscription
+
+    # -- sending ------------------------------------------------------------------------
+
+    def describe(self, entity: str) -> EntityProfile:
+        """The profile of ``entity`` as the broker enforces it."""
+        return self._read(lambda conn: self._entity(conn, entity)[1])
+
+    def send(
+        self,
+        entity: str,
+        messages: Sequence[Message],
+        *,
+        timeout: float,
+        atomic: bool = False,
+        raw: Sequence[bytes | None] | None = None,
+    ) -> list[Ack]:
+        """Store ``messages`` in one transaction; one ack per message, in order.
+
+        A message whose dedup key the entity remembers is acknowledged as
+        ``"duplicate"`` and dropped (a second copy in the same call too). With
+        ``atomic=True`` one duplicate makes the whole group ignored (Artemis).
+        """
+        return self._store(entity, messages, None, timeout=timeout, atomic=atomic, raw=raw)
+
+    def schedule(
+        self,
+        entity: str,
+        messages: Sequence[Message],
+        at: datetime,
+        *,
+        timeout: float,
+        raw: Sequence[bytes | None] | None = None,
+    ) -> list[Ack]:
+        """Store ``messages`` for delivery from ``at``; acks carry sequence numbers.
+
+        Scheduled and ordinary messages share the duplicate-detection id space.
+        """
+        if not isinstance(at, datetime) or at.tzinfo is None:
+            raise ValidationError("at must be a timezone-aware datetime", field="at")
+        return self._store(entity, messages, to_us(at), timeout=timeout, atomic=False, raw=raw)
+
+    def _store(
+        self,
+        entity: str,
+        messages: Sequence[Message],
+        at: int | None,
+        *,
+        timeout: float,
+        atomic: bool,
+        raw: Sequence[bytes | None] | None,
+    ) -> list[Ack]:
+        messages = list(messages)
+        for message in messages:
+            if not isinstance(message, Message):
+                raise ValidationError(
+                    f"messages must be Message objects, got {type(message).__name__}",
+                    field="messages",
+                )
+        raws: list[bytes | None] = [None] * len(messages) if raw is None else list(raw)
+        if len(raws) != len(messages):
+            raise ValidationError("raw must hold one entry per message", field="raw")
+        seconds = _positive_seconds(timeout, "timeout")
+
+        def work(conn: sqlite3.Connection) -> list[Ack]:
+            return self._store_in(conn, entity, messages, at, atomic, raws)
+
+        try:
+            return self._write(work, timeout=seconds)
+        except _GroupRejected:
+            return [Ack("duplicate") for _ in messages]
+
+    def _store_in(
+        self,
+        conn: sqlite3.Connection,
+        entity: str,
+        messages: list[Message],
+        at: int | None,
+        atomic: bool,
+        raws: list[bytes | None],
+    ) -> list[Ack]:
+        eid, profile, base, id_count = self._entity(conn, entity, sending=True)
+        for message in messages:
+            try:
+                profile.check(message)
+            except ValidationError as exc:
+                raise PermanentSendError(
+                    f"entity {entity!r} refused message {message.message_id!r}: {exc}",
+                    message_id=message.message_id,
+                    partition_key=message.partition_key,
+                    condition="amqp:link:message-size-exceeded"
+                    if exc.field == "body"
+                    else "amqp:invalid-field",
+                ) from None
+        n = len(messages)
+        if n == 0:
+            return []
+        now = self._now()
+        conn.execute("UPDATE entities SET next_seq = next_seq + ? WHERE eid = ?", (n, eid))
+
+        accepted: list[bool]
+        if profile.duplicate_detection:
+            accepted = self._remember(conn, eid, profile, messages, base, now, id_count)
+        else:
+            accepted = [True] * n
+        if atomic and not all(accepted):
+            raise _GroupRejected
+        if profile.kind == "topic":
+            subs = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT name FROM subscriptions WHERE eid = ? ORDER BY name", (eid,)
+                )
+            ]
+        else:
+            subs = [""]
+        rows = []
+        for i, message in enumerate(messages):
+            if not accepted[i]:
+                continue
+            when = at
+            if when is None and message.scheduled_enqueue_time is not None:
+                when = to_us(message.scheduled_enqueue_time)
+            visible = now if when is None else when
+            extra = encode_extra(message)
+            body = message.body_bytes
+            for sub in subs:
+                rows.append(
+                    (
+                        eid,
+                        sub,
+                        base + i,
+                        message.message_id,
+                        message.partition_key,
+                        message.session_id,
+                        body,
+                        extra,
+                        now,
+                        when,
+                        visible,
+                        raws[i],
+                    )
+                )
+        conn.executemany(
+            "INSERT INTO messages (eid, sub, seq, message_id, partition_key, session_id, body, "
+            "extra, enqueued, scheduled, visible, raw) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            rows,
+        )
+        return [
+            Ack("accepted", base + i) if ok else Ack("duplicate") for i, ok in enumerate(accepted)
+        ]
+
+    @staticmethod
+    def _remember(
+        conn: sqlite3.Connection,
+        eid: int,
+        profile: EntityProfile,
+        messages: list[Message],
+        base: int,
+        now: int,
+        id_count: int,
+    ) -> list[bool]:
+        """Record the dedup keys; True for each message seen for the first time.
+
+        One statement per chunk: an upsert over ``json_each`` whose ``RETURNING``
+        lists exactly the keys that were new (or whose window had expired).
+        """
+        keys: list[tuple[str, str]] = []
+        first: dict[tuple[str, str], int] = {}
+        for i, message in enumerate(messages):
+            mid, pkey = profile.dedup_key(message)
+            key = (mid, pkey or "")
+            keys.append(key)
+            first.setdefault(key, i)
+        counted = profile.id_cache_size is not None
+        window = profile.window
+        cutoff = -1 if window is None else now - window // _US
+        accepted = [False] * len(messages)
+        new = 0
+        for start in range(0, len(keys), _MAX_JSON_BATCH):
+            chunk = keys[start : start + _MAX_JSON_BATCH]
+            returned = conn.execute(
+                "INSERT INTO ids (eid, mid, pkey, stamp) "
+                "SELECT ?1, j.value ->> 0, j.value ->> 1, "
+                "CASE WHEN ?2 THEN ?3 + j.key ELSE ?4 END FROM json_each(?5) AS j WHERE true "
+                "ON CONFLICT (eid, mid, pkey) DO UPDATE SET stamp = excluded.stamp "
+                "WHERE ids.stamp <= ?6 "
+                "RETURNING mid, pkey",
+                (eid, counted, base + start, now, json.dumps(chunk, ensure_ascii=False), cutoff),
+            ).fetchall()
+            for mid, pkey in returned:
+                accepted[first[(mid, pkey)]] = True
+            new += len(returned)
+        if counted:
+            # Artemis: a fixed-size cache; the oldest ids make room for the new ones.
+            assert profile.id_cache_size is not None
+            id_count += new
+            excess = id_count - profile.id_cache_size
+            if excess > 0:
+                conn.execute(
+                    "DELETE FROM ids WHERE eid = ?1 AND stamp <= (SELECT stamp FROM ids "
+                    "WHERE eid = ?1 ORDER BY stamp LIMIT 1 OFFSET ?2)",
+                    (eid, excess - 1),
+                )
+                id_count = profile.id_cache_size
+            conn.execute("UPDATE entities SET id_count = ? WHERE eid = ?", (id_count, eid))
+        else:
+            # Time window: forget a bounded batch of expired ids, oldest first, by index range.
+            conn.execute(
+                "DELETE FROM ids WHERE (eid, mid, pkey) IN (SELECT eid, mid, pkey FROM ids "
+                "WHERE eid = ?1 AND stamp <= ?2 ORDER BY stamp LIMIT ?3)",
+                (eid, cutoff, max(_HOUSEKEEPING_MIN, 2 * len(messages))),
+            )
+        return accepted
+
+    def cancel_scheduled(
+        self, entity: str, sequence_numbers: Sequence[int], *, timeout: float | None = None
+    ) -> None:
+        """Remove scheduled messages not yet delivered. Their ids stay remembered."""
+        seqs = list(sequence_numbers)
+        for seq in seqs:
+            if not isinstance(seq, int) or isinstance(seq, bool):
+                raise ValidationError("sequence numbers must be ints", field="sequence_numbers")
+
+        def work(conn: sqlite3.Connection) -> None:
+            eid = self._entity(conn, entity, sending=True)[0]
+            now = self._now()
+            conn.executemany(
+                "DELETE FROM messages WHERE eid = ? AND seq = ? AND scheduled IS NOT NULL "
+                "AND visible > ?",
+                [(eid, seq, now) for seq in seqs],
+            )
+
+        self._write(work, timeout=self._busy_timeout if timeout is None else timeout)
+
+    # -- administration -----------------------------------------------------------------
+
+    def create_entity(self, profile: EntityProfile, *, exist_ok: bool = False) -> None:
+        """Create a queue or topic. Its duplicate-detection settings are fixed from now on."""
+        if not isinstance(profile, EntityProfile):
+            raise ConfigurationError("profile must be an EntityProfile", field="profile")
+        text = _profile_to_json(profile)
+
+        def work(conn: sqlite3.Connection) -> None:
+            row = conn.execute(
+                "SELECT profile FROM entities WHERE name = ?", (profile.name,)
+            ).fetchone()
+            if row is None:
+                conn.execute(
+                    "INSERT INTO entities (name, profile) VALUES (?, ?)", (profile.name, text)
+                )
+                return
+            if not exist_ok:
+                raise ConfigurationError(f"entity {profile.name!r} already exists", field="entity")
+            existing = _profile_from_json(profile.name, row[0])
+            for item in dataclasses.fields(EntityProfile):
+                if getattr(existing, item.name) != getattr(profile, item.name):
+                    raise ConfigurationError(
+                        f"entity {profile.name!r} exists with {item.name}="
+                        f"{getattr(existing, item.name)!r}, not {getattr(profile, item.name)!r}",
+                        field=item.name,
+                    )
+
+        self._write(work, timeout=self._busy_timeout)
+
+    def delete_entity(self, name: str) -> None:
+        """Delete an entity with its messages, subscriptions and remembered ids."""
+
+        def work(conn: sqlite3.Connection) -> None:
+            eid = self._entity(conn, name)[0]
+            for table in ("messages", "ids", "subscriptions"):
+                conn.execute(f"DELETE FROM {table} WHERE eid = ?", (eid,))
+            conn.execute("DELETE FROM entities WHERE eid = ?", (eid,))
+
+        self._write(work, timeout=self._busy_timeout)
+
+    def entities(self) -> list[EntityProfile]:
+        rows = self._read(
+            lambda conn: conn.execute("SELECT name, profile FROM entities ORDER BY name").fetchall()
+        )
+        return [_profile_from_json(name, text) for name, text in rows]
+
+    def create_subscription(self, topic: str, name: str, *, exist_ok: bool = False) -> None:
+        """Add a subscription; it receives a copy of every message accepted from now on."""
+        if not isinstance(name, str) or not name.strip() or "/" in name or len(name) > 50:
+            raise ConfigurationError(
+                f"subscription name {name!r} must be a non-empty str of at most 50 characters "
+                "without '/'",
+                field="subscription",
+            )
+
+        def work(conn: sqlite3.Connection) -> None:
+            eid, profile, _, _ = self._entity(conn, topic)
+            if profile.kind != "topic":
+                raise ConfigurationError(
+                    f"{topic!r} is a queue; only topics have subscriptions", field="topic"
+                )
+            cur = conn.execute(
+                "INSERT OR IGNORE INTO subscriptions (eid, name) VALUES (?, ?)", (eid, name)
+            )
+            if cur.rowcount == 0 and not exist_ok:
+                raise ConfigurationError(
+                    f"topic {topic!r} already has subscription {name!r}", field="subscription"
+                )
+
+        self._write(work, timeout=self._busy_timeout)
+
+    def subscriptions(self, topic: str) -> list[str]:
+        def work(conn: sqlite3.Connection) -> list[str]:
+            eid = self._entity(conn, topic)[0]
+            return [
+                r[0]
+                for r in conn.execute(
+                    "SELECT name FROM subscriptions WHERE eid = ? ORDER BY name", (eid,)
+                )
+            ]
+
+        return self._read(work)
+
+    # -- receiving ----------------------------------------------------------------------
+
+    @staticmethod
+    def _max(max_messages: int) -> int:
+        if not isinstance(max_messages, int) or isinstance(max_messages, bool) or max_messages < 1:
+            raise ValidationError("max_messages must be a positive int", field="max_messages")
+        return max_messages
+
+    def receive(
+        self,
+        entity: str,
+        *,
+        max_messages: int = 1,
+        subscription: str | None = None,
+        session_id: str | None = None,
+        mode: ReceiveMode = "receive_and_delete",
+        lock_duration: timedelta = timedelta(seconds=60),
+    ) -> list[ReceivedMessage]:
+        """Take up to ``max_messages`` available messages, oldest sequence number first.
+
+        ``receive_and_delete`` removes them; ``peek_lock`` locks them for
+        ``lock_duration`` until :meth:`complete` or :meth:`abandon` (an expired
+        lock makes the message available again, with its delivery count kept).
+        """
+        limit = self._max(max_messages)
+        if mode not in ("receive_and_delete", "peek_lock"):
+            raise ValidationError(
+                f"mode must be 'receive_and_delete' or 'peek_lock', got {mode!r}", field="mode"
+            )
+        if not isinstance(lock_duration, timedelta) or lock_duration <= timedelta(0):
+            raise ValidationError(
+                "lock_duration must be a positive timedelta", field="lock_duration"
+            )
+
+        def work(conn: sqlite3.Connection) -> list[ReceivedMessage]:
+            eid, profile, _, _ = self._entity(conn, entity)
+            sub = self._sub(conn, eid, profile, subscription)
+            now = self._now()
+            query = (
+                f"SELECT qid, {ROW_COLUMNS} FROM messages WHERE eid = ? AND sub = ? "
+                "AND visible <= ? AND (locked_until IS NULL OR locked_until <= ?)"
+            )
+            params: list[Any] = [eid, sub, now, now]
+            if session_id is not None:
+                query += " AND session_id = ?"
+                params.append(session_id)
+            query += " ORDER BY seq LIMIT ?"
+            params.append(limit)
+            rows = conn.execute(query, params).fetchall()
+            out = []
+            if mode == "receive_and_delete":
+                conn.executemany("DELETE FROM messages WHERE qid = ?", [(r[0],) for r in rows])
+                for r in rows:
+                    out.append(received_from_row((*r[1:9], None, None, r[11] + 1, r[12])))
+                return out
+            until = now + lock_duration // _US
+            for r in rows:
+                token = str(uuid.uuid4())
+                conn.execute(
+                    "UPDATE messages SET lock_token = ?, locked_until = ?, "
+                    "delivery_count = delivery_count + 1 WHERE qid = ?",
+                    (token, until, r[0]),
+                )
+                out.append(received_from_row((*r[1:9], until, token, r[11] + 1, r[12])))
+            return out
+
+        return self._write(work, timeout=self._busy_timeout)
+
+    def peek(
+        self,
+        entity: str,
+        *,
+        max_messages: int = 1,
+        subscription: str | None = None,
+        session_id: str | None = None,
+        from_sequence_number: int | None = None,
+    ) -> list[ReceivedMessage]:
+        """Look at stored messages (scheduled and locked ones too) without taking them."""
+        limit = self._max(max_messages)
+
+        def work(conn: sqlite3.Connection) -> list[ReceivedMessage]:
+            eid, profile, _, _ = self._entity(conn, entity)
+            sub = self._sub(conn, eid, profile, subscription)
+            query = f"SELECT {ROW_COLUMNS} FROM messages WHERE eid = ? AND sub = ? AND seq >= ?"
+            params: list[Any] = [eid, sub, from_sequence_number or 0]
+            if session_id is not None:
+                query += " AND session_id = ?"
+                params.append(session_id)
+            query += " ORDER BY seq LIMIT ?"
+            params.append(limit)
+            return [received_from_row(r) for r in conn.execute(query, params).fetchall()]
+
+        return self._read(work)
+
+    def count(self, entity: str, *, subscription: str | None = None) -> int:
+        """Messages available now: not scheduled for later, not locked."""
+
+        def work(conn: sqlite3.Connection) -> int:
+            eid, profile, _, _ = self._entity(conn, entity)
+            sub = self._sub(conn, eid, profile, subscription)
+            now = self._now()
+            row = conn.execute(
+                "SELECT count(*) FROM messages WHERE eid = ? AND sub = ? AND visible <= ? "
+                "AND (locked_until IS NULL OR locked_until <= ?)",
+                (eid, sub, now, now),
+            ).fetchone()
+            return int(row[0])
+
+        return self._read(work)
+
+    def _settle(
+        self, entity: str, lock_token: str, subscription: str | None, sql: str, verb: str
+    ) -> None:
+        def work(conn: sqlite3.Connection) -> None:
+            eid, profile, _, _ = self._entity(conn, entity)
+            sub = self._sub(conn, eid, profile, subscription)
+            cur = conn.execute(sql, (eid, sub, lock_token, self._now()))
+            if cur.rowcount == 0:
+                raise LockLostError(
+                    f"cannot {verb} the message with lock token {lock_token!r} on {entity!r}: "
+                    "the lock expired or the message was settled already"
+                )
+
+        self._write(work, timeout=self._busy_timeout)
+
+    _WHERE_LOCKED = "WHERE eid = ? AND sub = ? AND lock_token = ? AND locked_until > ?"
+
+    def complete(self, entity: str, lock_token: str, *, subscription: str | None = None) -> None:
+        """Remove a peek-locked message. Raises :class:`LockLostError` if the lock expired."""
+        self._settle(
+            entity,
+            lock_token,
+            subscription,
+            "DELETE FROM messages " + self._WHERE_LOCKED,
+            "complete",
+        )
+
+    def abandon(self, entity: str, lock_token: str, *, subscription: str | None = None) -> None:
+        """Release a peek-locked message so it can be received again."""
+        self._settle(
+            entity,
+            lock_token,
+            subscription,
+            "UPDATE messages SET lock_token = NULL, locked_until = NULL " + self._WHERE_LOCKED,
+            "abandon",
+        )
+
+    def renew_lock(
+        self,
+        entity: str,
+        lock_token: str,
+        *,
+        subscription: str | None = None,
+        lock_duration: timedelta = timedelta(seconds=60),
+    ) -> datetime:
+        """Extend a peek lock; returns the new expiry."""
+        result: list[datetime] = []
+
+        def work(conn: sqlite3.Connection) -> None:
+            eid, profile, _, _ = self._entity(conn, entity)
+            sub = self._sub(conn, eid, profile, subscription)
+            now = self._now()
+            until = now + lock_duration // _US
+            cur = conn.execute(
+                "UPDATE messages SET locked_until = ? " + self._WHERE_LOCKED,
+                (until, eid, sub, lock_token, now),
+            )
+            if cur.rowcount == 0:
+                _lock_lost(entity, lock_token, "renew the lock of")
+            result.append(datetime.fromtimestamp(0, UTC) + until * _US)
+
+        self._write(work, timeout=self._busy_timeout)
+        return result[0]
+
+    def purge(self, entity: str, *, subscription: str | None = None) -> int:
+        """Delete stored messages (a topic without ``subscription``: all of its copies).
+
+        Remembered ids stay: purging does not reopen the duplicate-detection window.
+        """
+
+        def work(conn: sqlite3.Connection) -> int:
+            eid, profile, _, _ = self._entity(conn, entity)
+            if profile.kind == "topic" and subscription is None:
+                return conn.execute("DELETE FROM messages WHERE eid = ?", (eid,)).rowcount
+            sub = self._sub(conn, eid, profile, subscription)
+            return conn.execute(
+                "DELETE FROM messages WHERE eid = ? AND sub = ?", (eid, sub)
+            ).rowcount
+
+        return self._write(work, timeout=self._busy_timeout)
+
+    def stats(self, entity: str) -> dict[str, int]:
+        """Counts for operators: available, scheduled, locked, stored messages, remembered ids."""
+
+        def work(conn: sqlite3.Connection) -> dict[str, int]:
+            eid, profile, next_seq, id_count = self._entity(conn, entity)
+            now = self._now()
+            available, scheduled, locked, total = conn.execute(
+                "SELECT coalesce(sum(visible <= ?1 AND coalesce(locked_until, 0) <= ?1), 0), "
+                "coalesce(sum(visible > ?1), 0), coalesce(sum(coalesce(locked_until, 0) > ?1), 0), "
+                "count(*) FROM messages WHERE eid = ?2",
+                (now, eid),
+            ).fetchone()
+            window = profile.window
+            if window is None:
+                remembered = id_count
+            else:
+                remembered = conn.execute(
+                    "SELECT count(*) FROM ids WHERE eid = ? AND stamp > ?",
+                    (eid, now - window // _US),
+                ).fetchone()[0]
+            subs = conn.execute(
+                "SELECT count(*) FROM subscriptions WHERE eid = ?", (eid,)
+            ).fetchone()[0]
+            return {
+                "available": int(available),
+                "scheduled": int(scheduled),
+                "locked": int(locked),
+                "messages": int(total),
+                "ids_remembered": int(remembered),
+                "subscriptions": int(subs),
+                "last_sequence_number": int(next_seq) - 1,
+            }
+
+        return self._read(work)
+
+    def message_ids(self, entity: str, *, subscription: str | None = None) -> list[str]:
+        """Every stored message id, scheduled and locked ones included, in sequence order.
+
+        On a topic without ``subscription``: one entry per accepted topic message.
+        """
+
+        def work(conn: sqlite3.Connection) -> list[str]:
+            eid, profile, _, _ = self._entity(conn, entity)
+            if profile.kind == "topic" and subscription is None:
+                sql = "SELECT message_id FROM messages WHERE eid = ? GROUP BY seq ORDER BY seq"
+                return [r[0] for r in conn.execute(sql, (eid,))]
+            sub = self._sub(conn, eid, profile, subscription)
+            return [
+                r[0]
+                for r in conn.execute(
+                    "SELECT message_id FROM messages WHERE eid = ? AND sub = ? ORDER BY seq",
+                    (eid, sub),
+                )
+            ]
+
+        return self._read(work)
+
+
+def _lock_lost(entity: str, lock_token: str, verb: str) -> NoReturn:
+    raise LockLostError(
+        f"cannot {verb} the message with lock token {lock_token!r} on {entity!r}: "
+        "the lock expired or the message was settled already"
+    )

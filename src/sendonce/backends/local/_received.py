@@ -1,0 +1,139 @@
+"""What the local broker hands to a receiver, and how message properties are stored."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from types import MappingProxyType
+from typing import Any
+
+from ..._message import Message, PropertyValue
+from ._store import from_us
+
+__all__ = ["ReceivedMessage", "decode_extra", "encode_extra"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedMessage:
+    """A message as the broker stored it, plus its delivery state."""
+
+    message_id: str
+    body: bytes
+    partition_key: str | None
+    session_id: str | None
+    sequence_number: int
+    enqueued_time: datetime
+    scheduled_enqueue_time: datetime | None
+    subject: str | None
+    content_type: str | None
+    correlation_id: str | None
+    application_properties: Mapping[str, PropertyValue] | None
+    time_to_live: timedelta | None
+    lock_token: str | None
+    locked_until: datetime | None
+    delivery_count: int
+    raw: bytes | None
+
+
+def _tag(value: PropertyValue) -> list[Any]:
+    # Application properties may hold bytes, which JSON cannot: tag every value.
+    if isinstance(value, bytes):
+        return ["x", value.hex()]
+    if isinstance(value, bool):
+        return ["b", bool(value)]
+    if isinstance(value, int):
+        return ["i", int(value)]
+    if isinstance(value, float):
+        return ["f", float(value)]
+    return ["s", str(value)]
+
+
+def encode_extra(message: Message) -> str | None:
+    """The optional properties of ``message`` as compact JSON, or None when it has none."""
+    if (
+        message.subject is None
+        and message.content_type is None
+        and message.correlation_id is None
+        and message.time_to_live is None
+        and message.application_properties is None
+    ):
+        return None
+    extra: dict[str, Any] = {}
+    for name in ("subject", "content_type", "correlation_id"):
+        value = getattr(message, name)
+        if value is not None:
+            extra[name] = value
+    if message.time_to_live is not None:
+        extra["ttl_us"] = message.time_to_live // timedelta(microseconds=1)
+    props = message.application_properties
+    if props is not None:
+        encoded: dict[str, Any] = {}
+        for key, value in props.items():
+            encoded[key] = None if value is None else _tag(value)
+        extra["props"] = encoded
+    if not extra:
+        return None
+    return json.dumps(extra, separators=(",", ":"), ensure_ascii=False)
+
+
+def decode_extra(text: str | None) -> dict[str, Any]:
+    if text is None:
+        return {}
+    extra: dict[str, Any] = json.loads(text)
+    if "ttl_us" in extra:
+        extra["time_to_live"] = timedelta(microseconds=extra.pop("ttl_us"))
+    if "props" in extra:
+        props: dict[str, PropertyValue] = {}
+        for key, value in extra.pop("props").items():
+            if value is None:
+                props[key] = None
+            else:
+                tag, payload = value
+                props[key] = bytes.fromhex(payload) if tag == "x" else payload
+        extra["application_properties"] = MappingProxyType(props)
+    return extra
+
+
+def received_from_row(row: tuple[Any, ...]) -> ReceivedMessage:
+    """Build from a ``messages`` row selected with :data:`ROW_COLUMNS`."""
+    (
+        seq,
+        message_id,
+        partition_key,
+        session_id,
+        body,
+        extra,
+        enqueued,
+        scheduled,
+        locked_until,
+        lock_token,
+        delivery_count,
+        raw,
+    ) = row
+    fields = decode_extra(extra)
+    return ReceivedMessage(
+        message_id=message_id,
+        body=bytes(body),
+        partition_key=partition_key,
+        session_id=session_id,
+        sequence_number=seq,
+        enqueued_time=from_us(enqueued),
+        scheduled_enqueue_time=None if scheduled is None else from_us(scheduled),
+        subject=fields.get("subject"),
+        content_type=fields.get("content_type"),
+        correlation_id=fields.get("correlation_id"),
+        application_properties=fields.get("application_properties"),
+        time_to_live=fields.get("time_to_live"),
+        lock_token=lock_token,
+        locked_until=None if locked_until is None else from_us(locked_until),
+        delivery_count=delivery_count,
+        raw=None if raw is None else bytes(raw),
+    )
+
+
+ROW_COLUMNS = (
+    "seq, message_id, partition_key, session_id, body, extra, enqueued, scheduled, "
+    "locked_until, lock_token, delivery_count, raw"
+)
