@@ -53,8 +53,8 @@ def orders(count: int) -> list[dict[str, Any]]:
 
 def _fault_script(seed: int) -> Any:
     rng = random.Random(seed)
-    choices = [Fault.NONE] * 14 + [Fault.AFTER_COMMIT] * 3 + [Fault.BEFORE_COMMIT] * 2 + [
-        Fault.SLOW_ACK
+    choices = [Fault.NONE] * 10 + [Fault.AFTER_COMMIT] * 4 + [Fault.BEFORE_COMMIT] * 3 + [
+        Fault.SLOW_ACK, Fault.SLOW_ACK
     ]
     return lambda index, entity, messages: rng.choice(choices)
 
@@ -82,7 +82,9 @@ def produce(db: Path, checkpoint: Path, count: int, crash_after_chunk: int | Non
                     # Committed and acknowledged, but the checkpoint is not written yet.
                     print(json.dumps(dict(stats)), flush=True)
                     os.kill(os.getpid(), signal.SIGKILL)
-                checkpoint.write_text(str(chunk_start + CHUNK))
+                tmp = checkpoint.with_suffix(".tmp")
+                tmp.write_text(str(chunk_start + CHUNK))
+                tmp.replace(checkpoint)  # atomic: a kill never leaves a torn checkpoint
     print(json.dumps(dict(stats)), flush=True)
 
 

@@ -258,7 +258,7 @@ class IdempotentSender:
         limit = profile.max_message_size
         partitioned = profile.partitioned
         memory = self._memory.entries
-        seen: dict[object, tuple[int, int]] = {}
+        seen: dict[object, int] = {}
         repeats: list[int] = []
         for index, message in enumerate(messages):
             if type(message) is not Message and not isinstance(message, Message):
@@ -276,36 +276,26 @@ class IdempotentSender:
                     ) from None
             key = message.message_id if not partitioned else profile.dedup_key(message)
             earlier = seen.get(key)
-            if earlier is not None or key in memory:
-                digest = _body_hash(message)
-                previous = earlier[1] if earlier is not None else memory[key][0]
-                if previous != digest:
-                    raise PayloadConflictError(
-                        f"message {message.message_id!r} ({what}[{index}]) was already sent by "
-                        "this sender with a different body; the broker would silently drop this "
-                        "one. Give distinct business messages distinct ids. Nothing of this call "
-                        "was sent.",
-                        message_id=message.message_id,
-                        partition_key=message.partition_key,
-                    )
-                if earlier is not None:
-                    repeats.append(index)
-                    continue
-                seen[key] = (index, digest)
-            else:
-                seen[key] = (index, -1)
+            if earlier is not None:
+                if _body_hash(messages[earlier]) != _body_hash(message):
+                    raise _conflict(message, f"{what}[{index}]", f"{what}[{earlier}]")
+                repeats.append(index)
+                continue
+            if key in memory and memory[key][0] != _body_hash(message):
+                raise _conflict(message, f"{what}[{index}]", "an earlier call")
+            seen[key] = index
         return repeats
 
     def _remember(self, messages: Iterable[Message]) -> None:
         now = self.retry.clock()
         memory = self._memory
-        memory.expire(now)
         entries = memory.entries
         partitioned = self.profile.partitioned
         for message in messages:
             key = message.message_id if not partitioned else self.profile.dedup_key(message)
             if key not in entries:
                 entries[key] = (_body_hash(message), now)
+        memory.expire(now)
 
     # -- batching ------------------------------------------------------------------
 
@@ -534,6 +524,16 @@ class IdempotentSender:
             attempted = self._attempt_transfer(messages, atomic=True)
             report.results.extend(self._results(messages, attempted))
         return report
+
+
+def _conflict(message: Message, where: str, earlier: str) -> PayloadConflictError:
+    return PayloadConflictError(
+        f"message {message.message_id!r} ({where}) was already sent by this sender, in "
+        f"{earlier}, with a different body; the broker would silently drop this one. Give "
+        "distinct business messages distinct ids. Nothing of this call was sent.",
+        message_id=message.message_id,
+        partition_key=message.partition_key,
+    )
 
 
 def _per_message(error: SendError, message: Message) -> SendError:

@@ -29,7 +29,9 @@ def main() -> None:
             ]
             sender.send_many(spec.to_message(r) for r in records).raise_for_failures()
             print(f"committed {first + len(records)}", flush=True)
-            checkpoint.write_text(str(first + len(records)))
+            tmp = checkpoint.with_suffix('.tmp')
+            tmp.write_text(str(first + len(records)))
+            tmp.replace(checkpoint)  # atomic: a kill never leaves a torn checkpoint
     print("done", flush=True)
 
 

@@ -257,7 +257,7 @@ def test_payload_memory_is_bounded(broker: LocalBackend, retry: RetryPolicy) -> 
 @pytest.mark.parametrize(
     ("bad", "error", "field"),
     [
-        (lambda: msg(99, body="x" * 5000), MessageSizeError, "body"),
+        (lambda: msg(99, body="x" * 5000, session_id="s"), MessageSizeError, "body"),
         (lambda: Message("b", message_id="no-session"), KeyRuleError, "session_id"),
         (lambda: "not a message", ValidationError, "message"),
     ],
@@ -332,16 +332,18 @@ def test_same_id_is_accepted_again_after_the_window(tmp_path: Path, retry: Retry
 
 def test_schedule_reports_a_sequence_number(broker: LocalBackend, retry: RetryPolicy) -> None:
     at = datetime.now(UTC) + timedelta(hours=1)
-    faulty = FaultyBackend(broker, [Fault.AFTER_COMMIT])
+    faulty = FaultyBackend(broker, [Fault.NONE, Fault.AFTER_COMMIT])
     with IdempotentSender(faulty, EntityProfile("orders"), retry=retry) as sender:
-        result = sender.schedule(msg(1), at)
+        first = sender.schedule(msg(0), at)
+        assert (first.outcome, first.attempts) == ("scheduled", 1)
+        assert isinstance(first.sequence_number, int)
+        result = sender.schedule(msg(1), at)  # first attempt committed, ack lost
         assert result.outcome == "scheduled"
         assert result.attempts == 2
-        assert isinstance(result.sequence_number, int)
         with pytest.raises(ValidationError) as info:
             sender.schedule(msg(2), datetime(2030, 1, 1))  # naive
         assert info.value.field == "at"
-    assert broker.message_ids("orders") == ["order-1"]
+    assert sorted(broker.message_ids("orders")) == ["order-0", "order-1"]
     assert broker.count("orders") == 0  # not deliverable before its time
 
 
