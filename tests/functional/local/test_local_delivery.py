@@ -133,7 +133,8 @@ def test_receive_by_session_returns_that_sessions_messages_in_order(broker, make
 def test_session_stands_in_for_partition_key_on_partitioned_entity(broker, make_entity):
     make_entity(partitioned=True, sessions=True)
     acks = broker.send(
-        "orders", [msg("a", session_id="s1"), msg("a", session_id="s2"), msg("a", session_id="s1")],
+        "orders",
+        [msg("a", session_id="s1"), msg("a", session_id="s2"), msg("a", session_id="s1")],
         timeout=5,
     )
     assert [a.outcome for a in acks] == ["accepted", "accepted", "duplicate"]
@@ -188,7 +189,9 @@ def test_renew_lock_extends_it(broker, make_entity, clock):
     broker.send("orders", [msg("a")], timeout=5)
     (locked,) = broker.receive("orders", mode="peek_lock", lock_duration=timedelta(seconds=10))
     clock.advance(seconds=8)
-    until = broker.renew_lock("orders", locked.lock_token or "", lock_duration=timedelta(seconds=10))
+    until = broker.renew_lock(
+        "orders", locked.lock_token or "", lock_duration=timedelta(seconds=10)
+    )
     assert until == clock.now + timedelta(seconds=10)
     clock.advance(seconds=8)
     broker.complete("orders", locked.lock_token or "")

@@ -96,8 +96,23 @@ def syscalls_between_send_and_ack(tmp_path: Path, durability: str) -> list[str]:
     make_broker(db)
     trace = tmp_path / "trace.txt"
     subprocess.run(
-        ["strace", "-qq", "-f", "-y", "-e", "trace=write,pwrite64,fsync,fdatasync",
-         "-e", "signal=none", "-o", str(trace), sys.executable, "-c", ONE_SEND, db, durability],
+        [
+            "strace",
+            "-qq",
+            "-f",
+            "-y",
+            "-e",
+            "trace=write,pwrite64,fsync,fdatasync",
+            "-e",
+            "signal=none",
+            "-o",
+            str(trace),
+            sys.executable,
+            "-c",
+            ONE_SEND,
+            db,
+            durability,
+        ],
         check=True,
         capture_output=True,
     )

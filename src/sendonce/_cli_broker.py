@@ -1,0 +1,232 @@
+"""``sendonce broker``: create and inspect a local broker file from the shell."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+import click
+
+from ._entity import EntityProfile
+from .backends.local import LocalBackend, ReceivedMessage
+from .errors import SendOnceError
+
+__all__ = ["broker", "parse_duration"]
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
+_UNITS = {"d": "days", "h": "hours", "m": "minutes", "s": "seconds"}
+
+
+def parse_duration(text: str) -> timedelta:
+    """``"10m"``, ``"1h30m"``, ``"45s"``, ``"7d"``, or a number of seconds."""
+    text = text.strip().lower()
+    try:
+        return timedelta(seconds=float(text))
+    except ValueError:
+        pass
+    pos, total = 0, timedelta(0)
+    for match in _DURATION.finditer(text):
+        if match.start() != pos:
+            break
+        total += timedelta(**{_UNITS[match.group(2)]: float(match.group(1))})
+        pos = match.end()
+    if pos != len(text) or not text:
+        raise ValueError(f"{text!r} is not a duration such as 10m, 1h30m, 45s or 7d")
+    return total
+
+
+def _window_option(ctx: click.Context, param: click.Parameter, value: str) -> timedelta:
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+
+
+_EXISTING_FILE = click.Path(exists=True, dir_okay=False)
+
+
+@contextmanager
+def _open(path: str) -> Iterator[LocalBackend]:
+    """Open the broker; a sendonce error inside the block becomes a clean CLI error."""
+    try:
+        with LocalBackend(path) as backend:
+            yield backend
+    except SendOnceError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@click.group()
+def broker() -> None:
+    """Create and inspect a local broker file (the embedded broker)."""
+
+
+@broker.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--entity", "name", required=True, help="Queue or topic name.")
+@click.option("--topic", is_flag=True, help="Create a topic (default: a queue).")
+@click.option("--partitioned", is_flag=True, help="Dedup on message id + partition key.")
+@click.option("--sessions", is_flag=True, help="Require a session id on every message.")
+@click.option(
+    "--window",
+    callback=_window_option,
+    default="10m",
+    show_default=True,
+    help="Duplicate-detection window (20s to 7d).",
+)
+@click.option("--no-dedup", is_flag=True, help="Turn duplicate detection off (at-least-once).")
+@click.option(
+    "--id-cache-size", type=click.IntRange(min=1), help="Artemis mode: remember this many ids."
+)
+@click.option(
+    "--no-persist-id-cache", is_flag=True, help="Artemis mode: forget the ids when restarted."
+)
+@click.option("--subscription", "subscriptions", multiple=True, help="Topic subscription to add.")
+@click.option("--exist-ok", is_flag=True, help="Succeed if an identical entity exists.")
+def create(
+    file: str,
+    name: str,
+    topic: bool,
+    partitioned: bool,
+    sessions: bool,
+    window: timedelta,
+    no_dedup: bool,
+    id_cache_size: int | None,
+    no_persist_id_cache: bool,
+    subscriptions: tuple[str, ...],
+    exist_ok: bool,
+) -> None:
+    """Create a queue or topic in FILE (the file is created if needed)."""
+    if subscriptions and not topic:
+        raise click.UsageError("--subscription needs --topic: queues have no subscriptions")
+    with _open(file) as backend:
+        profile = EntityProfile(
+            name,
+            kind="topic" if topic else "queue",
+            duplicate_detection=not no_dedup,
+            duplicate_detection_window=window,
+            partitioned=partitioned,
+            sessions=sessions,
+            id_cache_size=id_cache_size,
+            persist_id_cache=not no_persist_id_cache,
+        )
+        backend.create_entity(profile, exist_ok=exist_ok)
+        for subscription in subscriptions:
+            backend.create_subscription(name, subscription, exist_ok=exist_ok)
+    click.echo(f"created {profile.kind} {name!r} in {os.path.abspath(file)}")
+
+
+def _describe(profile: EntityProfile) -> str:
+    if not profile.duplicate_detection:
+        dedup = "dedup off"
+    elif profile.id_cache_size is not None:
+        persisted = "persisted" if profile.persist_id_cache else "not persisted"
+        dedup = f"id cache {profile.id_cache_size} ({persisted})"
+    else:
+        dedup = f"window {profile.duplicate_detection_window}"
+    flags = [f for f in ("partitioned", "sessions") if getattr(profile, f)]
+    return ", ".join([profile.kind, dedup, *flags])
+
+
+@broker.command()
+@click.argument("file", type=_EXISTING_FILE)
+@click.option("--entity", "name", help="Only this entity (default: all).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def stats(file: str, name: str | None, as_json: bool) -> None:
+    """Counts per entity: available, scheduled, locked, remembered ids."""
+    with _open(file) as backend:
+        profiles = [backend.describe(name)] if name else backend.entities()
+        result = {p.name: {"profile": _describe(p), **backend.stats(p.name)} for p in profiles}
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True))
+        return
+    if not result:
+        click.echo("no entities")
+    for entity, counts in result.items():
+        click.echo(f"{entity} ({counts.pop('profile')})")
+        for key, value in counts.items():
+            click.echo(f"  {key}: {value}")
+
+
+def _as_json(message: ReceivedMessage) -> str:
+    try:
+        body: dict[str, str] = {"body": message.body.decode("utf-8")}
+    except UnicodeDecodeError:
+        body = {"body_base64": base64.b64encode(message.body).decode("ascii")}
+    data: dict[str, Any] = {
+        "message_id": message.message_id,
+        "sequence_number": message.sequence_number,
+        "partition_key": message.partition_key,
+        "session_id": message.session_id,
+        "enqueued_time": message.enqueued_time.isoformat(),
+        "delivery_count": message.delivery_count,
+        **body,
+    }
+    if message.scheduled_enqueue_time is not None:
+        data["scheduled_enqueue_time"] = message.scheduled_enqueue_time.isoformat()
+    return json.dumps(data, ensure_ascii=False)
+
+
+def _read_options(function: Any) -> Any:
+    for option in reversed(
+        [
+            click.argument("file", type=_EXISTING_FILE),
+            click.option("--entity", "name", required=True, help="Queue or topic name."),
+            click.option("--subscription", help="Topic subscription to read."),
+            click.option("--session-id", help="Only this session's messages."),
+            click.option(
+                "--max",
+                "max_messages",
+                type=click.IntRange(min=1),
+                default=10,
+                show_default=True,
+                help="At most this many messages.",
+            ),
+        ]
+    ):
+        function = option(function)
+    return function
+
+
+@broker.command()
+@_read_options
+def peek(
+    file: str, name: str, subscription: str | None, session_id: str | None, max_messages: int
+) -> None:
+    """Print stored messages as JSON lines without removing them."""
+    with _open(file) as backend:
+        messages = backend.peek(
+            name, max_messages=max_messages, subscription=subscription, session_id=session_id
+        )
+    for message in messages:
+        click.echo(_as_json(message))
+
+
+@broker.command()
+@_read_options
+def receive(
+    file: str, name: str, subscription: str | None, session_id: str | None, max_messages: int
+) -> None:
+    """Take available messages (receive-and-delete) and print them as JSON lines."""
+    with _open(file) as backend:
+        messages = backend.receive(
+            name, max_messages=max_messages, subscription=subscription, session_id=session_id
+        )
+    for message in messages:
+        click.echo(_as_json(message))
+
+
+@broker.command()
+@click.argument("file", type=_EXISTING_FILE)
+@click.option("--entity", "name", required=True, help="Queue or topic name.")
+@click.option("--subscription", help="Only this subscription (default: every copy).")
+def purge(file: str, name: str, subscription: str | None) -> None:
+    """Delete stored messages. Remembered ids stay, so the window is not reopened."""
+    with _open(file) as backend:
+        removed = backend.purge(name, subscription=subscription)
+    click.echo(f"purged {removed} message(s) from {name!r}")
