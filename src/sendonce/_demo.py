@@ -53,13 +53,18 @@ def orders(count: int) -> list[dict[str, Any]]:
 
 def _fault_script(seed: int) -> Any:
     rng = random.Random(seed)
-    choices = [Fault.NONE] * 10 + [Fault.AFTER_COMMIT] * 4 + [Fault.BEFORE_COMMIT] * 3 + [
-        Fault.SLOW_ACK, Fault.SLOW_ACK
-    ]
+    choices = (
+        [Fault.NONE] * 10
+        + [Fault.AFTER_COMMIT] * 4
+        + [Fault.BEFORE_COMMIT] * 3
+        + [Fault.SLOW_ACK, Fault.SLOW_ACK]
+    )
     return lambda index, entity, messages: rng.choice(choices)
 
 
-def produce(db: Path, checkpoint: Path, count: int, crash_after_chunk: int | None, seed: int) -> None:
+def produce(
+    db: Path, checkpoint: Path, count: int, crash_after_chunk: int | None, seed: int
+) -> None:
     """One producer process: resume from the checkpoint, publish, checkpoint each chunk."""
     from .backends.local import LocalBackend
 
@@ -68,7 +73,9 @@ def produce(db: Path, checkpoint: Path, count: int, crash_after_chunk: int | Non
     retry = RetryPolicy(initial_backoff=0.01, max_backoff=0.05, attempt_timeout=5.0, max_attempts=8)
     stats: Counter[str] = Counter()
     with LocalBackend(db) as local:
-        faulty = FaultyBackend(local, _fault_script(seed), slow_ack_delay=10.0, sleep=lambda s: None)
+        faulty = FaultyBackend(
+            local, _fault_script(seed), slow_ack_delay=10.0, sleep=lambda s: None
+        )
         with IdempotentSender(faulty, ENTITY, retry=retry) as sender:
             for chunk_start in range(start, count, CHUNK):
                 chunk = records[chunk_start : chunk_start + CHUNK]
@@ -88,11 +95,20 @@ def produce(db: Path, checkpoint: Path, count: int, crash_after_chunk: int | Non
     print(json.dumps(dict(stats)), flush=True)
 
 
-def _run_producer(db: Path, checkpoint: Path, count: int, crash: int | None, seed: int) -> tuple[
-    int, dict[str, int]
-]:
-    args = [sys.executable, "-m", "sendonce._demo", "--produce", str(db), str(checkpoint),
-            str(count), "" if crash is None else str(crash), str(seed)]
+def _run_producer(
+    db: Path, checkpoint: Path, count: int, crash: int | None, seed: int
+) -> tuple[int, dict[str, int]]:
+    args = [
+        sys.executable,
+        "-m",
+        "sendonce._demo",
+        "--produce",
+        str(db),
+        str(checkpoint),
+        str(count),
+        "" if crash is None else str(crash),
+        str(seed),
+    ]
     proc = subprocess.run(args, capture_output=True, text=True, check=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode not in (0, -signal.SIGKILL) or not lines:
@@ -111,17 +127,23 @@ def run_demo(workdir: str | None = None, count: int = 1000) -> int:
         for path in (db, checkpoint):
             path.unlink(missing_ok=True)
         click.echo(f"broker file: {db}")
-        click.echo(f"publishing {count} orders to queue {ENTITY.name!r}, ids like "
-                   f"{SPEC.to_message(orders(1)[0]).message_id!r}, through injected faults\n")
+        click.echo(
+            f"publishing {count} orders to queue {ENTITY.name!r}, ids like "
+            f"{SPEC.to_message(orders(1)[0]).message_id!r}, through injected faults\n"
+        )
         code, first = _run_producer(db, checkpoint, count, crash=count // CHUNK // 2, seed=1)
         killed = code == -signal.SIGKILL
-        click.echo(f"producer 1: sent {first.get('sent', 0)}, faults injected "
-                   f"{first.get('faults', 0)}, then {'killed with SIGKILL' if killed else 'exited'}"
-                   f" before checkpointing its last chunk")
+        click.echo(
+            f"producer 1: sent {first.get('sent', 0)}, faults injected "
+            f"{first.get('faults', 0)}, then {'killed with SIGKILL' if killed else 'exited'}"
+            f" before checkpointing its last chunk"
+        )
         _, second = _run_producer(db, checkpoint, count, crash=None, seed=2)
-        click.echo(f"producer 2 (restarted from checkpoint): sent {second.get('sent', 0)}, "
-                   f"duplicates dropped by the broker {second.get('duplicates', 0)}, faults "
-                   f"injected {second.get('faults', 0)}")
+        click.echo(
+            f"producer 2 (restarted from checkpoint): sent {second.get('sent', 0)}, "
+            f"duplicates dropped by the broker {second.get('duplicates', 0)}, faults "
+            f"injected {second.get('faults', 0)}"
+        )
         with LocalBackend(db) as broker:
             ids = broker.message_ids(ENTITY.name)
         counts = Counter(ids)
@@ -152,7 +174,12 @@ def demo(count: int, workdir: str | None, spark: bool) -> None:
 if __name__ == "__main__":
     if len(sys.argv) == 7 and sys.argv[1] == "--produce":
         _, _, db_arg, cp_arg, n_arg, crash_arg, seed_arg = sys.argv
-        produce(Path(db_arg), Path(cp_arg), int(n_arg),
-                int(crash_arg) if crash_arg else None, int(seed_arg))
+        produce(
+            Path(db_arg),
+            Path(cp_arg),
+            int(n_arg),
+            int(crash_arg) if crash_arg else None,
+            int(seed_arg),
+        )
     else:
         demo()

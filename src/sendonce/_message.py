@@ -55,6 +55,7 @@ class Message:
     )
     time_to_live: timedelta | None = field(default=None, kw_only=True)
     _size: int = field(default=0, init=False, repr=False, compare=False)
+    _body_hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.body, bytes | str):
@@ -126,7 +127,10 @@ class Message:
                         field="application_properties",
                     )
             object.__setattr__(self, "application_properties", MappingProxyType(dict(props)))
-        object.__setattr__(self, "_size", self._measure())
+        data = self.body if isinstance(self.body, bytes) else self.body.encode("utf-8")
+        object.__setattr__(self, "_size", self._measure(len(data)))
+        # Per-process hash of the payload, for payload-conflict checks; recomputed on unpickle.
+        object.__setattr__(self, "_body_hash", hash(data))
 
     @property
     def body_bytes(self) -> bytes:
@@ -138,11 +142,8 @@ class Message:
         """Approximate encoded size: body plus ids and properties, as brokers count it."""
         return self._size
 
-    def _measure(self) -> int:
-        body = self.body
-        size = (len(body) if isinstance(body, bytes) else len(body.encode("utf-8"))) + len(
-            self.message_id
-        )
+    def _measure(self, body_length: int) -> int:
+        size = body_length + len(self.message_id)
         for extra in (self.partition_key, self.session_id, self.subject, self.content_type,
                       self.correlation_id):
             if extra:

@@ -81,8 +81,17 @@ class RetryPolicy:
     ``sleep`` and ``clock`` are injectable so tests never wait.
     """
 
-    __slots__ = ("attempt_timeout", "clock", "initial_backoff", "jitter", "max_attempts",
-                 "max_backoff", "rng", "safety_margin", "sleep")
+    __slots__ = (
+        "attempt_timeout",
+        "clock",
+        "initial_backoff",
+        "jitter",
+        "max_attempts",
+        "max_backoff",
+        "rng",
+        "safety_margin",
+        "sleep",
+    )
 
     def __init__(
         self,
@@ -103,15 +112,15 @@ class RetryPolicy:
             if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
                 raise ConfigurationError(f"{name} must be a number >= 0", field=name)
         if max_backoff < initial_backoff:
-            raise ConfigurationError(
-                "max_backoff must be >= initial_backoff", field="max_backoff"
-            )
+            raise ConfigurationError("max_backoff must be >= initial_backoff", field="max_backoff")
         if (
             not isinstance(attempt_timeout, int | float)
             or isinstance(attempt_timeout, bool)
             or attempt_timeout <= 0
         ):
-            raise ConfigurationError("attempt_timeout must be a number > 0", field="attempt_timeout")
+            raise ConfigurationError(
+                "attempt_timeout must be a number > 0", field="attempt_timeout"
+            )
         if not isinstance(safety_margin, timedelta) or safety_margin < timedelta(0):
             raise ConfigurationError(
                 "safety_margin must be a non-negative timedelta", field="safety_margin"

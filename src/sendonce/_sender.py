@@ -11,11 +11,14 @@ input message ends in the report as sent, duplicate or failed.
 from __future__ import annotations
 
 import logging
+from bisect import bisect_right
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Literal, NamedTuple
+from itertools import accumulate
+from typing import Any, Literal, NamedTuple
 
 from ._entity import EntityProfile
 from ._message import Message
@@ -71,20 +74,71 @@ class SendFailure:
     error: SendError
 
 
-@dataclass(slots=True)
-class SendReport:
-    """The outcome of every message of a ``send_many`` call."""
+def _results(
+    batch: Sequence[Message],
+    acks: list[Ack],
+    attempts: int,
+    in_doubt: bool,
+    *,
+    scheduled: bool = False,
+) -> list[SendResult]:
+    """Results for an acknowledged transfer.
 
-    results: list[SendResult] = field(default_factory=list)
-    failures: list[SendFailure] = field(default_factory=list)
+    A duplicate ack after an in-doubt attempt is our own earlier copy: reported sent.
+    """
+    success: Outcome = "scheduled" if scheduled else "sent"
+    return [
+        SendResult(
+            m.message_id,
+            m.partition_key,
+            "duplicate" if ack.outcome == "duplicate" and not in_doubt else success,
+            attempts,
+            ack.sequence_number,
+        )
+        for m, ack in zip(batch, acks, strict=True)
+    ]
+
+
+class SendReport:
+    """The outcome of every message of a ``send_many`` call.
+
+    ``results`` holds one :class:`SendResult` per message that reached the broker,
+    ``failures`` one :class:`SendFailure` per message that did not (or may not have).
+    """
+
+    __slots__ = ("_chunks", "_results", "failures")
+
+    def __init__(
+        self,
+        results: Iterable[SendResult] | None = None,
+        failures: Iterable[SendFailure] | None = None,
+    ) -> None:
+        self._results: list[SendResult] = list(results or ())
+        # Acknowledged transfers not yet turned into results: built on first access, so a
+        # caller who only reads the counts never pays for one object per message.
+        self._chunks: list[tuple[Sequence[Message], list[Ack], int, bool]] = []
+        self.failures: list[SendFailure] = list(failures or ())
+
+    def _add_chunk(self, batch: Sequence[Message], attempted: Attempted[list[Ack]]) -> None:
+        self._chunks.append((batch, attempted.value, attempted.attempts, attempted.in_doubt_before))
 
     @property
-    def sent(self) -> int:
-        return sum(1 for r in self.results if r.outcome != "duplicate")
+    def results(self) -> list[SendResult]:
+        if self._chunks:
+            chunks, self._chunks = self._chunks, []
+            built: list[SendResult] = []
+            for batch, acks, attempts, in_doubt in chunks:
+                built.extend(_results(batch, acks, attempts, in_doubt))
+            self._results[:0] = built  # transfers precede the in-call repeats
+        return self._results
 
     @property
     def duplicates(self) -> int:
-        return sum(1 for r in self.results if r.outcome == "duplicate")
+        count = sum(1 for r in self._results if r.outcome == "duplicate")
+        for _, acks, _, in_doubt in self._chunks:
+            if not in_doubt:
+                count += sum(1 for a in acks if a.outcome == "duplicate")
+        return count
 
     @property
     def failed(self) -> int:
@@ -92,7 +146,11 @@ class SendReport:
 
     @property
     def total(self) -> int:
-        return len(self.results) + len(self.failures)
+        return len(self._results) + sum(len(c[1]) for c in self._chunks) + len(self.failures)
+
+    @property
+    def sent(self) -> int:
+        return self.total - self.failed - self.duplicates
 
     @property
     def in_doubt(self) -> list[str]:
@@ -106,45 +164,65 @@ class SendReport:
         first = self.failures[0].error
         if len(self.failures) > 1:
             others = ", ".join(repr(f.message_id) for f in self.failures[1:6])
-            first.add_note(
-                f"{len(self.failures) - 1} more message(s) failed too, e.g. {others}"
-            )
+            first.add_note(f"{len(self.failures) - 1} more message(s) failed too, e.g. {others}")
         raise first
 
     def __repr__(self) -> str:
-        return (
-            f"SendReport(sent={self.sent}, duplicates={self.duplicates}, failed={self.failed})"
-        )
+        return f"SendReport(sent={self.sent}, duplicates={self.duplicates}, failed={self.failed})"
 
 
 class _IdMemory:
-    """Ids this sender has attempted, with a hash of their body, bounded by window and size."""
+    """Ids this sender has attempted, with their body hash; bounded by window and size.
 
-    __slots__ = ("entries", "max_size", "window")
+    Ids are added a call at a time, so expiry drops whole generations, oldest first.
+    """
+
+    __slots__ = ("entries", "generations", "max_size", "window")
 
     def __init__(self, window: timedelta | None, max_size: int) -> None:
         self.window = None if window is None else window.total_seconds()
         self.max_size = max_size
-        self.entries: dict[object, tuple[int, float]] = {}
+        self.entries: dict[object, int] = {}
+        self.generations: deque[tuple[float, list[object]]] = deque()
+
+    def add(self, seen: dict[object, int], now: float) -> None:
+        entries = self.entries
+        fresh = [k for k in seen if k not in entries] if entries else list(seen)
+        entries.update(seen)
+        if fresh:
+            self.generations.append((now, fresh))
+        self.expire(now)
 
     def expire(self, now: float) -> None:
-        entries = self.entries
-        if self.window is not None and entries:
-            horizon = now - self.window
-            while entries:
-                key = next(iter(entries))
-                if entries[key][1] >= horizon:
-                    break
-                del entries[key]
-        overflow = len(entries) - self.max_size
-        if overflow > 0:
-            for key in list(entries)[:overflow]:
-                del entries[key]
+        entries, generations = self.entries, self.generations
+        horizon = None if self.window is None else now - self.window
+        while generations:
+            born, keys = generations[0]
+            if horizon is not None and born < horizon:
+                generations.popleft()  # the broker has forgotten these ids too
+                for key in keys:
+                    entries.pop(key, None)
+                continue
+            excess = len(entries) - self.max_size
+            if excess <= 0:
+                break
+            dropped = keys[:excess]
+            del keys[:excess]
+            if not keys:
+                generations.popleft()
+            for key in dropped:
+                entries.pop(key, None)
 
 
-def _body_hash(message: Message) -> int:
-    body = message.body
-    return hash(body if isinstance(body, bytes) else body.encode("utf-8"))
+class _Plan:
+    """A validated call: the transfers to make, and the in-call repeats."""
+
+    __slots__ = ("batches", "repeats", "seen")
+
+    def __init__(self) -> None:
+        self.batches: list[list[Message]] = []
+        self.repeats: list[int] = []
+        self.seen: dict[object, int] = {}
 
 
 class IdempotentSender:
@@ -240,88 +318,126 @@ class IdempotentSender:
     def __repr__(self) -> str:
         return f"IdempotentSender(entity={self.profile.name!r}, backend={self._backend!r})"
 
-    # -- validation ----------------------------------------------------------------
+    # -- validation and batching -----------------------------------------------------
 
     def _key_of(self, message: Message) -> object:
-        return message.message_id if not self.profile.partitioned else self.profile.dedup_key(
-            message
-        )
+        if not self.profile.partitioned:
+            return message.message_id
+        return self.profile.dedup_key(message)
 
-    def _validate(self, messages: Sequence[Message], *, what: str) -> list[int]:
-        """Check every message before anything is sent; return indexes of in-call repeats.
+    def _plan(self, messages: Sequence[Message], *, what: str, batch: bool = True) -> _Plan:
+        """Validate every message and group them into transfers, in one pass.
 
-        Raises a ``ValidationError`` or ``PayloadConflictError`` naming the message,
+        Raises a ``ValidationError`` or ``PayloadConflictError`` naming the message
         before any of ``messages`` has been sent.
         """
+        if batch and len(messages) > 64:
+            fast = self._plan_unkeyed(messages)
+            if fast is not None:
+                return fast
         profile = self.profile
-        sessions = profile.sessions
-        limit = profile.max_message_size
+        sessions, limit = profile.sessions, profile.max_message_size
         partitioned = profile.partitioned
+        one_per_transfer = partitioned and profile.duplicate_detection
+        cap = self.max_batch_messages
         memory = self._memory.entries
-        seen: dict[object, int] = {}
-        repeats: list[int] = []
+        plan = _Plan()
+        seen, repeats, batches = plan.seen, plan.repeats, plan.batches
+        open_batches: dict[object, list[Any]] = {}  # group -> [messages, bytes]
         for index, message in enumerate(messages):
-            if type(message) is not Message and not isinstance(message, Message):
+            if message.__class__ is not Message and not isinstance(message, Message):
                 raise ValidationError(
                     f"{what}[{index}] is a {type(message).__name__}, not a sendonce.Message; "
                     "nothing was sent",
                     field="message",
                 )
-            if (sessions and message.session_id is None) or message.size > limit:
+            size = message._size
+            if size > limit or (sessions and message.session_id is None):
                 try:
                     profile.check(message)
                 except ValidationError as exc:
                     raise type(exc)(
                         f"{exc} ({what}[{index}]; nothing of this call was sent)", field=exc.field
                     ) from None
-            key = message.message_id if not partitioned else profile.dedup_key(message)
+            key: object = message.message_id if not partitioned else profile.dedup_key(message)
+            digest = message._body_hash
             earlier = seen.get(key)
             if earlier is not None:
-                if _body_hash(messages[earlier]) != _body_hash(message):
-                    raise _conflict(message, f"{what}[{index}]", f"{what}[{earlier}]")
+                if earlier != digest:
+                    raise _conflict(message, f"{what}[{index}]", "the same call")
                 repeats.append(index)
                 continue
-            if key in memory and memory[key][0] != _body_hash(message):
+            remembered = memory.get(key)
+            if remembered is not None and remembered != digest:
                 raise _conflict(message, f"{what}[{index}]", "an earlier call")
-            seen[key] = index
-        return repeats
-
-    def _remember(self, messages: Iterable[Message]) -> None:
-        now = self.retry.clock()
-        memory = self._memory
-        entries = memory.entries
-        partitioned = self.profile.partitioned
-        for message in messages:
-            key = message.message_id if not partitioned else self.profile.dedup_key(message)
-            if key not in entries:
-                entries[key] = (_body_hash(message), now)
-        memory.expire(now)
-
-    # -- batching ------------------------------------------------------------------
-
-    def _batches(self, messages: Sequence[Message], skip: set[int]) -> list[list[Message]]:
-        """Group messages into transfers that obey the entity's batching rules."""
-        profile = self.profile
-        if profile.partitioned and profile.duplicate_detection:
-            # The service rejects batches mixing ids on partitioned entities with dedup.
-            return [[m] for i, m in enumerate(messages) if i not in skip]
-        limit = profile.max_message_size
-        cap = self.max_batch_messages
-        open_batches: dict[tuple[str | None, str | None], tuple[list[Message], list[int]]] = {}
-        batches: list[list[Message]] = []
-        for index, message in enumerate(messages):
-            if skip and index in skip:
+            seen[key] = digest
+            if not batch:
                 continue
-            group = (message.partition_key, message.session_id)
+            if one_per_transfer:
+                # The service rejects batches mixing ids on partitioned entities with dedup.
+                batches.append([message])
+                continue
+            pk, sid = message.partition_key, message.session_id
+            group = None if pk is None and sid is None else (pk, sid)
+            size += _PER_MESSAGE_OVERHEAD
             entry = open_batches.get(group)
-            size = message.size + _PER_MESSAGE_OVERHEAD
-            if entry is None or entry[1][0] + size > limit or len(entry[0]) >= cap:
-                entry = ([], [0])
+            if entry is None or entry[1] + size > limit or len(entry[0]) >= cap:
+                entry = [[message], size]
                 open_batches[group] = entry
                 batches.append(entry[0])
-            entry[0].append(message)
-            entry[1][0] += size
-        return batches
+            else:
+                entry[0].append(message)
+                entry[1] += size
+        return plan
+
+    def _plan_unkeyed(self, messages: Sequence[Message]) -> _Plan | None:
+        """The common case in bulk operations: no keys, no repeats, nothing over the limit.
+
+        Returns None whenever the general per-message path is needed (it reports errors).
+        """
+        profile = self.profile
+        if profile.partitioned or profile.sessions:
+            return None
+        if not all(m.__class__ is Message for m in messages):
+            return None
+        if any(m.partition_key is not None or m.session_id is not None for m in messages):
+            return None
+        sizes = [m._size + _PER_MESSAGE_OVERHEAD for m in messages]
+        limit = profile.max_message_size
+        if max(sizes) > limit:
+            return None
+        seen: dict[object, int] = dict(
+            zip([m.message_id for m in messages], [m._body_hash for m in messages], strict=True)
+        )
+        if len(seen) != len(messages):
+            return None
+        memory = self._memory.entries
+        if memory:
+            common = memory.keys() & seen.keys()
+            if any(memory[k] != seen[k] for k in common):
+                return None
+        plan = _Plan()
+        plan.seen = seen
+        cap = self.max_batch_messages
+        ends = list(accumulate(sizes))
+        start, offset, total = 0, 0, len(messages)
+        while start < total:
+            end = min(bisect_right(ends, offset + limit, lo=start), start + cap)
+            end = max(end, start + 1)
+            plan.batches.append(list(messages[start:end]))
+            offset = ends[end - 1]
+            start = end
+        return plan
+
+    def plan_batches(self, messages: Sequence[Message]) -> list[list[Message]]:
+        """The transfers ``send_many`` would make for ``messages``, without sending.
+
+        Validates like ``send_many`` (raising on a bad message). For tools and benchmarks.
+        """
+        return self._plan(messages, what="messages").batches
+
+    def _remember(self, plan: _Plan) -> None:
+        self._memory.add(plan.seen, self.retry.clock())
 
     # -- sending -------------------------------------------------------------------
 
@@ -341,32 +457,13 @@ class IdempotentSender:
                 )
             return acks
 
+        label = first.message_id if len(batch) == 1 else f"{first.message_id} (+{len(batch) - 1})"
         return self.retry.call(
             attempt,
             window=self.profile.window,
-            message_id=first.message_id if len(batch) == 1 else f"{first.message_id} (+{len(batch) - 1})",
+            message_id=label,
             partition_key=first.partition_key,
         )
-
-    @staticmethod
-    def _results(
-        batch: Sequence[Message], attempted: Attempted[list[Ack]], *, scheduled: bool = False
-    ) -> list[SendResult]:
-        in_doubt = attempted.in_doubt_before
-        attempts = attempted.attempts
-        results = []
-        for message, ack in zip(batch, attempted.value, strict=True):
-            if ack.outcome == "duplicate" and not in_doubt:
-                outcome: Outcome = "duplicate"
-            else:
-                outcome = "scheduled" if scheduled else "sent"
-            results.append(
-                SendResult(
-                    message.message_id, message.partition_key, outcome, attempts,
-                    ack.sequence_number,
-                )
-            )
-        return results
 
     def _check_open(self) -> None:
         if self._closed:
@@ -381,10 +478,11 @@ class IdempotentSender:
     def send(self, message: Message) -> SendResult:
         """Send one message; raises ``InDoubtError``/``PermanentSendError`` if it fails."""
         self._check_open()
-        self._validate([message], what="message")
-        self._remember([message])
+        self._remember(self._plan((message,), what="message", batch=False))
         attempted = self._attempt_transfer([message])
-        return self._results([message], attempted)[0]
+        return _results([message], attempted.value, attempted.attempts, attempted.in_doubt_before)[
+            0
+        ]
 
     def send_many(self, messages: Iterable[Message]) -> SendReport:
         """Send many messages in as few transfers as the entity's rules allow.
@@ -394,69 +492,50 @@ class IdempotentSender:
         one entry per message, alongside the sent and duplicate results.
         """
         self._check_open()
-        batch_list = messages if isinstance(messages, list | tuple) else list(messages)
-        repeats = self._validate(batch_list, what="messages")
-        skip = set(repeats)
+        items = messages if isinstance(messages, list | tuple) else list(messages)
+        plan = self._plan(items, what="messages")
+        self._remember(plan)
         report = SendReport()
-        outcome_of: dict[object, SendResult | SendFailure] = {}
-        for batch in self._batches(batch_list, skip):
-            self._send_batch(batch, report, outcome_of if repeats else None)
-        if repeats:
-            self._account_repeats(batch_list, repeats, report, outcome_of)
+        failed: dict[object, SendError] = {}
+        for batch in plan.batches:
+            self._send_batch(batch, report, failed)
+        for index in plan.repeats:  # a repeat inside one call shares its first copy's fate
+            message = items[index]
+            error = failed.get(self._key_of(message)) if failed else None
+            if error is not None:
+                report.failures.append(
+                    SendFailure(message.message_id, message.partition_key, error)
+                )
+            else:
+                report._results.append(
+                    SendResult(message.message_id, message.partition_key, "duplicate", 0, None)
+                )
         return report
 
     def _send_batch(
-        self,
-        batch: list[Message],
-        report: SendReport,
-        outcome_of: dict[object, SendResult | SendFailure] | None,
+        self, batch: list[Message], report: SendReport, failed: dict[object, SendError]
     ) -> None:
-        self._remember(batch)
         try:
             attempted = self._attempt_transfer(batch)
         except MessageSizeError:
             if len(batch) == 1:
                 raise
             half = len(batch) // 2  # the transport's real limit is below our estimate: split
-            self._send_batch(batch[:half], report, outcome_of)
-            self._send_batch(batch[half:], report, outcome_of)
+            self._send_batch(batch[:half], report, failed)
+            self._send_batch(batch[half:], report, failed)
             return
         except (InDoubtError, PermanentSendError) as exc:
             for message in batch:
                 error = exc if len(batch) == 1 else _per_message(exc, message)
-                failure = SendFailure(message.message_id, message.partition_key, error)
-                report.failures.append(failure)
-                if outcome_of is not None:
-                    outcome_of[self._key_of(message)] = failure
+                report.failures.append(
+                    SendFailure(message.message_id, message.partition_key, error)
+                )
+                failed[self._key_of(message)] = error
             logger.warning(
                 "send of %d message(s) to %r failed: %s", len(batch), self.profile.name, exc
             )
             return
-        results = self._results(batch, attempted)
-        report.results.extend(results)
-        if outcome_of is not None:
-            for message, result in zip(batch, results, strict=True):
-                outcome_of[self._key_of(message)] = result
-
-    def _account_repeats(
-        self,
-        messages: Sequence[Message],
-        repeats: list[int],
-        report: SendReport,
-        outcome_of: dict[object, SendResult | SendFailure],
-    ) -> None:
-        """A message repeated inside one call shares the fate of its first copy."""
-        for index in repeats:
-            message = messages[index]
-            first = outcome_of[self._key_of(message)]
-            if isinstance(first, SendFailure):
-                report.failures.append(
-                    SendFailure(message.message_id, message.partition_key, first.error)
-                )
-            else:
-                report.results.append(
-                    SendResult(message.message_id, message.partition_key, "duplicate", 0, None)
-                )
+        report._add_chunk(batch, attempted)
 
     def schedule(self, message: Message, at: datetime) -> SendResult:
         """Schedule one message for ``at``; it shares the duplicate-detection id space.
@@ -471,8 +550,7 @@ class IdempotentSender:
                 "timezone-aware datetime",
                 field="at",
             )
-        self._validate([message], what="message")
-        self._remember([message])
+        self._remember(self._plan((message,), what="message", batch=False))
         entity = self.profile.name
         backend = self._backend
 
@@ -485,7 +563,13 @@ class IdempotentSender:
             message_id=message.message_id,
             partition_key=message.partition_key,
         )
-        return self._results([message], attempted, scheduled=True)[0]
+        return _results(
+            [message],
+            attempted.value,
+            attempted.attempts,
+            attempted.in_doubt_before,
+            scheduled=True,
+        )[0]
 
     # -- transactions ----------------------------------------------------------------
 
@@ -517,12 +601,10 @@ class IdempotentSender:
         tx._commit()
 
     def _send_atomic(self, messages: list[Message]) -> SendReport:
-        self._validate(messages, what="transaction")
-        self._remember(messages)
+        self._remember(self._plan(messages, what="transaction", batch=False))
         report = SendReport()
         if messages:
-            attempted = self._attempt_transfer(messages, atomic=True)
-            report.results.extend(self._results(messages, attempted))
+            report._add_chunk(messages, self._attempt_transfer(messages, atomic=True))
         return report
 
 
@@ -565,14 +647,13 @@ class Transaction:
         self.report: SendReport | None = None
 
     def send(self, message: Message) -> None:
-        self._sender._validate([message], what="message")
+        self._sender._plan((message,), what="message", batch=False)
         self.messages.append(message)
 
     def send_many(self, messages: Iterable[Message]) -> None:
         batch = list(messages)
-        self._sender._validate(batch, what="messages")
+        self._sender._plan(batch, what="messages", batch=False)
         self.messages.extend(batch)
 
     def _commit(self) -> None:
         self.report = self._sender._send_atomic(self.messages)
-

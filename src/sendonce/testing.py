@@ -103,7 +103,11 @@ class FaultyBackend:
         return fault
 
     def _run(
-        self, method: str, entity: str, messages: Sequence[Message], timeout: float,
+        self,
+        method: str,
+        entity: str,
+        messages: Sequence[Message],
+        timeout: float,
         call: Callable[[], list[Ack]],
     ) -> list[Ack]:
         fault = self._next(method, entity, messages)
@@ -111,25 +115,29 @@ class FaultyBackend:
         if fault is Fault.BEFORE_COMMIT:
             raise TransientSendError(
                 f"injected: connection lost before commit ({method} to {entity!r})",
-                message_id=first, condition="amqp:connection:forced",
+                message_id=first,
+                condition="amqp:connection:forced",
             )
         if fault is Fault.PERMANENT:
             raise PermanentSendError(
                 f"injected: broker refused the {method} to {entity!r}",
-                message_id=first, condition="amqp:unauthorized-access",
+                message_id=first,
+                condition="amqp:unauthorized-access",
             )
         acks = call()
         if fault is Fault.AFTER_COMMIT:
             raise TransientSendError(
                 f"injected: connection lost after commit, before the ack ({method} to {entity!r})",
-                message_id=first, condition="amqp:connection:forced",
+                message_id=first,
+                condition="amqp:connection:forced",
             )
         if fault is Fault.SLOW_ACK:
             if self.slow_ack_delay >= timeout:
                 self.sleep(timeout)
                 raise TransientSendError(
                     f"injected: no ack within {timeout:.2f}s ({method} to {entity!r})",
-                    message_id=first, condition="com.microsoft:timeout",
+                    message_id=first,
+                    condition="com.microsoft:timeout",
                 )
             self.sleep(self.slow_ack_delay)
         return acks
@@ -143,7 +151,10 @@ class FaultyBackend:
         self, entity: str, messages: Sequence[Message], *, timeout: float, atomic: bool = False
     ) -> list[Ack]:
         return self._run(
-            "send", entity, messages, timeout,
+            "send",
+            entity,
+            messages,
+            timeout,
             lambda: self.inner.send(entity, messages, timeout=timeout, atomic=atomic),
         )
 
@@ -151,7 +162,10 @@ class FaultyBackend:
         self, entity: str, messages: Sequence[Message], at: datetime, *, timeout: float
     ) -> list[Ack]:
         return self._run(
-            "schedule", entity, messages, timeout,
+            "schedule",
+            entity,
+            messages,
+            timeout,
             lambda: self.inner.schedule(entity, messages, at, timeout=timeout),
         )
 
