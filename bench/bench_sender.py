@@ -75,8 +75,10 @@ def main() -> None:
     s, loop = statistics.median(sender_times), statistics.median(loop_times)
     n = args.messages
     print(f"messages: {n} in {len(batches)} batches, {args.repeats} runs each (median; best)")
-    print(f"best runs: loop {min(loop_times):.3f} s, sender {min(sender_times):.3f} s, "
-          f"ratio {min(sender_times) / min(loop_times):.3f}")
+    print(
+        f"best runs: loop {min(loop_times):.3f} s, sender {min(sender_times):.3f} s, "
+        f"ratio {min(sender_times) / min(loop_times):.3f}"
+    )
     print(f"hand-written loop of LocalBackend.send : {loop:.3f} s  {n / loop:,.0f} msg/s")
     print(f"IdempotentSender.send_many             : {s:.3f} s  {n / s:,.0f} msg/s")
     print(f"ratio sender / loop                    : {s / loop:.3f}  (target <= 1.10)")

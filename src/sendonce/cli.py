@@ -31,3 +31,7 @@ for _module, _name in _SUBCOMMANDS:
             continue
         continue
     main.add_command(_command)
+
+
+if __name__ == "__main__":
+    main()

@@ -14,14 +14,19 @@ from sendonce.backends import LocalBackend
 
 
 def main() -> None:
-    db, checkpoint, count, chunk = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(
-        sys.argv[4]
+    db, checkpoint, count, chunk = (
+        Path(sys.argv[1]),
+        Path(sys.argv[2]),
+        int(sys.argv[3]),
+        int(sys.argv[4]),
     )
     spec = MessageSpec("{order_id}.{year}/payment", body="body")
     start = int(checkpoint.read_text()) if checkpoint.exists() else 0
     retry = RetryPolicy(initial_backoff=0.01, max_backoff=0.1)
-    with LocalBackend(db) as backend, IdempotentSender(backend, EntityProfile("orders"),
-                                                       retry=retry) as sender:
+    with (
+        LocalBackend(db) as backend,
+        IdempotentSender(backend, EntityProfile("orders"), retry=retry) as sender,
+    ):
         for first in range(start, count, chunk):
             records = [
                 {"order_id": i, "year": 2017, "body": f"order {i} paid"}
@@ -29,7 +34,7 @@ def main() -> None:
             ]
             sender.send_many(spec.to_message(r) for r in records).raise_for_failures()
             print(f"committed {first + len(records)}", flush=True)
-            tmp = checkpoint.with_suffix('.tmp')
+            tmp = checkpoint.with_suffix(".tmp")
             tmp.write_text(str(first + len(records)))
             tmp.replace(checkpoint)  # atomic: a kill never leaves a torn checkpoint
     print("done", flush=True)

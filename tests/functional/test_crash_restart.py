@@ -17,7 +17,9 @@ ORDERS = 10_000
 def start_producer(db: Path, checkpoint: Path, chunk: int) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, str(PRODUCER), str(db), str(checkpoint), str(ORDERS), str(chunk)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 

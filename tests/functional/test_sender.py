@@ -121,12 +121,15 @@ def test_retries_stop_at_the_deadline_with_in_doubt_error(
     broker: LocalBackend, fake_time: FakeTime
 ) -> None:
     """Every attempt hangs until its timeout; the window is 20 s, the margin 5 s."""
-    faulty = FaultyBackend(
-        broker, lambda i, e, m: Fault.SLOW_ACK, sleep=fake_time.sleep
-    )
+    faulty = FaultyBackend(broker, lambda i, e, m: Fault.SLOW_ACK, sleep=fake_time.sleep)
     retry = RetryPolicy(
-        max_attempts=50, attempt_timeout=4.0, initial_backoff=1.0, max_backoff=2.0,
-        jitter=False, sleep=fake_time.sleep, clock=fake_time.clock,
+        max_attempts=50,
+        attempt_timeout=4.0,
+        initial_backoff=1.0,
+        max_backoff=2.0,
+        jitter=False,
+        sleep=fake_time.sleep,
+        clock=fake_time.clock,
     )
     profile = EntityProfile("orders", duplicate_detection_window=timedelta(seconds=20))
     with IdempotentSender(faulty, profile, retry=retry) as sender:
@@ -182,9 +185,7 @@ def test_batches_respect_the_entity_size_limit(broker: LocalBackend, retry: Retr
 def test_every_message_is_accounted_for_when_some_transfers_fail(
     broker: LocalBackend, retry: RetryPolicy
 ) -> None:
-    faulty = FaultyBackend(
-        broker, [Fault.NONE, Fault.PERMANENT, Fault.AFTER_COMMIT, Fault.NONE]
-    )
+    faulty = FaultyBackend(broker, [Fault.NONE, Fault.PERMANENT, Fault.AFTER_COMMIT, Fault.NONE])
     messages = [msg(i, partition_key=f"k{i % 3}") for i in range(9)]
     with IdempotentSender(faulty, EntityProfile("orders"), retry=retry) as sender:
         report = sender.send_many(messages)
@@ -267,9 +268,8 @@ def test_invalid_message_in_a_batch_sends_nothing(
 ) -> None:
     profile = EntityProfile("orders", sessions=True, max_message_size=4096)
     good = [msg(i, session_id="s") for i in range(3)]
-    with IdempotentSender(broker, profile, retry=retry) as sender:
-        with pytest.raises(error) as info:
-            sender.send_many([*good, bad(), *good])  # type: ignore[operator]
+    with IdempotentSender(broker, profile, retry=retry) as sender, pytest.raises(error) as info:
+        sender.send_many([*good, bad(), *good])  # type: ignore[operator]
     assert info.value.field == field
     assert "messages[3]" in str(info.value)
     assert "nothing" in str(info.value)

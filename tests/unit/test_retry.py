@@ -122,7 +122,11 @@ def test_no_attempt_starts_after_the_deadline_and_none_outlives_it() -> None:
         raise TransientSendError("no ack", message_id="m")
 
     p = policy(
-        t, max_attempts=100, initial_backoff=1.0, max_backoff=4.0, attempt_timeout=3.0,
+        t,
+        max_attempts=100,
+        initial_backoff=1.0,
+        max_backoff=4.0,
+        attempt_timeout=3.0,
         safety_margin=timedelta(seconds=5),
     )
     with pytest.raises(InDoubtError) as info:
