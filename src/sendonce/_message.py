@@ -195,7 +195,12 @@ def canonical_json(record: Any) -> bytes:
     if hasattr(record, "asDict"):
         record = record.asDict(recursive=True)
     return json.dumps(
-        record, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_json_default
+        record,
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        allow_nan=False,  # NaN/Infinity are not JSON: strict consumers reject the body
+        default=_json_default,
     ).encode("utf-8")
 
 

@@ -207,3 +207,18 @@ def test_window_not_larger_than_margin_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="safety margin"):
         p.check_window(timedelta(seconds=20), entity="orders")
     p.check_window(None, entity="orders")  # count-bounded: nothing to check
+
+
+def test_permanent_refusal_after_an_in_doubt_attempt_is_in_doubt() -> None:
+    """Attempt 1 may have been stored; attempt 2's refusal cannot prove it was not."""
+    t = FakeTime()
+    errors = iter([TransientSendError("ack lost"), PermanentSendError("token expired")])
+
+    def attempt(timeout: float) -> str:
+        raise next(errors)
+
+    with pytest.raises(InDoubtError) as info:
+        policy(t).call(attempt, window=timedelta(minutes=10), message_id="m")
+    assert info.value.attempts == 2
+    assert isinstance(info.value.last_error, PermanentSendError)
+    assert "earlier attempt may have been stored" in str(info.value)
