@@ -217,23 +217,6 @@ class RetryPolicy:
                 with attempt_state:
                     was_in_doubt = in_doubt
                     value = one_attempt()
-        except SendError as exc:
-            if not in_doubt or isinstance(exc, TransientSendError):
-                raise
-            # An earlier attempt may have been stored before its ack was lost; a refusal of
-            # the retry does not undo that, so the message is in doubt, not "not sent".
-            elapsed = timedelta(seconds=max(clock() - first, 0.0))
-            raise InDoubtError(
-                f"message {message_id!r} (partition key {partition_key!r}) is in doubt: an "
-                f"earlier attempt may have been stored, then attempt {attempts} was refused "
-                f"({type(exc).__name__}: {exc}). Resending it is safe only inside the entity's "
-                "duplicate-detection window.",
-                message_id=message_id,
-                partition_key=partition_key,
-                attempts=attempts,
-                elapsed=elapsed,
-                last_error=exc,
-            ) from exc
         except (TransientSendError, _DeadlinePassed) as exc:
             last = exc if isinstance(exc, TransientSendError) else None
             elapsed = timedelta(seconds=max(clock() - first, 0.0))
@@ -253,6 +236,23 @@ class RetryPolicy:
                 attempts=attempts,
                 elapsed=elapsed,
                 last_error=last,
+            ) from exc
+        except SendError as exc:
+            if not in_doubt:
+                raise
+            # An earlier attempt may have been stored before its ack was lost; a refusal of
+            # the retry does not undo that, so the message is in doubt, not "not sent".
+            elapsed = timedelta(seconds=max(clock() - first, 0.0))
+            raise InDoubtError(
+                f"message {message_id!r} (partition key {partition_key!r}) is in doubt: an "
+                f"earlier attempt may have been stored, then attempt {attempts} was refused "
+                f"({type(exc).__name__}: {exc}). Resending it is safe only inside the entity's "
+                "duplicate-detection window.",
+                message_id=message_id,
+                partition_key=partition_key,
+                attempts=attempts,
+                elapsed=elapsed,
+                last_error=exc,
             ) from exc
         return Attempted(value, attempts, was_in_doubt)
 
