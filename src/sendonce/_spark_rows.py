@@ -1,0 +1,348 @@
+"""Turning Spark rows into messages, column by column, identically on both row paths.
+
+Rows reach Python two ways: as Arrow record batches (``mapInArrow``, the fast
+path inside :func:`sendonce.spark.publish`) and as ``Row`` objects
+(``df.foreachPartition``). The two disagree on a few value types: a
+``timestamp`` arrives timezone-aware through Arrow but naive (in the worker
+process's local time zone) through ``Row``; a ``map`` arrives as a list of
+pairs through Arrow but as a dict through ``Row``; a struct arrives as a dict
+or as a ``Row``. Both paths normalise to the same values here, then share one
+builder, so a row gets the same message id and body whichever path sent it.
+A retried attempt on the other path would otherwise resend under another id.
+
+This module runs on executors; it does not import pyspark.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from ._ids import ESCAPE, MessageIdTemplate, canonical_text
+from ._message import Message, MessageSpec
+from .errors import MessageIdError, ValidationError
+
+__all__ = ["ColumnPlan", "Encoded", "Shape", "encode_columns", "normalizer"]
+
+Shape = tuple[Any, ...] | None
+"""How a column's values must be normalised: None (as they come), ("ts",), ("struct",
+((name, shape), ...)), ("array", shape) or ("map", shape)."""
+
+IdKind = str
+"""The canonical-text strategy of an id column: "str", "int", "any"."""
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnPlan:
+    """What the executors need to know about the columns, decided on the driver.
+
+    ``columns`` are the columns read, in order; ``shapes`` say how to normalise
+    each; ``id_kinds`` map template fields to their fast canonical-text path;
+    ``whole_record`` is True when the body needs every column (JSON or callable).
+    """
+
+    columns: tuple[str, ...]
+    shapes: tuple[Shape, ...]
+    id_kinds: tuple[tuple[str, IdKind], ...]
+    whole_record: bool
+    dynamic: bool = False
+    """No schema was given (``partition_publisher`` without ``schema=``): read every
+    column of the rows and normalise values by their Python type."""
+
+
+def _to_utc(value: Any) -> Any:
+    if isinstance(value, datetime):
+        # A naive value came through a Row: pyspark built it with the worker's
+        # local time zone, and astimezone() reads a naive value in that same zone.
+        return value.astimezone(UTC)
+    return value
+
+
+def normalizer(shape: Shape) -> Callable[[Any], Any] | None:
+    """A function normalising one value of a column of this shape (None: leave as is)."""
+    if shape is None:
+        return None
+    kind = shape[0]
+    if kind == "ts":
+        return _to_utc
+    if kind == "array":
+        inner = normalizer(shape[1])
+        if inner is None:
+            return None
+        item = inner
+
+        def array(value: Any) -> Any:
+            return None if value is None else [None if v is None else item(v) for v in value]
+
+        return array
+    if kind == "map":
+        inner_map = normalizer(shape[1])
+
+        def mapping(value: Any) -> Any:
+            if value is None:
+                return None
+            pairs = value.items() if isinstance(value, dict) else value
+            if inner_map is None:
+                return dict(pairs)
+            return {k: None if v is None else inner_map(v) for k, v in pairs}
+
+        return mapping
+    if kind == "struct":
+        fields = [(name, normalizer(sub)) for name, sub in shape[1]]
+
+        def struct(value: Any) -> Any:
+            if value is None:
+                return None
+            if hasattr(value, "asDict"):
+                value = value.asDict(recursive=False)
+            out = {}
+            for name, norm in fields:
+                v = value[name]
+                out[name] = v if norm is None or v is None else norm(v)
+            return out
+
+        return struct
+    raise ValueError(f"unknown column shape {shape!r}")
+
+
+def _dynamic(value: Any) -> Any:
+    """Normalise by Python type, for rows that came without a schema."""
+    if isinstance(value, datetime):
+        return value.astimezone(UTC)
+    if hasattr(value, "asDict"):
+        return {k: _dynamic(v) for k, v in value.asDict(recursive=False).items()}
+    if isinstance(value, list):
+        return [_dynamic(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _dynamic(v) for k, v in value.items()}
+    return value
+
+
+_PLAIN = (str, int, float, bytes, bytearray)
+
+
+def normalize_columns(plan: ColumnPlan, columns: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """Normalise every column in place of its raw values (see the module docstring)."""
+    if plan.dynamic:
+        for name, values in columns.items():
+            if any(v is not None and not isinstance(v, _PLAIN) for v in values):
+                columns[name] = [_dynamic(v) for v in values]
+        return columns
+    for name, shape in zip(plan.columns, plan.shapes, strict=True):
+        norm = normalizer(shape)
+        if norm is not None:
+            columns[name] = [None if v is None else norm(v) for v in columns[name]]
+    return columns
+
+
+def _literals(template: MessageIdTemplate) -> list[str]:
+    """The literal texts around the fields: len(fields) + 1 entries."""
+    literals: list[str] = []
+    pending = ""
+    for literal, name, _spec, _conv in string.Formatter().parse(template.template):
+        pending += literal
+        if name is not None:
+            literals.append(pending)
+            pending = ""
+    literals.append(pending)
+    return literals
+
+
+def _escape_table(chars: str) -> dict[int, str]:
+    return {ord(c): "".join(f"%{b:02X}" for b in c.encode("utf-8")) for c in chars}
+
+
+class _ColumnTemplate:
+    """A :class:`MessageIdTemplate` applied to whole columns at once.
+
+    It produces exactly what ``template.build`` produces for each row (the
+    escaping rule of :mod:`sendonce._ids`); every batch re-checks its first row
+    against ``template.build`` and falls back to per-row building on any
+    difference, so the fast path can never send a row under another id.
+    Rows whose id is too long go through ``template.build`` (hash or error).
+    """
+
+    def __init__(self, template: MessageIdTemplate, kinds: dict[str, IdKind]) -> None:
+        self.template = template
+        literals = _literals(template)
+        self.head = literals[0]
+        self.tails = literals[1:]
+        self.steps: list[tuple[str, IdKind, str, dict[int, str]]] = []
+        last = len(template.fields) - 1
+        for i, name in enumerate(template.fields):
+            chars = ESCAPE if i == last else ESCAPE + self.tails[i][0]
+            self.steps.append((name, kinds.get(name, "any"), chars, _escape_table(chars)))
+        self.trusted = True
+
+    def build(self, columns: dict[str, list[Any]], rows: int) -> list[str]:
+        """Ids for ``rows`` rows; every id field must be non-null in every row."""
+        ids: list[str] | None = None
+        for (name, kind, chars, table), tail in zip(self.steps, self.tails, strict=True):
+            values = columns[name]
+            if kind == "str":
+                texts: list[str] = values
+            elif kind == "int":
+                texts = [str(v) for v in values]
+            else:
+                texts = [canonical_text(v, name) for v in values]
+            if kind != "int" or "-" in chars:
+                if len(chars) == 1:
+                    c = chars
+                    texts = [t.translate(table) if c in t else t for t in texts]
+                else:
+                    c1, c2 = chars[0], chars[1]
+                    texts = [t.translate(table) if c1 in t or c2 in t else t for t in texts]
+            if ids is None:
+                head = self.head
+                ids = [head + t + tail for t in texts] if head else [t + tail for t in texts]
+            elif tail:
+                ids = [a + t + tail for a, t in zip(ids, texts, strict=True)]
+            else:
+                ids = [a + t for a, t in zip(ids, texts, strict=True)]
+        assert ids is not None
+        limit = self.template.max_length
+        for i, message_id in enumerate(ids):
+            if len(message_id) > limit or not message_id:
+                ids[i] = self.template.build(_row(columns, i))
+        if rows and self.trusted:
+            first = _row(columns, 0)
+            if self.template.build(first) != ids[0]:  # pragma: no cover - a safety net
+                self.trusted = False
+        if not self.trusted:  # pragma: no cover - a safety net
+            return [self.template.build(_row(columns, i)) for i in range(rows)]
+        return ids
+
+
+def _row(columns: dict[str, list[Any]], index: int) -> dict[str, Any]:
+    return {name: values[index] for name, values in columns.items()}
+
+
+@dataclass(slots=True)
+class Encoded:
+    """The messages of one batch of rows, and the rows that could not become one."""
+
+    messages: list[Message]
+    errors: list[tuple[str, ValidationError]]
+    """(a description of the row, the error) for rows the spec refused."""
+
+
+class BatchEncoder:
+    """Builds the messages of batches of rows for one spec and column plan."""
+
+    def __init__(self, spec: MessageSpec, plan: ColumnPlan) -> None:
+        self.spec = spec
+        self.plan = plan
+        kinds = dict(plan.id_kinds)
+        self.id = _ColumnTemplate(spec.message_id, kinds)
+        self.pk = None if spec.partition_key is None else _ColumnTemplate(spec.partition_key, kinds)
+        self.sid = None if spec.session_id is None else _ColumnTemplate(spec.session_id, kinds)
+        self.id_fields = [
+            f
+            for f in dict.fromkeys(
+                [
+                    *spec.message_id.fields,
+                    *(spec.partition_key.fields if spec.partition_key else ()),
+                    *(spec.session_id.fields if spec.session_id else ()),
+                ]
+            )
+        ]
+        self.body_field = spec.body if isinstance(spec.body, str) else None
+
+    def encode(self, columns: dict[str, list[Any]], rows: int) -> Encoded:
+        """Messages for ``rows`` rows given as normalised columns."""
+        errors: list[tuple[str, ValidationError]] = []
+        bad = self._bad_rows(columns, rows)
+        if bad:
+            errors = [(self._describe(columns, i), self._error_of(columns, i)) for i in bad]
+            keep = [i for i in range(rows) if i not in bad]
+            columns = {name: [values[i] for i in keep] for name, values in columns.items()}
+            rows = len(keep)
+        if not rows:
+            return Encoded([], errors)
+        ids = self.id.build(columns, rows)
+        pks = None if self.pk is None else self.pk.build(columns, rows)
+        sids = None if self.sid is None else self.sid.build(columns, rows)
+        if sids is not None and pks is None:
+            pks = sids
+        bodies = self._bodies(columns, rows)
+        spec = self.spec
+        subject, content_type, props = spec.subject, spec.content_type, spec.application_properties
+        messages: list[Message] = []
+        append = messages.append
+        for i in range(rows):
+            try:
+                append(
+                    Message(
+                        bodies[i],
+                        message_id=ids[i],
+                        partition_key=None if pks is None else pks[i],
+                        session_id=None if sids is None else sids[i],
+                        subject=subject,
+                        content_type=content_type,
+                        application_properties=props,
+                    )
+                )
+            except ValidationError as exc:
+                errors.append((ids[i], exc))
+        return Encoded(messages, errors)
+
+    def _bad_rows(self, columns: dict[str, list[Any]], rows: int) -> set[int]:
+        """Rows with a null id field or an unusable body field."""
+        bad: set[int] = set()
+        for name in self.id_fields:
+            values = columns[name]
+            if None in values:
+                bad.update(i for i, v in enumerate(values) if v is None)
+        if self.body_field is not None:
+            values = columns[self.body_field]
+            if None in values:
+                bad.update(i for i, v in enumerate(values) if v is None)
+        return bad
+
+    def _error_of(self, columns: dict[str, list[Any]], index: int) -> ValidationError:
+        try:
+            self.spec.to_message(_row(columns, index))
+        except ValidationError as exc:
+            return exc
+        return ValidationError("row was refused", field=None)  # pragma: no cover
+
+    def _describe(self, columns: dict[str, list[Any]], index: int) -> str:
+        try:
+            return self.spec.message_id.build(_row(columns, index))
+        except MessageIdError:
+            fields = ", ".join(
+                f"{name}={columns[name][index]!r}"[:60] for name in self.spec.message_id.fields
+            )
+            return f"row ({fields})"
+
+    def _bodies(self, columns: dict[str, list[Any]], rows: int) -> Sequence[bytes | str]:
+        body = self.spec.body
+        if isinstance(body, str):
+            values = columns[body]
+            return [bytes(v) if isinstance(v, bytearray | memoryview) else v for v in values]
+        body_of = self.spec.body_of
+        return [body_of(_row(columns, i)) for i in range(rows)]
+
+
+def encode_columns(encoder: BatchEncoder, columns: dict[str, list[Any]], rows: int) -> Encoded:
+    """Normalise then encode: the one entry point both row paths use."""
+    return encoder.encode(normalize_columns(encoder.plan, columns), rows)
+
+
+def columns_of_rows(plan: ColumnPlan, rows: Sequence[Any]) -> dict[str, list[Any]]:
+    """Columns from ``Row`` objects (the foreachPartition path): one C-speed transpose."""
+    names = list(rows[0].__fields__) if rows else []
+    wanted = names if plan.dynamic and plan.whole_record else plan.columns
+    if not rows:
+        return {name: [] for name in wanted}
+    transposed = list(zip(*rows, strict=True))
+    missing = [name for name in wanted if name not in names]
+    if missing:
+        raise ValidationError(
+            f"column {missing[0]!r} is not in the rows (columns: {', '.join(names)})",
+            field=missing[0],
+        )
+    return {name: list(transposed[names.index(name)]) for name in wanted}

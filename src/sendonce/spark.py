@@ -1,0 +1,423 @@
+"""Publish Spark DataFrames so each row lands as exactly one message.
+
+Ids come from row content (a :class:`~sendonce.MessageSpec`), never from
+partition or attempt numbers, so a failed task attempt, its retry and a
+speculative copy all send the same ids, and the broker's duplicate detection
+keeps one copy. What can be checked before any task runs -- the spec against
+the schema, id column types, null ids, rows with different payloads sharing an
+id, a one-machine broker on a cluster -- is checked on the driver.
+
+- :func:`publish` -- the driver call: checks, publishes on the executors through
+  an Arrow stage (``mapInArrow``), returns exact counts.
+- :func:`partition_publisher` -- for ``df.foreachPartition(...)``.
+- :func:`batch_publisher` -- for Structured Streaming ``foreachBatch(...)``.
+
+All three work on classic and Spark Connect sessions. See ``docs/spark.md``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ._entity import EntityProfile
+from ._message import MessageSpec
+from ._retry import RetryPolicy
+from ._sender import IdempotentSender
+from ._spark_rows import ColumnPlan
+from ._spark_schema import (
+    ConflictingRowsError,
+    SchemaError,
+    check_backend_fits,
+    find_conflicts,
+    is_local_master,
+    master_of,
+    plan_for,
+    quoted,
+    resolve_local_url,
+)
+from ._spark_task import (
+    RESULT_SCHEMA,
+    LateReexecutionError,
+    PartitionFailedError,
+    PartitionResult,
+    TaskJob,
+    WindowGuard,
+    retry_budget,
+)
+from .errors import ConfigurationError, SendError
+
+__all__ = [
+    "BatchPublisher",
+    "ConflictingRowsError",
+    "LateReexecutionError",
+    "PartitionFailedError",
+    "PartitionPublisher",
+    "PartitionResult",
+    "PublishFailedError",
+    "PublishFailure",
+    "PublishReport",
+    "SchemaError",
+    "batch_publisher",
+    "check_backend_fits",
+    "is_local_master",
+    "partition_publisher",
+    "publish",
+]
+
+Clock = Callable[[], float]
+AfterPartition = Callable[[PartitionResult], None]
+
+
+class PublishFailedError(SendError):
+    """Some rows of a :func:`publish` call were not sent; ``.report`` says which."""
+
+    def __init__(self, message: str, *, report: PublishReport) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+@dataclass(frozen=True, slots=True)
+class PublishFailure:
+    """One row that was not sent: its message id (or a description), the error type and text."""
+
+    message_id: str
+    error: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class PublishReport:
+    """Exact counts of a :func:`publish` call, from each partition's successful attempt.
+
+    A retried attempt sees the copies its failed predecessor sent as
+    duplicates, so ``sent + duplicates`` (``delivered``) is the number of rows
+    now on the broker from this call; ``sent`` alone depends on retries.
+    """
+
+    entity: str
+    partitions: tuple[PartitionResult, ...]
+
+    @property
+    def rows(self) -> int:
+        return sum(p.rows for p in self.partitions)
+
+    @property
+    def sent(self) -> int:
+        return sum(p.sent for p in self.partitions)
+
+    @property
+    def duplicates(self) -> int:
+        return sum(p.duplicates for p in self.partitions)
+
+    @property
+    def failed(self) -> int:
+        return sum(p.failed for p in self.partitions)
+
+    @property
+    def delivered(self) -> int:
+        """Rows confirmed on the broker: sent now or found there already."""
+        return self.sent + self.duplicates
+
+    @property
+    def attempts(self) -> dict[int, int]:
+        """Partition -> attempts it took (1 when its first attempt succeeded)."""
+        return {p.partition: p.attempt + 1 for p in self.partitions}
+
+    @property
+    def failures(self) -> list[PublishFailure]:
+        """A few failed rows per partition (all are counted in ``failed``)."""
+        return [PublishFailure(*f) for p in self.partitions for f in p.failures]
+
+    def raise_for_failures(self) -> None:
+        """Raise :class:`PublishFailedError` naming a few failed rows, if any failed."""
+        if not self.failed:
+            return
+        shown = "; ".join(f"{f.message_id!r}: {f.error}: {f.detail}" for f in self.failures[:3])
+        raise PublishFailedError(
+            f"{self.failed} of {self.rows} row(s) were not sent to {self.entity!r}, e.g. {shown}. "
+            "Publishing again is safe: rows already sent are dropped as duplicates.",
+            report=self,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"PublishReport(entity={self.entity!r}, rows={self.rows}, sent={self.sent}, "
+            f"duplicates={self.duplicates}, failed={self.failed}, "
+            f"partitions={len(self.partitions)})"
+        )
+
+
+# -- shared set-up on the driver ------------------------------------------------------
+
+
+def _check_url(url: object) -> str:
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigurationError("url must be a non-empty backend url string", field="url")
+    return resolve_local_url(url.strip())
+
+
+def _profile(url: str, entity: EntityProfile | str, retry: RetryPolicy) -> EntityProfile:
+    """The entity's profile, resolved on the driver (the guard needs its window).
+
+    Opening a sender also creates the entity on a backend that can (the local
+    broker), once, before the executors race to do it.
+    """
+    if not isinstance(entity, EntityProfile | str) or not entity:
+        raise ConfigurationError(
+            "entity must be an EntityProfile or a non-empty entity name", field="entity"
+        )
+    with IdempotentSender(url, entity, retry=retry) as sender:
+        return sender.profile
+
+
+def _retry(retry: RetryPolicy | None) -> RetryPolicy:
+    if retry is None:
+        return RetryPolicy()
+    if not isinstance(retry, RetryPolicy):
+        raise ConfigurationError("retry must be a sendonce.RetryPolicy", field="retry")
+    return retry
+
+
+def _guard(profile: EntityProfile, retry: RetryPolicy, clock: Clock) -> WindowGuard:
+    window = profile.window
+    return WindowGuard(
+        started=clock(),
+        window=None if window is None else window.total_seconds(),
+        margin=retry.safety_margin.total_seconds(),
+        budget=retry_budget(retry, window),
+        clock=clock,
+        entity=profile.name,
+    )
+
+
+# -- publish ------------------------------------------------------------------------------
+
+
+def publish(
+    df: Any,
+    url: str,
+    entity: EntityProfile | str,
+    spec: MessageSpec,
+    *,
+    retry: RetryPolicy | None = None,
+    check_conflicts: bool = True,
+    after_partition: AfterPartition | None = None,
+    clock: Clock = time.time,
+) -> PublishReport:
+    """Publish every row of ``df`` as one message, exactly once; returns exact counts.
+
+    Runs on the driver. Before any send: checks ``spec`` against ``df.schema``
+    (:class:`SchemaError` naming the column), that no id column is null and no
+    two rows with different payloads share an id (:class:`ConflictingRowsError`;
+    one distributed aggregation, skipped with ``check_conflicts=False``), and
+    that a ``local://`` url is not used on a cluster. Then each partition is
+    published by its own backend and sender on the executors.
+
+    ``after_partition(result)`` runs on the executor after a partition is
+    published (metrics, or failing the attempt in fault tests). ``clock`` (wall
+    time, seconds) times the window guard; injectable for tests.
+    """
+    if getattr(df, "isStreaming", False):
+        raise ConfigurationError(
+            "publish() takes a batch DataFrame; for a streaming one use "
+            "writeStream.foreachBatch(batch_publisher(...))",
+            field="df",
+        )
+    url = _check_url(url)
+    check_backend_fits(url, master_of(df.sparkSession))
+    retry = _retry(retry)
+    plan = plan_for(df.schema, spec)
+    profile = _profile(url, entity, retry)
+    if check_conflicts:
+        find_conflicts(df, spec, plan, profile)
+    job = TaskJob(
+        url,
+        profile,
+        spec,
+        plan,
+        _guard(profile, retry, clock),
+        retry,
+        after_partition=after_partition,
+    )
+    selected = df.select(*[quoted(c) for c in plan.columns])
+    rows = selected.mapInArrow(job.arrow, RESULT_SCHEMA).collect()
+    return PublishReport(profile.name, tuple(sorted(map(_result, rows), key=_order)))
+
+
+def _order(result: PartitionResult) -> int:
+    return result.partition
+
+
+def _result(row: Any) -> PartitionResult:
+    failures = tuple((f["message_id"], f["error"], f["detail"]) for f in (row["failures"] or []))
+    return PartitionResult(
+        row["partition"],
+        row["attempt"],
+        row["rows"],
+        row["sent"],
+        row["duplicates"],
+        row["failed"],
+        row["seconds"],
+        failures,
+    )
+
+
+# -- foreachPartition ---------------------------------------------------------------------
+
+
+class PartitionPublisher:
+    """The callable for ``df.foreachPartition``: publishes the rows, raises if any failed.
+
+    Raising fails the task so Spark retries it; that is safe because ids are
+    deterministic. Picklable: it carries only the url, the profile, the spec and
+    the guard, and opens its backend inside the task.
+    """
+
+    def __init__(self, job: TaskJob) -> None:
+        self.job = job
+
+    def __call__(self, rows: Iterable[Any]) -> None:
+        self.job.rows(rows)
+
+    def __repr__(self) -> str:
+        return f"PartitionPublisher(entity={self.job.guard.entity!r})"
+
+
+def _active_master() -> str | None:
+    try:
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+    except Exception:
+        return None
+    return None if spark is None else master_of(spark)
+
+
+def partition_publisher(
+    url: str,
+    entity: EntityProfile | str,
+    spec: MessageSpec,
+    *,
+    retry: RetryPolicy | None = None,
+    schema: Any = None,
+    after_partition: AfterPartition | None = None,
+    clock: Clock = time.time,
+) -> PartitionPublisher:
+    """A picklable callable for ``df.foreachPartition`` that publishes each row once.
+
+    Create it right before the job: the window guard counts from its creation.
+    Pass ``schema=df.schema`` to check the spec against the columns on the
+    driver and to read each column by its type (without it, naive datetimes
+    are read as ``timestamp`` values, and ``timestamp_ntz`` columns cannot be
+    told apart). Any failed row fails the task, so Spark retries it.
+    """
+    url = _check_url(url)
+    check_backend_fits(url, _active_master())
+    retry = _retry(retry)
+    if not isinstance(spec, MessageSpec):
+        raise ConfigurationError("spec must be a sendonce.MessageSpec", field="spec")
+    if schema is not None:
+        plan = plan_for(schema, spec)
+    else:
+        whole = not isinstance(spec.body, str)
+        columns = () if whole else tuple(spec.fields)
+        plan = ColumnPlan(columns, (None,) * len(columns), (), whole, dynamic=True)
+    profile = _profile(url, entity, retry)
+    job = TaskJob(
+        url,
+        profile,
+        spec,
+        plan,
+        _guard(profile, retry, clock),
+        retry,
+        after_partition=after_partition,
+        raise_on_failure=True,
+    )
+    return PartitionPublisher(job)
+
+
+# -- foreachBatch ---------------------------------------------------------------------------
+
+
+class BatchPublisher:
+    """The callable for Structured Streaming ``foreachBatch``: ``fn(batch_df, batch_id)``.
+
+    Each micro-batch is published with :func:`publish` (driver checks, Arrow
+    stage, its own window guard starting with the batch) and any failed row
+    raises, failing the query before the batch is committed. A restart from the
+    checkpoint replays the batch under the same ids, so nothing lands twice.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        entity: EntityProfile | str,
+        spec: MessageSpec,
+        *,
+        retry: RetryPolicy | None,
+        check_conflicts: bool,
+        after_partition: AfterPartition | None,
+        on_batch: Callable[[int, PublishReport], None] | None,
+        clock: Clock,
+    ) -> None:
+        self.url = url
+        self.entity = entity
+        self.spec = spec
+        self.retry = retry
+        self.check_conflicts = check_conflicts
+        self.after_partition = after_partition
+        self.on_batch = on_batch
+        self.clock = clock
+
+    def __call__(self, batch_df: Any, batch_id: int) -> None:
+        report = publish(
+            batch_df,
+            self.url,
+            self.entity,
+            self.spec,
+            retry=self.retry,
+            check_conflicts=self.check_conflicts,
+            after_partition=self.after_partition,
+            clock=self.clock,
+        )
+        report.raise_for_failures()
+        if self.on_batch is not None:
+            self.on_batch(batch_id, report)
+
+    def __repr__(self) -> str:
+        name = self.entity if isinstance(self.entity, str) else self.entity.name
+        return f"BatchPublisher(entity={name!r})"
+
+
+def batch_publisher(
+    url: str,
+    entity: EntityProfile | str,
+    spec: MessageSpec,
+    *,
+    retry: RetryPolicy | None = None,
+    check_conflicts: bool = True,
+    after_partition: AfterPartition | None = None,
+    on_batch: Callable[[int, PublishReport], None] | None = None,
+    clock: Clock = time.time,
+) -> BatchPublisher:
+    """A picklable ``fn(batch_df, batch_id)`` for ``writeStream.foreachBatch``.
+
+    ``on_batch(batch_id, report)`` runs on the driver after a batch is published.
+    """
+    url = _check_url(url)
+    _retry(retry)
+    if not isinstance(spec, MessageSpec):
+        raise ConfigurationError("spec must be a sendonce.MessageSpec", field="spec")
+    return BatchPublisher(
+        url,
+        entity,
+        spec,
+        retry=retry,
+        check_conflicts=check_conflicts,
+        after_partition=after_partition,
+        on_batch=on_batch,
+        clock=clock,
+    )
