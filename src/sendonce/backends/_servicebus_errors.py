@@ -180,7 +180,7 @@ def _is_permanent(exc: BaseException, condition: str | None) -> bool:
         return False
     if isinstance(exc, _PERMANENT_CLASSES):
         return True
-    if isinstance(exc, _TRANSIENT_CLASSES | OSError):
+    if isinstance(exc, (*_TRANSIENT_CLASSES, OSError)):
         return False
     # A ValueError from the client is a refusal before anything went on the wire.
     # Anything else (unknown class and condition) is in doubt.
@@ -194,8 +194,8 @@ def is_connection_level(exc: BaseException) -> bool:
     condition = condition_of(exc)
     if condition in _CONNECTION_CONDITIONS:
         return True
-    # Unclassified client failures ("Handler failed: ...") leave the handler in an unknown state.
-    return isinstance(exc, ServiceBusError) and not isinstance(exc, _PERMANENT_CLASSES)
+    # An unclassified client failure ("Handler failed: ...") leaves the handler in an unknown state.
+    return type(exc) is ServiceBusError and condition is None
 
 
 def _describe(exc: BaseException) -> str:

@@ -13,8 +13,11 @@ one backend per thread or process (Spark executors build their own).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -50,6 +53,7 @@ logger = logging.getLogger("sendonce.servicebus")
 DEFAULT_LINK_TIMEOUT = 60.0
 DEFAULT_ADMIN_TIMEOUT = 30.0
 _STANDARD_MAX_MESSAGE_KB = 256
+_MIN_TRANSFER_TIME = 0.001
 
 
 def _is_emulator(conn_str: str) -> bool:
@@ -214,6 +218,7 @@ class AzureServiceBusBackend:
             self._client = ServiceBusClient(fully_qualified_namespace, credential, **options)
         self._admin: Any = admin_client
         self._senders: dict[str, ServiceBusSender] = {}
+        self._open: set[str] = set()
         self._lock = threading.RLock()
         self._closed = False
         logger.debug("created %r", self)
@@ -254,6 +259,17 @@ class AzureServiceBusBackend:
             logger.debug("described %s as %r", entity, profile)
             return profile
 
+    def declare(self, profile: EntityProfile) -> None:
+        """Record an explicit profile (``IdempotentSender`` calls this): it says queue or topic."""
+        if not isinstance(profile, EntityProfile):
+            raise ConfigurationError("declare() takes an EntityProfile", field="profile")
+        with self._lock:
+            self._profiles[profile.name] = profile
+            opened_as = self._kinds.get(profile.name, "queue")
+            if profile.name in self._senders and opened_as != profile.kind:
+                self._discard_sender(profile.name, "the entity kind changed")
+            self._kinds[profile.name] = profile.kind
+
     def _needs_profile(self, entity: str, why: str) -> ConfigurationError:
         return ConfigurationError(
             f"cannot read the properties of entity {entity!r} ({why}); pass an explicit profile, "
@@ -285,42 +301,55 @@ class AzureServiceBusBackend:
         return self._admin
 
     def _read_profile(self, admin: Any, entity: str) -> EntityProfile:
-        kind: EntityKind = self._kinds.get(entity, "queue")
-        try:
+        first: EntityKind = self._kinds.get(entity, "queue")
+        order: tuple[EntityKind, EntityKind] = (
+            (first, "topic") if first == "queue" else (first, "queue")
+        )
+        # Per call: an overall bound (azure-core's retry policy) and socket bounds.
+        bounds = {
+            "timeout": self._admin_timeout,
+            "connection_timeout": self._admin_timeout,
+            "read_timeout": self._admin_timeout,
+        }
+        not_found = 0
+        for kind in order:
+            getter = admin.get_queue if kind == "queue" else admin.get_topic
             try:
-                props = (admin.get_queue if kind == "queue" else admin.get_topic)(
-                    entity, timeout=self._admin_timeout
-                )
-            except (ResourceNotFoundError, AttributeError):
-                # get_queue on a topic name finds no queue description (AttributeError in 7.x).
-                kind = "topic" if kind == "queue" else "queue"
-                props = (admin.get_queue if kind == "queue" else admin.get_topic)(
-                    entity, timeout=self._admin_timeout
-                )
-        except (ResourceNotFoundError, AttributeError):
+                props = getter(entity, **bounds)
+            except ResourceNotFoundError:
+                not_found += 1
+                continue
+            except AttributeError:
+                # get_queue on a topic name (and get_topic on a queue name) finds the other
+                # kind of description and fails to read it (azure-servicebus 7.x).
+                continue
+            except HttpResponseError as exc:
+                status = getattr(exc, "status_code", None)
+                if isinstance(exc, ClientAuthenticationError) or status in (401, 403):
+                    raise self._needs_profile(
+                        entity, f"the credential may not read entity properties (HTTP {status})"
+                    ) from None
+                if status == 404:
+                    raise self._needs_profile(
+                        entity, "the administration API is not there"
+                    ) from None
+                raise TransientSendError(
+                    f"reading the properties of entity {entity!r} failed: "
+                    f"{type(exc).__name__} (HTTP {status})"
+                ) from None
+            except AzureError as exc:
+                raise TransientSendError(
+                    f"reading the properties of entity {entity!r} failed: {type(exc).__name__}: "
+                    f"{redact(str(exc))}"
+                ) from None
+            return _profile_from_properties(entity, kind, props)
+        if not_found == len(order):
             raise ConfigurationError(
                 f"entity {entity!r} does not exist in namespace {self._namespace!r} "
                 "(neither a queue nor a topic)",
                 field="entity",
-            ) from None
-        except HttpResponseError as exc:
-            status = getattr(exc, "status_code", None)
-            if isinstance(exc, ClientAuthenticationError) or status in (401, 403):
-                raise self._needs_profile(
-                    entity, f"the credential may not read entity properties (HTTP {status})"
-                ) from None
-            if status == 404:
-                raise self._needs_profile(entity, "the administration API is not there") from None
-            raise TransientSendError(
-                f"reading the properties of entity {entity!r} failed: "
-                f"{type(exc).__name__} (HTTP {status})"
-            ) from None
-        except AzureError as exc:
-            raise TransientSendError(
-                f"reading the properties of entity {entity!r} failed: {type(exc).__name__}: "
-                f"{redact(str(exc))}"
-            ) from None
-        return _profile_from_properties(entity, kind, props)
+            )
+        raise self._needs_profile(entity, "the administration API returned no description")
 
     # -- sending ----------------------------------------------------------------------
 
@@ -343,15 +372,64 @@ class AzureServiceBusBackend:
         self._senders[entity] = sender
         return sender
 
-    def _discard_sender(self, entity: str) -> None:
+    def _open_link(self, entity: str, sender: ServiceBusSender, timeout: float) -> float:
+        """Open ``sender``'s link within ``timeout``; return the time left for the transfer.
+
+        The client bounds a send on an open link by its ``timeout``, but not every
+        phase of opening one: its SASL negotiation blocks on the socket with no
+        timeout, so a peer that accepts TCP and then stays silent would hang the
+        call for ever. The link is therefore opened on a helper thread that the
+        call stops waiting for at its timeout; the abandoned sender is dropped and
+        its socket shut so that thread ends too. Nothing is sent while opening.
+        """
+        if entity in self._open:
+            return timeout
+        started = time.monotonic()
+        done = threading.Event()
+        abandoned = threading.Event()
+        outcome: list[BaseException] = []
+
+        def open_link() -> None:
+            try:
+                sender.create_message_batch()  # opens connection, SASL, CBS and the link
+            except BaseException as exc:
+                outcome.append(exc)
+            finally:
+                done.set()
+                if abandoned.is_set():
+                    _close_quietly(sender, entity)
+
+        worker = threading.Thread(
+            target=open_link, name=f"sendonce-servicebus-open-{entity}", daemon=True
+        )
+        worker.start()
+        if not done.wait(timeout):
+            abandoned.set()
+            self._senders.pop(entity, None)
+            _shut_socket(sender)
+            raise TransientSendError(
+                f"opening a link to {entity!r} on {self._namespace!r} took longer than the "
+                f"{timeout:g} s timeout; nothing was sent"
+            )
+        if outcome:
+            raise outcome[0]
+        self._open.add(entity)
+        left = timeout - (time.monotonic() - started)
+        if left <= _MIN_TRANSFER_TIME:
+            raise TransientSendError(
+                f"opening a link to {entity!r} used up the {timeout:g} s timeout; nothing was sent"
+            )
+        return left
+
+    def _discard_sender(self, entity: str, reason: str) -> None:
+        self._open.discard(entity)
         sender = self._senders.pop(entity, None)
         if sender is None:
             return
-        logger.info("closing the sender for %s after a connection-level error", entity)
-        try:
-            sender.close()
-        except Exception as exc:  # a dead link may fail to close; it is dropped either way
-            logger.debug("closing the sender for %s failed: %s", entity, redact(repr(exc)))
+        logger.info(
+            "closing the sender for %s (%s); the next call opens a new link", entity, reason
+        )
+        _close_quietly(sender, entity)
 
     def _fail(
         self, exc: BaseException, *, operation: str, entity: str, messages: Sequence[Message]
@@ -365,8 +443,10 @@ class AzureServiceBusBackend:
             partition_key=None if one is None else (one.partition_key or one.session_id),
             count=len(messages),
         )
-        if is_connection_level(exc) or isinstance(error, TransientSendError):
-            self._discard_sender(entity)
+        # After any failure the client may have shut the handler; reopening it inside
+        # send_messages would not be bounded (see _open_link), so start from a new sender.
+        reason = "connection-level error" if is_connection_level(exc) else "failed call"
+        self._discard_sender(entity, reason)
         return error
 
     def send(
@@ -393,9 +473,10 @@ class AzureServiceBusBackend:
         with self._lock:
             sender = self._sender(entity)
             try:
+                left = self._open_link(entity, sender, timeout)
                 payload: Any = self._batch(sender, entity, messages, converted)
-                sender.send_messages(payload, timeout=timeout)
-            except ValidationError:
+                sender.send_messages(payload, timeout=left)
+            except (ValidationError, TransientSendError):
                 raise
             except Exception as exc:
                 if not is_sdk_error(exc):
@@ -447,8 +528,9 @@ class AzureServiceBusBackend:
         with self._lock:
             sender = self._sender(entity)
             try:
-                numbers = sender.schedule_messages(converted, at, timeout=timeout)
-            except ValidationError:
+                left = self._open_link(entity, sender, timeout)
+                numbers = sender.schedule_messages(converted, at, timeout=left)
+            except (ValidationError, TransientSendError):
                 raise
             except Exception as exc:
                 if not is_sdk_error(exc):
@@ -473,12 +555,9 @@ class AzureServiceBusBackend:
             if self._closed:
                 return
             self._closed = True
+            self._open.clear()
             for entity in list(self._senders):
-                sender = self._senders.pop(entity)
-                try:
-                    sender.close()
-                except Exception as exc:
-                    logger.debug("closing the sender for %s failed: %s", entity, redact(repr(exc)))
+                _close_quietly(self._senders.pop(entity), entity)
             for name, closable in (("client", self._client), ("admin client", self._admin)):
                 if closable is None:
                     continue
@@ -504,6 +583,24 @@ class AzureServiceBusBackend:
             "AzureServiceBusBackend holds live connections and cannot be pickled: ship the "
             "connection string and call sendonce.backends.connect(url) on the executor"
         )
+
+
+def _close_quietly(sender: ServiceBusSender, entity: str) -> None:
+    try:
+        sender.close()
+    except Exception as exc:  # a dead link may fail to close; it is dropped either way
+        logger.debug("closing the sender for %s failed: %s", entity, redact(repr(exc)))
+
+
+def _shut_socket(sender: Any) -> None:
+    """Unblock a thread stuck reading the sender's socket (best effort, private path)."""
+    transport = getattr(
+        getattr(getattr(sender, "_handler", None), "_connection", None), "_transport", None
+    )
+    sock = getattr(transport, "sock", None)
+    if isinstance(sock, socket.socket):
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 def _default_credential() -> Any:
