@@ -13,6 +13,7 @@ only through the thread-safe fault script and the stop flag.
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import logging
 import os
@@ -23,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from proton import Condition, Delivery, Endpoint, Handler, Link, Message, symbol
 from proton.reactor import Container
@@ -57,6 +58,29 @@ LOCK_LOST = "com.microsoft:message-lock-lost"
 _STORE_TIMEOUT = 30.0
 _RECEIVE_CREDIT = 200
 _SUBSCRIPTIONS = "/subscriptions/"
+
+
+_F = TypeVar("_F", bound=Callable[..., None])
+
+
+def _guarded(method: _F) -> _F:
+    """Log a handler failure and drop only the connection it came from.
+
+    An exception escaping a proton handler would stop the whole reactor (and
+    every other client's connection with it).
+    """
+
+    @functools.wraps(method)
+    def wrapper(self: Any, event: Any) -> None:
+        try:
+            method(self, event)
+        except Exception:
+            _log.exception("emulator failed handling %s", getattr(event, "type", event))
+            connection = getattr(event, "connection", None)
+            if connection is not None:
+                _Handler._hard_close(connection)
+
+    return wrapper  # type: ignore[return-value]
 
 
 def _condition(name: str, description: str) -> Condition:
@@ -286,7 +310,10 @@ class _Tick(Handler):
         if h.emulator._stop.is_set():
             h.shutdown(event.container)
             return
-        h.poll()
+        try:
+            h.poll()
+        except Exception:
+            _log.exception("emulator poll failed")
         event.container.schedule(h.emulator.poll_interval, self)
 
 
@@ -305,11 +332,13 @@ class _Handler(Handler):
 
     # -- lifecycle ------------------------------------------------------------------------
 
+    @_guarded
     def on_connection_bound(self, event: Any) -> None:
         sasl = event.transport.sasl()
         sasl.allowed_mechs("ANONYMOUS")
         self.connections[event.connection] = _ConnState(event.connection)
 
+    @_guarded
     def on_connection_remote_open(self, event: Any) -> None:
         conn = event.connection
         conn.container = "sendonce-emulator"
@@ -341,6 +370,7 @@ class _Handler(Handler):
         for dlv in [d for d in self.locked if d.link.connection == connection]:
             self.locked.pop(dlv, None)
 
+    @_guarded
     def on_link_remote_open(self, event: Any) -> None:
         link = event.link
         if link.is_receiver:
@@ -391,6 +421,7 @@ class _Handler(Handler):
         except Exception:
             return 256 * 1024
 
+    @_guarded
     def on_link_remote_close(self, event: Any) -> None:
         link = event.link
         if not link.state & Endpoint.LOCAL_CLOSED:
@@ -399,6 +430,7 @@ class _Handler(Handler):
         if link in self.senders:
             self.senders.remove(link)
 
+    @_guarded
     def on_link_flow(self, event: Any) -> None:
         link = event.link
         if link.is_sender:
@@ -432,6 +464,7 @@ class _Handler(Handler):
 
     # -- incoming transfers ---------------------------------------------------------------
 
+    @_guarded
     def on_delivery(self, event: Any) -> None:
         dlv = event.delivery
         link = event.link
@@ -735,6 +768,9 @@ class _Handler(Handler):
         peek_lock = link.remote_snd_settle_mode != Link.SND_SETTLED
         while link.credit > 0:
             try:
+                # A read first: an empty poll must not take the broker's write lock.
+                if self.store.count(node.entity, subscription=node.subscription) == 0:
+                    break
                 messages = self.store.receive(
                     node.entity,
                     max_messages=min(link.credit, 100),
