@@ -1,0 +1,1 @@
+"""Randomized fault schedules (Jepsen-style): real processes, real faults, one invariant."""

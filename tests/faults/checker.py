@@ -1,0 +1,196 @@
+"""The invariant: what the entity must hold, given what each producer was told.
+
+For every business id, from the producers' journals:
+
+- confirmed (some send of it returned ``sent`` or ``duplicate``): present exactly once;
+- in doubt and never confirmed (``InDoubtError``, or in flight at a SIGKILL and
+  too old to resend safely): present at most once;
+- only ever failed with ``PermanentSendError`` ("nothing was stored"): absent;
+- never sent by anyone: absent.
+
+Every stored copy carries the one body of its id. A topic's subscriptions each
+hold exactly the topic's accepted messages.
+
+Producers with overlapping ids are independent senders: the broker deduplicates
+their copies only inside its window. Two copies of one id are therefore excused
+(and counted as ``window_expired_duplicates``) only when the broker enqueued them
+a full window apart while two different producers were sending it: nothing the
+SDK promises covers that case. Copies from one producer never are.
+
+Each send call's report must account for every message of the call exactly
+once, and ``duplicate`` must never be reported for the first send of an id only
+one producer sends (no earlier copy can exist).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from .producer import body, id_number, message_id
+
+
+@dataclass
+class Verdict:
+    violations: list[str] = field(default_factory=list)
+    stats: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def check(
+    schedule: dict[str, Any],
+    journals: dict[int, list[dict[str, Any]]],
+    stored: list[tuple[str, bytes, float]],
+    by_subscription: dict[str, list[str]] | None = None,
+    incarnation_ends: dict[tuple[int, int], float] | None = None,
+) -> Verdict:
+    """Compare the final entity contents with the producers' journals."""
+    verdict = Verdict()
+    bad = verdict.violations
+    window = schedule["entity"]["window_s"]
+    if schedule["entity"].get("id_cache_size"):
+        window = None
+
+    owners: dict[int, set[int]] = defaultdict(set)
+    for p, spec in enumerate(schedule["producers"]):
+        for n in spec["ids"]:
+            owners[n].add(p)
+
+    confirmed: set[int] = set()
+    doubt: set[int] = set()
+    permanent: set[int] = set()
+    attempted: set[int] = set()
+    expired: set[int] = set()
+    # when each producer may have put a copy of an id into the broker: its calls' spans
+    spans: dict[int, list[tuple[int, float, float]]] = defaultdict(list)
+    ends = incarnation_ends or {}
+    for p, events in journals.items():
+        attempts = {e["call"]: e for e in events if e["ev"] == "attempt"}
+        done_calls = set()
+        first_attempt: dict[int, str] = {}
+        for e in events:
+            if e["ev"] == "attempt":
+                attempted.update(e["ids"])
+                for n in e["ids"]:
+                    first_attempt.setdefault(n, e["call"])
+            elif e["ev"] == "expired":
+                doubt.update(e["ids"])
+                expired.update(e["ids"])
+            elif e["ev"] == "done":
+                done_calls.add(e["call"])
+                _check_accounting(p, attempts.get(e["call"]), e, bad)
+                confirmed.update(e["sent"], e["duplicate"])
+                doubt.update(e["in_doubt"])
+                permanent.update(e["permanent"])
+                for n in e["duplicate"]:
+                    if len(owners[n]) == 1 and first_attempt.get(n) == e["call"]:
+                        bad.append(
+                            f"sdk-contract: producer {p} call {e['call']} reported "
+                            f"{message_id(n)} as 'duplicate' on its first send, but no other "
+                            "producer sends it: no earlier copy could exist"
+                        )
+        # an attempt never settled by a done, a resume or an expiry stays in doubt
+        resumed = {e.get("resumes") for e in events}
+        done_at = {e["call"]: e["t"] for e in events if e["ev"] == "done"}
+        for call, e in attempts.items():
+            if call not in done_calls and call not in resumed:
+                doubt.update(e["ids"])
+            end = done_at.get(call, ends.get((p, int(call.split(".")[0])), float("inf")))
+            for n in e["ids"]:
+                spans[n].append((p, e["t"], end))
+
+    copies: Counter[int] = Counter()
+    enqueued: dict[int, list[float]] = defaultdict(list)
+    for mid, data, when in stored:
+        try:
+            n = id_number(mid)
+        except (ValueError, IndexError):
+            bad.append(f"phantom: stored message id {mid!r} is not a business id")
+            continue
+        copies[n] += 1
+        enqueued[n].append(when)
+        if data != body(n).encode():
+            bad.append(f"body: {mid} stored with body {data[:80]!r}, not its own")
+
+    excused = 0
+    for n in sorted(set(copies) | set(owners) | attempted):
+        count = copies[n]
+        mid = message_id(n)
+        if n not in owners and count:
+            bad.append(f"phantom: {mid} is stored {count}x but no producer owns it")
+            continue
+        if count > 1:
+            times = sorted(enqueued[n])
+            gap = times[-1] - times[0]
+            if count == 2 and window is not None and gap >= window and _apart(spans[n], times):
+                excused += 1
+                continue
+            bad.append(
+                f"duplicate: {mid} stored {count}x (enqueued {gap:.2f}s apart, window "
+                f"{window}s; producers {sorted(owners[n])}; confirmed={n in confirmed} "
+                f"in_doubt={n in doubt} permanent={n in permanent})"
+            )
+        elif n in confirmed:
+            if count != 1:
+                bad.append(f"missing: {mid} was confirmed to a producer but is not stored")
+        elif n in doubt:
+            pass  # at most once: checked above
+        elif n in permanent:
+            if count:
+                bad.append(
+                    f"permanent-but-stored: {mid} only ever failed with PermanentSendError "
+                    "('nothing was stored'), yet the broker holds it"
+                )
+        elif count:
+            bad.append(f"phantom: {mid} is stored but no producer ever sent it")
+        elif n in owners and n not in attempted:
+            bad.append(f"unsent: {mid} belongs to producers {sorted(owners[n])} but none sent it")
+
+    if by_subscription:
+        topic = Counter(by_subscription.get("(topic)", []))
+        for name, ids in by_subscription.items():
+            if Counter(ids) != topic:
+                bad.append(f"fan-out: subscription {name!r} does not hold the topic's messages")
+
+    verdict.stats = {
+        "ids": len(owners),
+        "stored": sum(copies.values()),
+        "confirmed": len(confirmed),
+        "in_doubt_unconfirmed": len(doubt - confirmed),
+        "in_doubt_present": sum(1 for n in doubt - confirmed if copies[n]),
+        "expired_resends": len(expired),
+        "permanent_unconfirmed": len(permanent - confirmed - doubt),
+        "window_expired_duplicates": excused,
+    }
+    return verdict
+
+
+def _apart(spans: list[tuple[int, float, float]], times: list[float]) -> bool:
+    """Whether two different producers were sending when the two copies were enqueued."""
+    slack = 0.001  # enqueue times are stored to the microsecond
+    first = {p for p, start, end in spans if start - slack <= times[0] <= end + slack}
+    second = {p for p, start, end in spans if start - slack <= times[1] <= end + slack}
+    return any(a != b for a in first for b in second)
+
+
+def _check_accounting(
+    p: int, attempt: dict[str, Any] | None, done: dict[str, Any], bad: list[str]
+) -> None:
+    """A send call's report names each of its messages exactly once."""
+    if attempt is None:
+        bad.append(f"journal: producer {p} call {done['call']} finished without an attempt")
+        return
+    reported = done["sent"] + done["duplicate"] + done["in_doubt"] + done["permanent"]
+    reported += [n for n, _ in done["other"]]
+    if Counter(reported) != Counter(attempt["ids"]):
+        bad.append(
+            f"report: producer {p} call {done['call']} accounted for {sorted(reported)[:10]}... "
+            f"({len(reported)}), not its {len(attempt['ids'])} messages"
+        )
+    for n, error in done["other"]:
+        bad.append(f"report: producer {p} call {done['call']}: {message_id(n)} failed with "
+                   f"an unexpected error {error}")

@@ -1,0 +1,435 @@
+"""A producer process for the fault-schedule suite; also the message model the checker shares.
+
+Run as ``python producer.py RUN_JSON PRODUCER INCARNATION``. It publishes its
+share of business ids in chunks through ``IdempotentSender`` over the faults
+its schedule gives it, and keeps a journal (append + flush + fsync per event)
+so that a restart after SIGKILL knows what was in flight and when it was first
+attempted. Its rules are exactly what the SDK promises, no more:
+
+- Resending a call that was in flight when the process died is safe only while
+  the broker still remembers its ids: the restart resends it only if the first
+  attempt is younger than ``window - safety_margin``, and then with a deadline
+  measured from that first attempt (a larger safety margin). Otherwise it
+  records the ids as ``expired``: in doubt for good.
+- ``InDoubtError`` ids are journaled; with ``redrive_in_doubt`` a final pass
+  resends those whose first attempt is still inside the window.
+- ``PermanentSendError`` means nothing was stored: with ``permanent_policy``
+  ``"abandon"`` the ids are given up (the checker expects them absent), with
+  ``"redrive"`` a final pass sends them again as new sends.
+
+Only the standard library and ``sendonce`` are imported: it runs as a script.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from sendonce import (
+    EntityProfile,
+    IdempotentSender,
+    InDoubtError,
+    Message,
+    PermanentSendError,
+    RetryPolicy,
+    SendReport,
+)
+from sendonce.backends._base import Ack
+from sendonce.testing import Fault, FaultyBackend
+
+# Give a resumed call a little more margin than the policy's own, for the
+# moment between computing its deadline and the retry loop reading the clock.
+RESUME_SLACK = 0.5
+
+
+# -- the message model (shared with the checker) ---------------------------------------
+
+
+def message_id(n: int) -> str:
+    return f"order-{n}"
+
+
+def id_number(mid: str) -> int:
+    return int(mid.rsplit("-", 1)[1])
+
+
+def body(n: int) -> str:
+    """The one body of business event ``n``: every producer sends the same bytes."""
+    return json.dumps({"order": n, "amount_cents": (n * 7919) % 100_000, "currency": "EUR"})
+
+
+def profile_of(entity: dict[str, Any]) -> EntityProfile:
+    return EntityProfile(
+        entity["name"],
+        kind=entity["kind"],
+        duplicate_detection_window=timedelta(seconds=entity["window_s"]),
+        partitioned=entity["partitioned"],
+        sessions=entity["sessions"],
+        id_cache_size=entity.get("id_cache_size"),
+    )
+
+
+def message(n: int, entity: dict[str, Any]) -> Message:
+    """Keys are deterministic functions of the id, so overlapping producers dedup."""
+    session = f"s{n % 3}" if entity["sessions"] else None
+    pkey = f"pk{n % 5}" if entity["partitioned"] and entity["explicit_pk"] else None
+    if session is not None:
+        pkey = session
+    return Message(body(n), message_id=message_id(n), partition_key=pkey, session_id=session)
+
+
+# -- time --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ScaledTime:
+    """Schedule time: runs ``speed`` times faster than real time, the same in every process.
+
+    Every process of a run computes it from the same monotonic origin, so the
+    broker's window stamps, the retry deadlines and the journal agree.
+    """
+
+    base: float
+    origin: float
+    speed: float
+
+    def now(self) -> float:
+        return self.base + (time.monotonic() - self.origin) * self.speed
+
+    def now_dt(self) -> datetime:
+        return datetime.fromtimestamp(self.now(), UTC)
+
+    def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            time.sleep(seconds / self.speed)
+
+
+class ScaledTimeouts:
+    """Passes call timeouts (schedule seconds) to the inner backend in real seconds."""
+
+    def __init__(self, inner: Any, speed: float) -> None:
+        self.inner = inner
+        self.speed = speed
+
+    def send(
+        self, entity: str, messages: Sequence[Message], *, timeout: float, atomic: bool = False
+    ) -> list[Ack]:
+        acks: list[Ack] = self.inner.send(
+            entity, messages, timeout=timeout / self.speed, atomic=atomic
+        )
+        return acks
+
+    def schedule(
+        self, entity: str, messages: Sequence[Message], at: datetime, *, timeout: float
+    ) -> list[Ack]:
+        acks: list[Ack] = self.inner.schedule(entity, messages, at, timeout=timeout / self.speed)
+        return acks
+
+    def describe(self, entity: str) -> EntityProfile:
+        profile: EntityProfile = self.inner.describe(entity)
+        return profile
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class KillSwitch:
+    """SIGKILLs this very process at a scheduled call: a crash at an exact, replayable point.
+
+    ``phase``: ``"before"`` (nothing of the call reached the broker) or
+    ``"after_commit"`` (the broker stored it; the producer never hears back).
+    """
+
+    def __init__(self, inner: Any, kill: dict[str, Any] | None, log: Callable[[str], None]) -> None:
+        self.inner = inner
+        self.kill = kill
+        self.calls = 0
+        self.log = log
+
+    def _maybe_kill(self, phase: str) -> None:
+        kill = self.kill
+        if kill is not None and kill["at_call"] == self.calls and kill["phase"] == phase:
+            self.log(f"self-kill at call {self.calls} ({phase})")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def send(
+        self, entity: str, messages: Sequence[Message], *, timeout: float, atomic: bool = False
+    ) -> list[Ack]:
+        self._maybe_kill("before")
+        acks: list[Ack] = self.inner.send(entity, messages, timeout=timeout, atomic=atomic)
+        self._maybe_kill("after_commit")
+        self.calls += 1
+        return acks
+
+    def schedule(
+        self, entity: str, messages: Sequence[Message], at: datetime, *, timeout: float
+    ) -> list[Ack]:
+        acks: list[Ack] = self.inner.schedule(entity, messages, at, timeout=timeout)
+        return acks
+
+    def describe(self, entity: str) -> EntityProfile:
+        profile: EntityProfile = self.inner.describe(entity)
+        return profile
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+# -- the journal ---------------------------------------------------------------------------
+
+
+class Journal:
+    """Append-only JSON lines, each flushed and fsynced before the producer moves on."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.events: list[dict[str, Any]] = read_journal(path)
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives with the process
+
+    def write(self, event: dict[str, Any]) -> None:
+        self._file.write(json.dumps(event, separators=(",", ":")) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self.events.append(event)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_journal(path: Path) -> list[dict[str, Any]]:
+    """Events of a journal; a torn last line (killed mid-write) is ignored."""
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return events
+
+
+# -- the producer ---------------------------------------------------------------------------
+
+
+class Producer:
+    def __init__(self, run: dict[str, Any], index: int, incarnation: int) -> None:
+        self.run = run
+        self.schedule = schedule = run["schedule"]
+        self.index = index
+        self.incarnation = incarnation
+        self.spec = schedule["producers"][index]
+        self.plan = self.spec["incarnations"][incarnation]
+        self.entity = schedule["entity"]
+        self.profile = profile_of(self.entity)
+        self.time = ScaledTime(schedule["clock"]["base"], run["origin"], schedule["clock"]["speed"])
+        retry = schedule["retry"]
+        self.margin = float(retry["safety_margin_s"])
+        window = self.profile.window
+        self.window = None if window is None else window.total_seconds()
+        self.journal = Journal(Path(run["workdir"]) / f"journal-{index}.jsonl")
+        self.seq = 0
+        self._retry_seed = schedule["seed"] * 1000 + index * 10 + incarnation
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    def log(self, text: str) -> None:
+        print(f"[p{self.index}.{self.incarnation} t={self.time.now() - self.time.base:.2f}] {text}",
+              flush=True)
+
+    def policy(self, extra_margin: float = 0.0) -> RetryPolicy:
+        r = self.schedule["retry"]
+        self._retry_seed += 1
+        return RetryPolicy(
+            max_attempts=r["max_attempts"],
+            initial_backoff=r["initial_backoff"],
+            max_backoff=r["max_backoff"],
+            attempt_timeout=r["attempt_timeout"],
+            safety_margin=timedelta(seconds=self.margin + extra_margin),
+            sleep=self.time.sleep,
+            clock=self.time.now,
+            seed=self._retry_seed,
+        )
+
+    def fault_script(self) -> Callable[[int, str, Sequence[Message]], Fault]:
+        table = {int(k): Fault(v) for k, v in self.plan["faults"].items()}
+
+        def script(call: int, entity: str, messages: Sequence[Message]) -> Fault:
+            return table.get(call, Fault.NONE)
+
+        return script
+
+    def open_backend(self) -> tuple[Any, Callable[[], None]]:
+        """The backend stack: faults, then the kill switch, then the transport."""
+        db = self.run["db"]
+        cleanup: list[Callable[[], None]] = []
+        transport: Any
+        if self.schedule["transport"] == "emulator":
+            from sendonce.backends import AzureServiceBusBackend, LocalBackend
+            from sendonce.emulator import Emulator, FaultAction
+
+            time_ = self.time
+            emulator = Emulator(
+                db, poll_interval=0.02,
+                store_factory=lambda: LocalBackend(db, clock=time_.now_dt),
+            )
+            emulator.faults.add(*(FaultAction(a) for a in self.plan["emulator_faults"]))
+            emulator.start()
+            cleanup.append(emulator.stop)
+            transport = AzureServiceBusBackend(
+                connection_string=emulator.connection_string,
+                profiles={self.profile.name: self.profile},
+            )
+        else:
+            from sendonce.backends import LocalBackend
+
+            transport = LocalBackend(db, clock=self.time.now_dt)
+        killer = KillSwitch(ScaledTimeouts(transport, self.time.speed), self.plan["kill"], self.log)
+        faulty = FaultyBackend(
+            killer, self.fault_script(), slow_ack_delay=self.schedule["slow_ack_delay"],
+            sleep=self.time.sleep,
+        )
+
+        def close() -> None:
+            transport.close()
+            for step in reversed(cleanup):
+                step()
+
+        return faulty, close
+
+    # -- one logical send -----------------------------------------------------------------
+
+    def send_call(
+        self, backend: Any, numbers: list[int], *, kind: str, chunk: int | None,
+        origin: float | None, resumes: str | None = None,
+    ) -> None:
+        """Send ``numbers`` as one journaled call; ``origin`` is the first attempt of a resend."""
+        now = self.time.now()
+        extra = 0.0
+        if origin is not None and self.window is not None:
+            age = now - origin
+            extra = age + RESUME_SLACK
+            if self.margin + extra + 0.1 >= self.window:
+                self.journal.write({"ev": "expired", "ids": numbers, "t": now, "origin": origin,
+                                    "kind": kind, "chunk": chunk, "resumes": resumes})
+                self.log(f"refusing to resend {len(numbers)} ids first tried {age:.1f}s ago")
+                return
+        call_id = f"{self.incarnation}.{self.seq}"
+        self.seq += 1
+        first = now if origin is None else origin
+        self.journal.write({"ev": "attempt", "call": call_id, "ids": numbers, "t": now,
+                            "origin": first, "kind": kind, "chunk": chunk,
+                            "resumes": resumes})
+        messages = [message(n, self.entity) for n in numbers]
+        with IdempotentSender(backend, self.profile, retry=self.policy(extra)) as sender:
+            report = sender.send_many(messages)
+        self.journal.write(self.done_event(call_id, report))
+
+    def done_event(self, call_id: str, report: SendReport) -> dict[str, Any]:
+        sent = [id_number(r.message_id) for r in report.results if r.outcome != "duplicate"]
+        dup = [id_number(r.message_id) for r in report.results if r.outcome == "duplicate"]
+        in_doubt, permanent, other = [], [], []
+        for failure in report.failures:
+            n = id_number(failure.message_id)
+            if isinstance(failure.error, InDoubtError):
+                in_doubt.append(n)
+            elif isinstance(failure.error, PermanentSendError):
+                permanent.append(n)
+            else:
+                other.append([n, f"{type(failure.error).__name__}: {failure.error}"])
+        return {"ev": "done", "call": call_id, "t": self.time.now(), "sent": sent,
+                "duplicate": dup, "in_doubt": in_doubt, "permanent": permanent, "other": other}
+
+    # -- the run ------------------------------------------------------------------------------
+
+    def in_flight(self) -> list[dict[str, Any]]:
+        """Attempts of earlier incarnations that never got their ``done``."""
+        settled = {e["call"] for e in self.journal.events if e["ev"] == "done"}
+        settled |= {e["resumes"] for e in self.journal.events if e.get("resumes")}
+        return [
+            e for e in self.journal.events
+            if e["ev"] == "attempt" and e["call"] not in settled
+            and not e["call"].startswith(f"{self.incarnation}.")
+        ]
+
+    def unresolved(self) -> tuple[dict[int, float], list[int]]:
+        """Ids whose last outcome is in doubt (with their origin), and ids failed permanently."""
+        origin_of: dict[str, float] = {}
+        state: dict[int, tuple[str, float]] = {}
+        for e in self.journal.events:
+            if e["ev"] == "attempt":
+                origin_of[e["call"]] = e["origin"]
+            elif e["ev"] == "done":
+                origin = origin_of[e["call"]]
+                for key in ("sent", "duplicate"):
+                    for n in e[key]:
+                        state[n] = ("ok", origin)
+                for n in e["in_doubt"]:
+                    state[n] = ("doubt", origin)
+                for n in e["permanent"]:
+                    state[n] = ("permanent", origin)
+        doubt = {n: o for n, (s, o) in state.items() if s == "doubt"}
+        permanent = sorted(n for n, (s, _) in state.items() if s == "permanent")
+        return doubt, permanent
+
+    def main(self) -> None:
+        chunk = self.schedule["chunk"]
+        ids: list[int] = self.spec["ids"]
+        chunks = [ids[i : i + chunk] for i in range(0, len(ids), chunk)]
+        self.journal.write({"ev": "start", "incarnation": self.incarnation, "t": self.time.now()})
+        backend, close = self.open_backend()
+        try:
+            # 1. whatever an earlier incarnation left in flight
+            for attempt in self.in_flight():
+                self.log(f"resuming call {attempt['call']} ({len(attempt['ids'])} ids)")
+                self.send_call(backend, attempt["ids"], kind="resume", chunk=attempt["chunk"],
+                               origin=attempt["origin"], resumes=attempt["call"])
+            # 2. the chunks not attempted yet
+            started = {e["chunk"] for e in self.journal.events
+                       if e["ev"] in ("attempt", "expired") and e.get("chunk") is not None}
+            for k, numbers in enumerate(chunks):
+                if k in started:
+                    continue
+                self.send_call(backend, numbers, kind="chunk", chunk=k, origin=None)
+                print(f"progress {k}", flush=True)
+            # 3. the final passes
+            for _ in range(2):
+                doubt, permanent = self.unresolved()
+                if self.schedule["redrive_in_doubt"] and doubt:
+                    by_origin: dict[float, list[int]] = {}
+                    for n, origin in doubt.items():
+                        by_origin.setdefault(origin, []).append(n)
+                    for origin, numbers in sorted(by_origin.items()):
+                        self.send_call(backend, sorted(numbers), kind="redrive_doubt",
+                                       chunk=None, origin=origin)
+                if self.schedule["permanent_policy"] == "redrive" and permanent:
+                    self.send_call(backend, permanent, kind="redrive_permanent", chunk=None,
+                                   origin=None)
+        finally:
+            close()
+        self.journal.write({"ev": "finished", "incarnation": self.incarnation,
+                            "t": self.time.now()})
+        self.log("finished")
+
+
+def main(argv: list[str]) -> None:
+    run = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
+    Producer(run, int(argv[2]), int(argv[3])).main()
+
+
+if __name__ == "__main__":
+    main(sys.argv)

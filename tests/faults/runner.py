@@ -1,0 +1,202 @@
+"""Runs one schedule: real producer processes, SIGKILLs and restarts, then reads the broker.
+
+Every producer is a separate Python process (``sys.executable``) over one
+broker file (directly, or through its own emulator with the real
+``azure-servicebus`` client). A producer either SIGKILLs itself at the call its
+schedule names, or is SIGKILLed by the runner after its n-th committed chunk;
+the runner restarts it after the scheduled delay (schedule time), as the next
+incarnation, until one finishes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sendonce.backends import LocalBackend
+
+from .producer import ScaledTime, profile_of, read_journal
+
+PRODUCER = Path(__file__).with_name("producer.py")
+SUBSCRIPTIONS = ("audit", "billing")
+
+
+@dataclass
+class Stored:
+    """One stored copy as the broker holds it."""
+
+    message_id: str
+    body: bytes
+    enqueued: float  # schedule time, epoch seconds
+
+
+@dataclass
+class Incarnation:
+    producer: int
+    index: int
+    started: float
+    ended: float | None = None
+    returncode: int | None = None
+    killed_by_runner: bool = False
+    output: list[str] = field(default_factory=list)
+    stderr: str = ""
+
+
+@dataclass
+class RunResult:
+    schedule: dict[str, Any]
+    journals: dict[int, list[dict[str, Any]]]
+    incarnations: list[Incarnation]
+    stored: list[Stored]
+    by_subscription: dict[str, list[str]]
+    errors: list[str]
+    elapsed: float
+
+
+class _Process:
+    """One running incarnation, its output read by a thread."""
+
+    def __init__(self, run_json: Path, producer: int, index: int, clock: ScaledTime) -> None:
+        self.record = Incarnation(producer, index, clock.now())
+        self.progress = 0
+        self.proc = subprocess.Popen(
+            [sys.executable, str(PRODUCER), str(run_json), str(producer), str(index)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self._err: list[str] = []
+        self._threads = [
+            threading.Thread(target=self._read_out, daemon=True),
+            threading.Thread(target=self._read_err, daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _read_out(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.record.output.append(line.rstrip("\n"))
+            if line.startswith("progress"):
+                self.progress += 1
+
+    def _read_err(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self._err.append(line)
+
+    def finish(self, clock: ScaledTime) -> None:
+        for t in self._threads:
+            t.join(5)
+        self.record.ended = clock.now()
+        self.record.returncode = self.proc.returncode
+        self.record.stderr = "".join(self._err)[-4000:]
+
+
+def prepare_broker(db: Path, schedule: dict[str, Any]) -> None:
+    profile = profile_of(schedule["entity"])
+    with LocalBackend(db) as broker:
+        broker.create_entity(profile)
+        if profile.kind == "topic":
+            for name in SUBSCRIPTIONS:
+                broker.create_subscription(profile.name, name)
+
+
+def run_schedule(
+    schedule: dict[str, Any], workdir: Path, *, timeout: float = 120.0
+) -> RunResult:
+    """Run ``schedule`` in ``workdir`` (a fresh directory) and collect what happened."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    db = workdir / "broker.db"
+    prepare_broker(db, schedule)
+    started = time.monotonic()
+    run = {"schedule": schedule, "origin": started, "workdir": str(workdir), "db": str(db)}
+    run_json = workdir / "run.json"
+    run_json.write_text(json.dumps(run), encoding="utf-8")
+    clock = ScaledTime(schedule["clock"]["base"], started, schedule["clock"]["speed"])
+    speed = schedule["clock"]["speed"]
+    external = schedule.get("external_kill")
+
+    errors: list[str] = []
+    records: list[Incarnation] = []
+    running: dict[int, _Process] = {
+        p: _Process(run_json, p, 0, clock) for p in range(len(schedule["producers"]))
+    }
+    restart_at: dict[int, tuple[float, int]] = {}
+    deadline = started + timeout
+    while running or restart_at:
+        now = time.monotonic()
+        if now > deadline:
+            errors.append(f"run exceeded {timeout}s: killed producers {sorted(running)}")
+            for proc in running.values():
+                proc.proc.kill()
+                proc.proc.wait()
+                proc.finish(clock)
+                records.append(proc.record)
+            running.clear()
+            break
+        for p, (when, index) in list(restart_at.items()):
+            if now >= when:
+                del restart_at[p]
+                running[p] = _Process(run_json, p, index, clock)
+        for p, proc in list(running.items()):
+            rec = proc.record
+            if (
+                external is not None and external["producer"] == p and rec.index == 0
+                and proc.progress > external["after_progress"] and proc.proc.poll() is None
+            ):
+                proc.proc.send_signal(signal.SIGKILL)
+                rec.killed_by_runner = True
+            if proc.proc.poll() is None:
+                continue
+            proc.finish(clock)
+            records.append(rec)
+            del running[p]
+            plans = schedule["producers"][p]["incarnations"]
+            if rec.returncode == -signal.SIGKILL:
+                nxt = rec.index + 1
+                if nxt >= len(plans):
+                    errors.append(f"producer {p} incarnation {rec.index} was killed and has no "
+                                  "next incarnation")
+                    continue
+                delay = plans[nxt]["restart_delay_s"] / speed
+                restart_at[p] = (time.monotonic() + delay, nxt)
+            elif rec.returncode != 0:
+                errors.append(
+                    f"producer {p} incarnation {rec.index} exited {rec.returncode}:\n{rec.stderr}"
+                )
+        time.sleep(0.01)
+
+    journals = {
+        p: read_journal(workdir / f"journal-{p}.jsonl") for p in range(len(schedule["producers"]))
+    }
+    stored, by_sub = read_broker(db, schedule)
+    return RunResult(
+        schedule, journals, sorted(records, key=lambda r: (r.producer, r.index)), stored, by_sub,
+        errors, time.monotonic() - started,
+    )
+
+
+def read_broker(db: Path, schedule: dict[str, Any]) -> tuple[list[Stored], dict[str, list[str]]]:
+    """Every stored copy (for a topic: one per accepted message), and ids per subscription."""
+    entity = schedule["entity"]["name"]
+    topic = schedule["entity"]["kind"] == "topic"
+    with LocalBackend(db) as broker:
+        first = SUBSCRIPTIONS[0] if topic else None
+        peeked = broker.peek(entity, max_messages=1_000_000, subscription=first)
+        stored = [
+            Stored(m.message_id, m.body, m.enqueued_time.timestamp()) for m in peeked
+        ]
+        by_sub: dict[str, list[str]] = {}
+        if topic:
+            by_sub["(topic)"] = broker.message_ids(entity)
+            for name in SUBSCRIPTIONS:
+                by_sub[name] = broker.message_ids(entity, subscription=name)
+    return stored, by_sub

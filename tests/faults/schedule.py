@@ -1,0 +1,174 @@
+"""Random fault schedules, each a pure function of its seed.
+
+A schedule says everything a run does: the entity's settings, the clock speed,
+the retry policy, each producer's business ids (overlapping ranges), and per
+producer incarnation the ``FaultyBackend`` faults by call index, the emulator
+faults in transfer order, where the process SIGKILLs itself, and how long the
+runner waits before restarting it. Only the real-time interleaving of several
+processes is left to chance; the checker's invariant holds for all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+BASE_TIME = 1_900_000_000.0  # schedule clock origin (2030-03-17), in epoch seconds
+
+LOCAL_FAULTS = ("before_commit", "after_commit", "slow_ack", "permanent")
+EMULATOR_FAULTS = (
+    "drop_after_commit",
+    "drop_before_commit",
+    "detach_after_commit",
+    "withhold",
+    "server_busy",
+    "unauthorized",
+)
+
+
+def generate(seed: int, *, emulator: bool = True) -> dict[str, Any]:
+    """The schedule of ``seed``. ``emulator=False`` never picks the emulator transport."""
+    rng = random.Random(seed)
+    use_emulator = emulator and rng.random() < 0.2
+    short_window = not use_emulator and rng.random() < 0.45
+
+    partitioned = rng.random() < 0.35
+    sessions = rng.random() < 0.3
+    entity = {
+        "name": "orders",
+        "kind": "topic" if rng.random() < 0.15 else "queue",
+        "partitioned": partitioned,
+        "sessions": sessions,
+        "explicit_pk": partitioned and rng.random() < 0.6,
+        "window_s": rng.choice([20, 25, 30, 40]) if short_window else 600,
+    }
+    if not short_window and not use_emulator and rng.random() < 0.1:
+        entity["id_cache_size"] = 5000  # Artemis-style cache, larger than any schedule
+
+    if use_emulator:
+        speed = 1.0
+    elif short_window:
+        speed = round(entity["window_s"] / rng.uniform(1.0, 2.0), 1)  # window = 1-2 s real
+    else:
+        speed = rng.choice([1.0, 5.0])
+    retry = {
+        "max_attempts": rng.choice([2, 3, 4, 6]),
+        "initial_backoff": 0.2 if short_window else 0.05,
+        "max_backoff": 2.0 if short_window else 0.2,
+        "attempt_timeout": (
+            rng.choice([2.0, 4.0]) if short_window else (1.5 if use_emulator else 0.5 * speed)
+        ),
+        "safety_margin_s": rng.choice([5, 6, 8]) if short_window else 5,
+    }
+
+    n_producers = rng.choice([1, 2, 2, 3])
+    total = rng.randint(60, 120) if use_emulator or entity["partitioned"] else rng.randint(100, 300)
+    chunk = rng.choice([5, 10, 20]) if entity["partitioned"] else rng.choice([5, 10, 25, 50])
+    producers = []
+    for p in range(n_producers):
+        # overlapping id ranges: each producer takes a random window of the id space
+        if n_producers == 1:
+            ids = list(range(total))
+        else:
+            length = rng.randint(total // 2, total)
+            start = rng.randint(0, total - length)
+            ids = list(range(start, start + length))
+            if rng.random() < 0.3:
+                rng.shuffle(ids)
+        calls = len(ids) if entity["partitioned"] else -(-len(ids) // chunk)
+        n_incarnations = rng.choice([1, 2, 2, 3])
+        fault_rate = rng.choice([0.0, 0.1, 0.2, 0.35])
+        weights = [4, 4, 2, 1]
+        incarnations = []
+        for inc in range(n_incarnations):
+            horizon = calls * 3 + 10
+            faults = {}
+            if not use_emulator or rng.random() < 0.5:
+                for call in range(horizon):
+                    if rng.random() < fault_rate:
+                        faults[str(call)] = rng.choices(LOCAL_FAULTS, weights)[0]
+            emulator_faults: list[str] = []
+            if use_emulator:
+                for _ in range(rng.randint(2, 8)):
+                    emulator_faults.extend(["none"] * rng.randint(0, 6))
+                    emulator_faults.append(rng.choices(EMULATOR_FAULTS, [4, 3, 3, 2, 2, 1])[0])
+            kill = None
+            if inc < n_incarnations - 1:
+                kill = {
+                    "at_call": rng.randint(0, max(calls - 1, 0)),
+                    "phase": rng.choice(["before", "after_commit", "after_commit"]),
+                }
+            restart_delay = 0.0
+            if inc > 0:
+                restart_delay = (
+                    rng.uniform(0, 1.4 * entity["window_s"]) if short_window
+                    else rng.uniform(0, 0.3)
+                )
+            incarnations.append({
+                "faults": faults,
+                "emulator_faults": emulator_faults,
+                "kill": kill,
+                "restart_delay_s": round(restart_delay, 3),
+            })
+        producers.append({"ids": ids, "incarnations": incarnations})
+
+    external_kill = None
+    if rng.random() < 0.25:
+        # the runner SIGKILLs incarnation 0 of the victim from outside, after its
+        # n-th committed chunk (if it gets that far); one more incarnation restarts it
+        victim = rng.randrange(n_producers)
+        external_kill = {"producer": victim, "after_progress": rng.randint(0, 4)}
+        producers[victim]["incarnations"].append({
+            "faults": {}, "emulator_faults": [], "kill": None,
+            "restart_delay_s": round(rng.uniform(0, 0.3), 3),
+        })
+    return {
+        "seed": seed,
+        "transport": "emulator" if use_emulator else "local",
+        "entity": entity,
+        "clock": {"base": BASE_TIME, "speed": speed},
+        "retry": retry,
+        "slow_ack_delay": rng.choice([0.05, 0.3, 1e9]) * (1 if speed == 1 else speed / 5),
+        "chunk": chunk,
+        "producers": producers,
+        "external_kill": external_kill,
+        "permanent_policy": rng.choice(["abandon", "redrive"]),
+        "redrive_in_doubt": rng.random() < 0.6,
+    }
+
+
+def summary(schedule: dict[str, Any]) -> str:
+    """One line saying what a schedule exercises."""
+    e = schedule["entity"]
+    traits = [schedule["transport"], e["kind"], f"window={e['window_s']}s"]
+    if e.get("id_cache_size"):
+        traits.append("artemis-cache")
+    if e["partitioned"]:
+        traits.append("partitioned" + ("+pk" if e["explicit_pk"] else ""))
+    if e["sessions"]:
+        traits.append("sessions")
+    traits.append(f"speed={schedule['clock']['speed']}")
+    producers = schedule["producers"]
+    kills = sum(1 for p in producers for i in p["incarnations"] if i["kill"])
+    faults = sum(len(i["faults"]) for p in producers for i in p["incarnations"])
+    emu = sum(
+        sum(1 for a in i["emulator_faults"] if a != "none")
+        for p in producers for i in p["incarnations"]
+    )
+    traits.append(f"producers={len(producers)}")
+    traits.append(f"ids={len({n for p in producers for n in p['ids']})}")
+    traits.append(f"self-kills={kills}")
+    if schedule["external_kill"]:
+        traits.append("external-kill")
+    traits.append(f"faults<={faults}")
+    if emu:
+        traits.append(f"emulator-faults={emu}")
+    traits.append(f"permanent={schedule['permanent_policy']}")
+    if schedule["redrive_in_doubt"]:
+        traits.append("redrive-in-doubt")
+    return " ".join(traits)
+
+
+def dumps(schedule: dict[str, Any]) -> str:
+    return json.dumps(schedule, indent=1, sort_keys=True)
