@@ -496,3 +496,31 @@ def test_content_id_body_type_names_body(body: Any) -> None:
         content_message_id(body)
     assert ei.value.field == "body"
     assert "body" in str(ei.value)
+
+
+# ---------------------------------------------------------------- edges found later
+
+
+@pytest.mark.xfail(strict=True, reason="BUG B10: datetimes near min/max raise OverflowError")
+@pytest.mark.parametrize(
+    "value",
+    [
+        datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=2))),
+        datetime(9999, 12, 31, 23, 59, tzinfo=timezone(timedelta(hours=-2))),
+    ],
+    ids=["min-plus-2h", "max-minus-2h"],
+)
+def test_datetime_out_of_utc_range_raises_message_id_error(value: datetime) -> None:
+    with pytest.raises(MessageIdError) as ei:
+        MessageIdTemplate("{at}").build({"at": value})
+    assert ei.value.field == "at"
+
+
+@pytest.mark.xfail(strict=True, reason="BUG B11: lone surrogates pass into ids / crash hashing")
+@pytest.mark.parametrize("overflow", ["error", "hash"])
+def test_unencodable_text_raises_message_id_error(overflow: Any) -> None:
+    t = MessageIdTemplate("{a}/x", overflow=overflow)
+    for value in ("\ud800", "ok\udcff" * 100):
+        with pytest.raises(MessageIdError) as ei:
+            t.build({"a": value})
+        assert ei.value.field == "a"
