@@ -395,3 +395,53 @@ def test_sender_refuses_entity_without_dedup_and_sends_nothing(broker: Any) -> N
     assert ei.value.field == "duplicate_detection"
     broker.create_entity(basic, exist_ok=True)
     assert _count(broker, basic.name) == 0
+
+
+@pytest.mark.parametrize("as_generator", [False, True], ids=["list", "generator"])
+@pytest.mark.parametrize("position", ["first", "last"])
+def test_bad_message_after_many_batches_sends_nothing(
+    broker: Any, as_generator: bool, position: str
+) -> None:
+    """Batches are planned for the whole call first: a bad message at the end of a long,
+    multi-transfer call (or a lazy iterable) still stops everything before it."""
+    from sendonce import IdempotentSender
+
+    goods = [good(i, body=b"y" * 300) for i in range(60)]  # ~3 per 1 KiB transfer: ~20 transfers
+    bad = Message(b"x" * 2000, message_id="bad-1")
+    batch = [bad, *goods] if position == "first" else [*goods, bad]
+    with IdempotentSender(broker, SMALL, max_batch_messages=3) as sender:
+        with pytest.raises(MessageSizeError) as ei:
+            sender.send_many(iter(batch) if as_generator else batch)
+        assert "bad-1" in str(ei.value)
+        assert _count(broker, SMALL.name) == 0
+        report = sender.send_many(goods)
+        assert (report.sent, report.failed) == (60, 0)
+    assert _count(broker, SMALL.name) == 60
+
+
+@pytest.mark.parametrize(
+    "at",
+    [datetime(2030, 1, 1), "2030-01-01T00:00:00Z", None],
+    ids=["naive", "str", "none"],
+)
+def test_schedule_with_bad_time_sends_nothing(broker: Any, at: Any) -> None:
+    from sendonce import IdempotentSender
+
+    with IdempotentSender(broker, SMALL) as sender:
+        with pytest.raises(ValidationError) as ei:
+            sender.schedule(good(0), at)
+        assert ei.value.field == "at"
+    assert _count(broker, SMALL.name) == 0
+    assert broker.peek(SMALL.name, max_messages=10) == []
+
+
+def test_schedule_of_an_entity_breaking_message_sends_nothing(broker: Any) -> None:
+    from datetime import UTC
+
+    from sendonce import IdempotentSender
+
+    with IdempotentSender(broker, SESSIONS) as sender:
+        with pytest.raises(KeyRuleError) as ei:
+            sender.schedule(Message(b"x", message_id="bad-1"), datetime(2030, 1, 1, tzinfo=UTC))
+        assert ei.value.field == "session_id"
+    assert broker.peek(SESSIONS.name, max_messages=10) == []
