@@ -1,0 +1,49 @@
+"""samples/servicebus_publish.py runs as documented."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SAMPLE = Path(__file__).resolve().parents[3] / "samples" / "servicebus_publish.py"
+
+
+def _run(env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SERVICEBUS_")}
+    return subprocess.run(
+        [sys.executable, str(SAMPLE)],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_without_the_variables_it_explains_how_to_run_and_exits_0() -> None:
+    done = _run({})
+    assert done.returncode == 0, done.stderr
+    assert "SERVICEBUS_CONNECTION_STRING" in done.stdout
+    assert "SERVICEBUS_QUEUE" in done.stdout
+    assert "docs/servicebus.md" in done.stdout
+
+
+@pytest.mark.slow
+def test_an_unreachable_namespace_fails_cleanly_without_printing_the_key() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    secret = "VGhpc0lzQVNlY3JldEtleVRoYXRNdXN0TmV2ZXJMZWFr="
+    conn_str = (
+        f"Endpoint=sb://127.0.0.1:{port};SharedAccessKeyName=RootManageSharedAccessKey;"
+        f"SharedAccessKey={secret};UseDevelopmentEmulator=true"
+    )
+    done = _run({"SERVICEBUS_CONNECTION_STRING": conn_str, "SERVICEBUS_QUEUE": "orders"})
+    assert done.returncode == 1
+    assert "InDoubtError" in done.stderr or "SendError" in done.stderr
+    assert secret not in done.stdout + done.stderr
