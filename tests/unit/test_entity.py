@@ -42,7 +42,7 @@ def test_defaults_follow_service_bus() -> None:
 
 def test_options_are_keyword_only() -> None:
     with pytest.raises(TypeError):
-        EntityProfile("orders", "topic")  # type: ignore[misc]
+        EntityProfile("orders", "topic")  # type: ignore[call-arg]
 
 
 @pytest.mark.parametrize(

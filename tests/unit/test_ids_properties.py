@@ -50,7 +50,7 @@ class Shape:
         return out
 
 
-literal_chars = st.characters(codec="utf-8", exclude_categories=("Cs",))
+literal_chars = st.characters(codec="utf-8", exclude_categories=["Cs"])
 
 
 @st.composite

@@ -62,7 +62,7 @@ def test_minimal_message_defaults() -> None:
 
 def test_options_are_keyword_only() -> None:
     with pytest.raises(TypeError):
-        Message(b"x", "m-1")  # type: ignore[misc]
+        Message(b"x", "m-1")  # type: ignore[call-arg]
     with pytest.raises(TypeError):
         Message(b"x")  # type: ignore[call-arg]
 
@@ -110,7 +110,7 @@ def test_pickle_round_trip_keeps_every_field() -> None:
         assert getattr(copy, f.name) == getattr(m, f.name), f.name
     assert copy.size == m.size
     with pytest.raises(TypeError):
-        copy.application_properties["n"] = 3  # type: ignore[index]
+        copy.application_properties["n"] = 3
 
 
 def test_equality_and_hash() -> None:
@@ -159,8 +159,9 @@ def test_empty_id_is_refused_because_the_client_would_randomise_it() -> None:
 
 @pytest.mark.parametrize("key", ["partition_key", "session_id"])
 def test_empty_keys_are_refused(key: str) -> None:
+    kwargs: dict[str, Any] = {key: ""}
     with pytest.raises(KeyRuleError) as ei:
-        Message(b"x", message_id="m", **{key: ""})
+        Message(b"x", message_id="m", **kwargs)
     assert ei.value.field == key
 
 
@@ -347,7 +348,8 @@ def test_spec_template_errors_name_the_option(option: str) -> None:
 
 @pytest.mark.parametrize("key", ["partition_key", "session_id"])
 def test_spec_key_overflow_names_the_key(key: str) -> None:
-    spec = MessageSpec("{a}", **{key: "{b}"})
+    kwargs: dict[str, Any] = {key: "{b}"}
+    spec = MessageSpec("{a}", **kwargs)
     with pytest.raises(KeyRuleError) as ei:
         spec.to_message({"a": "1", "b": "x" * 200})
     assert ei.value.field == key
@@ -431,7 +433,7 @@ def test_spec_with_lambda_ships_through_cloudpickle() -> None:
 
     suffix = "!"
     spec = MessageSpec("{id}", body=lambda r: f"{r['id']}{suffix}")
-    copy = cloudpickle.loads(cloudpickle.dumps(spec))
+    copy = cloudpickle.loads(cloudpickle.dumps(spec))  # type: ignore[no-untyped-call]
     assert copy.to_message({"id": 1}).body == "1!"
 
 
