@@ -22,7 +22,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -735,9 +735,22 @@ class _Handler(Handler):
         return (200, None)
 
     def _renew(self, body: dict[str, Any]) -> list[Any]:
-        until = datetime.now(UTC) + self.emulator.lock_duration
-        stamp = _codec._ms(until)
-        return [stamp for _ in body.get("lock-tokens") or []]
+        expirations = []
+        for token in body.get("lock-tokens") or []:
+            locked = self.tokens.get(_as_uuid(token))
+            if locked is None:
+                raise _MgmtError(410, LOCK_LOST, "the lock on the message is lost")
+            try:
+                until = self.store.renew_lock(
+                    locked.entity,
+                    locked.lock_token,
+                    subscription=locked.subscription,
+                    lock_duration=self.emulator.lock_duration,
+                )
+            except Exception as exc:
+                raise _MgmtError(410, LOCK_LOST, _describe(exc)) from exc
+            expirations.append(_codec._ms(until))
+        return expirations
 
     def _peek(self, node: _Node, body: dict[str, Any]) -> tuple[tuple[int, str | None], Any]:
         count = int(body.get("message-count") or 1)

@@ -213,3 +213,17 @@ def test_local_and_emulator_messages_interoperate(emulator: Emulator, store: Loc
         assert [(m.message_id, body(m), m.subject) for m in got] == [("i-1", b"from local", "s")]
     (received,) = store.receive("orders")
     assert (received.message_id, received.body) == ("i-2", b"from client")
+
+
+def test_renew_lock_and_dead_letter(emulator: Emulator, store: LocalBackend) -> None:
+    with client(emulator) as sb:
+        with sb.get_queue_sender("orders") as sender:
+            sender.send_messages(ServiceBusMessage(b"r", message_id="rl-1"), timeout=10)
+        with sb.get_queue_receiver("orders") as receiver:
+            (message,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
+            before = message.locked_until_utc
+            renewed = receiver.renew_message_lock(message, timeout=10)
+            assert renewed >= before
+            receiver.dead_letter_message(message, reason="test")
+    # dead-lettering is not emulated: the message leaves the queue
+    assert store.message_ids("orders") == []

@@ -1,0 +1,143 @@
+"""Benchmark: IdempotentSender over AzureServiceBusBackend vs raw ServiceBusSender calls.
+
+Both run in one process against one emulator (started as ``sendonce emulator``
+in a subprocess, so the broker does not share the client's GIL), with the same
+messages, in alternating rounds with fresh ids. Prints messages per second for
+single sends and batches, and the ratio sendonce / raw (target: <= 1.05).
+
+    python bench/bench_emulator.py [--singles 300] [--batched 3000] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from azure.servicebus import ServiceBusClient, ServiceBusMessage
+
+from sendonce import EntityProfile, IdempotentSender, Message, RetryPolicy
+from sendonce.backends import AzureServiceBusBackend
+from sendonce.backends.local import LocalBackend
+
+PROFILE = EntityProfile("orders")
+
+
+def start_emulator(db: Path) -> tuple[subprocess.Popen[str], str]:
+    code = "from sendonce.cli import main; main()"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "emulator", "--db", str(db), "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    proc.stdout.readline()
+    return proc, proc.stdout.readline().strip()
+
+
+def bodies(n: int, prefix: str) -> list[tuple[str, bytes]]:
+    return [(f"{prefix}-{i}", b'{"order": %d, "amount": "12.50"}' % i) for i in range(n)]
+
+
+def raw_singles(sender: object, items: list[tuple[str, bytes]]) -> None:
+    for message_id, body in items:
+        sender.send_messages(ServiceBusMessage(body, message_id=message_id), timeout=30)  # type: ignore[attr-defined]
+
+
+def raw_batches(sender: object, items: list[tuple[str, bytes]]) -> None:
+    batch = sender.create_message_batch()  # type: ignore[attr-defined]
+    for message_id, body in items:
+        message = ServiceBusMessage(body, message_id=message_id)
+        try:
+            batch.add_message(message)
+        except Exception:  # full: send it and start the next one
+            sender.send_messages(batch, timeout=30)  # type: ignore[attr-defined]
+            batch = sender.create_message_batch()  # type: ignore[attr-defined]
+            batch.add_message(message)
+    if len(batch):
+        sender.send_messages(batch, timeout=30)  # type: ignore[attr-defined]
+
+
+def sendonce_singles(sender: IdempotentSender, items: list[tuple[str, bytes]]) -> None:
+    for message_id, body in items:
+        sender.send(Message(body, message_id=message_id))
+
+
+def sendonce_batches(sender: IdempotentSender, items: list[tuple[str, bytes]]) -> None:
+    sender.send_many([Message(body, message_id=message_id) for message_id, body in items])
+
+
+def timed(fn: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--singles", type=int, default=300)
+    parser.add_argument("--batched", type=int, default=3000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "bench.db"
+        with LocalBackend(db) as store:
+            store.create_entity(PROFILE)
+        proc, conn_str = start_emulator(db)
+        try:
+            client = ServiceBusClient.from_connection_string(conn_str, retry_total=0)
+            raw = client.get_queue_sender("orders")
+            raw.__enter__()
+            backend = AzureServiceBusBackend.from_connection_string(
+                conn_str, profiles={"orders": PROFILE}
+            )
+            sender = IdempotentSender(backend, "orders", retry=RetryPolicy(attempt_timeout=30.0))
+            # warm both links (connection setup is not what is measured)
+            raw_singles(raw, bodies(5, "warm-raw"))
+            sendonce_singles(sender, bodies(5, "warm-so"))
+
+            results: dict[str, list[float]] = {k: [] for k in ("rs", "ss", "rb", "sb")}
+            for r in range(args.rounds):
+                # alternate which side goes first, so drift hits both equally
+                pairs = [
+                    ("rs", lambda r=r: raw_singles(raw, bodies(args.singles, f"rs{r}"))),
+                    ("ss", lambda r=r: sendonce_singles(sender, bodies(args.singles, f"ss{r}"))),
+                    ("rb", lambda r=r: raw_batches(raw, bodies(args.batched, f"rb{r}"))),
+                    ("sb", lambda r=r: sendonce_batches(sender, bodies(args.batched, f"sb{r}"))),
+                ]
+                if r % 2:
+                    pairs = [pairs[1], pairs[0], pairs[3], pairs[2]]
+                for key, fn in pairs:
+                    results[key].append(timed(fn))
+            sender.close()
+            backend.close()
+            raw.close()
+            client.close()
+        finally:
+            proc.terminate()
+            proc.wait(timeout=20)
+        with LocalBackend(db) as store:
+            stored = len(store.message_ids("orders"))
+
+    expected = 10 + args.rounds * 2 * (args.singles + args.batched)
+    med = {k: statistics.median(v) for k, v in results.items()}
+    print(f"emulator benchmark: {args.rounds} rounds, median of each")
+    print(f"  stored messages: {stored} (expected {expected})")
+    print(
+        f"  single sends  raw {args.singles / med['rs']:8.0f} msg/s   "
+        f"sendonce {args.singles / med['ss']:8.0f} msg/s   ratio {med['ss'] / med['rs']:.3f}"
+    )
+    print(
+        f"  batches       raw {args.batched / med['rb']:8.0f} msg/s   "
+        f"sendonce {args.batched / med['sb']:8.0f} msg/s   ratio {med['sb'] / med['rb']:.3f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
