@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from spark_helpers import expected, ids_on, orders
 
 from sendonce import EntityProfile, MessageIdError, MessageSpec
 from sendonce.backends.local import LocalBackend
@@ -21,28 +22,6 @@ pytestmark = pytest.mark.spark
 
 ENTITY = EntityProfile("orders")
 SPEC = MessageSpec("order-{order_id}", body=None)
-
-
-def orders(spark: Any, n: int = 300, partitions: int = 3) -> Any:
-    """n orders over a few partitions, with a timestamp and a decimal column."""
-    return spark.range(n, numPartitions=partitions).selectExpr(
-        "id as order_id",
-        "concat('customer-', cast(id % 7 as string)) as customer",
-        "cast(id * 1.25 as decimal(10,2)) as amount",
-        "timestamp'2024-03-10 12:00:00' + make_interval(0, 0, 0, 0, 0, id, 0) as placed_at",
-    )
-
-
-def ids_on(path: Path, entity: str = "orders") -> list[str]:
-    backend = LocalBackend(str(path))
-    try:
-        return backend.message_ids(entity)
-    finally:
-        backend.close()
-
-
-def expected(n: int) -> list[str]:
-    return sorted(f"order-{i}" for i in range(n))
 
 
 def test_each_first_attempt_fails_after_publishing_and_each_row_lands_once(
