@@ -3,8 +3,8 @@
 For every business id, from the producers' journals:
 
 - confirmed (some send of it returned ``sent`` or ``duplicate``): present exactly once;
-- in doubt and never confirmed (``InDoubtError``, or in flight at a SIGKILL and
-  too old to resend safely): present at most once;
+- in doubt and never confirmed (``InDoubtError``, or in a call in flight at a
+  SIGKILL that was not confirmed later): present at most once;
 - only ever failed with ``PermanentSendError`` ("nothing was stored"): absent;
 - never sent by anyone: absent.
 
@@ -12,10 +12,11 @@ Every stored copy carries the one body of its id. A topic's subscriptions each
 hold exactly the topic's accepted messages.
 
 Producers with overlapping ids are independent senders: the broker deduplicates
-their copies only inside its window. Two copies of one id are therefore excused
-(and counted as ``window_expired_duplicates``) only when the broker enqueued them
-a full window apart while two different producers were sending it: nothing the
-SDK promises covers that case. Copies from one producer never are.
+their copies only inside its window. Several copies of one id are therefore
+excused (and counted as ``window_expired_duplicates``) only when the broker
+enqueued each a full window after the previous one, each while a different
+producer was sending the id: nothing the SDK promises covers that case. Copies
+from one producer never are.
 
 Each send call's report must account for every message of the call exactly
 once, and ``duplicate`` must never be reported for the first send of an id only
@@ -24,6 +25,7 @@ one producer sends (no earlier copy can exist).
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,11 +96,10 @@ def check(
                             "producer sends it: no earlier copy could exist"
                         )
         # an attempt never settled by a done, a resume or an expiry stays in doubt
-        resumed = {e.get("resumes") for e in events}
         done_at = {e["call"]: e["t"] for e in events if e["ev"] == "done"}
         for call, e in attempts.items():
-            if call not in done_calls and call not in resumed:
-                doubt.update(e["ids"])
+            if call not in done_calls:
+                doubt.update(e["ids"])  # in flight at a SIGKILL: it may have stored them
             end = done_at.get(call, ends.get((p, int(call.split(".")[0])), float("inf")))
             for n in e["ids"]:
                 spans[n].append((p, e["t"], end))
@@ -126,7 +127,7 @@ def check(
         if count > 1:
             times = sorted(enqueued[n])
             gap = times[-1] - times[0]
-            if count == 2 and window is not None and gap >= window and _apart(spans[n], times):
+            if window is not None and _apart(spans[n], times, window):
                 excused += 1
                 continue
             bad.append(
@@ -169,12 +170,24 @@ def check(
     return verdict
 
 
-def _apart(spans: list[tuple[int, float, float]], times: list[float]) -> bool:
-    """Whether two different producers were sending when the two copies were enqueued."""
+def _apart(spans: list[tuple[int, float, float]], times: list[float], window: float) -> bool:
+    """Whether the copies are each a window after the last, from distinct producers' sends.
+
+    The broker accepts a copy only once the previous accepted one is a window
+    old; each copy must be explained by a different producer that was sending
+    the id at that moment (one producer's copies are never excused).
+    """
+    if any(b - a < window for a, b in zip(times, times[1:], strict=False)):
+        return False
     slack = 0.001  # enqueue times are stored to the microsecond
-    first = {p for p, start, end in spans if start - slack <= times[0] <= end + slack}
-    second = {p for p, start, end in spans if start - slack <= times[1] <= end + slack}
-    return any(a != b for a in first for b in second)
+    senders = [
+        {p for p, start, end in spans if start - slack <= t <= end + slack} for t in times
+    ]
+    producers = sorted({p for p, _, _ in spans})
+    return any(
+        all(p in senders[i] for i, p in enumerate(choice))
+        for choice in itertools.permutations(producers, len(times))
+    )
 
 
 def _check_accounting(

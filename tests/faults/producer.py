@@ -40,7 +40,9 @@ from sendonce import (
     Message,
     PermanentSendError,
     RetryPolicy,
+    SendFailure,
     SendReport,
+    SendResult,
 )
 from sendonce.backends._base import Ack
 from sendonce.testing import Fault, FaultyBackend
@@ -48,6 +50,8 @@ from sendonce.testing import Fault, FaultyBackend
 # Give a resumed call a little more margin than the policy's own, for the
 # moment between computing its deadline and the retry loop reading the clock.
 RESUME_SLACK = 0.5
+# Where scheduled messages are scheduled (schedule time): far beyond any run.
+SCHEDULED_AT = 1_900_000_000.0 + 30 * 86400
 
 
 # -- the message model (shared with the checker) ---------------------------------------
@@ -175,7 +179,10 @@ class KillSwitch:
     def schedule(
         self, entity: str, messages: Sequence[Message], at: datetime, *, timeout: float
     ) -> list[Ack]:
+        self._maybe_kill("before")
         acks: list[Ack] = self.inner.schedule(entity, messages, at, timeout=timeout)
+        self._maybe_kill("after_commit")
+        self.calls += 1
         return acks
 
     def describe(self, entity: str) -> EntityProfile:
@@ -317,27 +324,74 @@ class Producer:
         self, backend: Any, numbers: list[int], *, kind: str, chunk: int | None,
         origin: float | None, resumes: str | None = None,
     ) -> None:
-        """Send ``numbers`` as one journaled call; ``origin`` is the first attempt of a resend."""
+        """Send ``numbers`` as journaled calls; ``origin`` is the first attempt of a resend.
+
+        A resend must finish before ``origin + window - margin``. The sender
+        measures its deadline from each transfer's own first attempt, and a call
+        may take several transfers (one per partition key or session), so a
+        resend goes one transfer group at a time, each with the margin widened
+        by the age of ``origin`` at that moment.
+        """
+        if origin is None:
+            self._attempt(backend, numbers, kind=kind, chunk=chunk, origin=None, extra=0.0,
+                          resumes=resumes)
+            return
+        groups: dict[tuple[str | None, str | None], list[int]] = {}
+        for n in numbers:
+            m = message(n, self.entity)
+            key = (m.partition_key, m.session_id) if not self.profile.partitioned else (
+                m.message_id, None)
+            groups.setdefault(key, []).append(n)
+        for group in groups.values():
+            now = self.time.now()
+            extra = 0.0
+            if self.window is not None:
+                age = now - origin
+                extra = age + RESUME_SLACK
+                if self.margin + extra + 0.1 >= self.window:
+                    self.journal.write({"ev": "expired", "ids": group, "t": now,
+                                        "origin": origin, "kind": kind, "chunk": chunk,
+                                        "resumes": resumes})
+                    self.log(f"refusing to resend {len(group)} ids first tried {age:.1f}s ago")
+                    continue
+            self._attempt(backend, group, kind=kind, chunk=chunk, origin=origin, extra=extra,
+                          resumes=resumes)
+
+    def _attempt(
+        self, backend: Any, numbers: list[int], *, kind: str, chunk: int | None,
+        origin: float | None, extra: float, resumes: str | None,
+    ) -> None:
         now = self.time.now()
-        extra = 0.0
-        if origin is not None and self.window is not None:
-            age = now - origin
-            extra = age + RESUME_SLACK
-            if self.margin + extra + 0.1 >= self.window:
-                self.journal.write({"ev": "expired", "ids": numbers, "t": now, "origin": origin,
-                                    "kind": kind, "chunk": chunk, "resumes": resumes})
-                self.log(f"refusing to resend {len(numbers)} ids first tried {age:.1f}s ago")
-                return
         call_id = f"{self.incarnation}.{self.seq}"
         self.seq += 1
-        first = now if origin is None else origin
         self.journal.write({"ev": "attempt", "call": call_id, "ids": numbers, "t": now,
-                            "origin": first, "kind": kind, "chunk": chunk,
-                            "resumes": resumes})
+                            "origin": now if origin is None else origin, "kind": kind,
+                            "chunk": chunk, "resumes": resumes})
         messages = [message(n, self.entity) for n in numbers]
+        every = self.schedule.get("scheduled_every", 0)
+        later = [m for m in messages if every and id_number(m.message_id) % every == 0]
+        now_ = [m for m in messages if not (every and id_number(m.message_id) % every == 0)]
+        report = SendReport()
         with IdempotentSender(backend, self.profile, retry=self.policy(extra)) as sender:
-            report = sender.send_many(messages)
+            if self.schedule.get("api", "send_many") == "send_many":
+                if now_:
+                    part = sender.send_many(now_)
+                    report.results.extend(part.results)
+                    report.failures.extend(part.failures)
+            else:
+                for m in now_:
+                    self._one(report, m, lambda m=m: sender.send(m))
+            for m in later:
+                at = datetime.fromtimestamp(SCHEDULED_AT, UTC)
+                self._one(report, m, lambda m=m, at=at: sender.schedule(m, at))
         self.journal.write(self.done_event(call_id, report))
+
+    @staticmethod
+    def _one(report: SendReport, m: Message, call: Callable[[], SendResult]) -> None:
+        try:
+            report.results.append(call())
+        except (InDoubtError, PermanentSendError) as exc:
+            report.failures.append(SendFailure(m.message_id, m.partition_key, exc))
 
     def done_event(self, call_id: str, report: SendReport) -> dict[str, Any]:
         sent = [id_number(r.message_id) for r in report.results if r.outcome != "duplicate"]
@@ -356,15 +410,28 @@ class Producer:
 
     # -- the run ------------------------------------------------------------------------------
 
-    def in_flight(self) -> list[dict[str, Any]]:
-        """Attempts of earlier incarnations that never got their ``done``."""
-        settled = {e["call"] for e in self.journal.events if e["ev"] == "done"}
-        settled |= {e["resumes"] for e in self.journal.events if e.get("resumes")}
-        return [
-            e for e in self.journal.events
-            if e["ev"] == "attempt" and e["call"] not in settled
-            and not e["call"].startswith(f"{self.incarnation}.")
-        ]
+    def in_flight(self) -> list[tuple[dict[str, Any], list[int]]]:
+        """Attempts of earlier incarnations never settled, with the ids still unsettled.
+
+        An attempt is settled by its ``done``; a resend of it (attempts and
+        expiries that name it in ``resumes``) settles the ids it covers.
+        """
+        events = self.journal.events
+        done = {e["call"] for e in events if e["ev"] == "done"}
+        covered: dict[str, set[int]] = {}
+        for e in events:
+            if e.get("resumes"):
+                covered.setdefault(e["resumes"], set()).update(e["ids"])
+        out = []
+        for e in events:
+            if e["ev"] != "attempt" or e["call"] in done:
+                continue
+            if e["call"].startswith(f"{self.incarnation}."):
+                continue
+            left = [n for n in e["ids"] if n not in covered.get(e["call"], set())]
+            if left:
+                out.append((e, left))
+        return out
 
     def unresolved(self) -> tuple[dict[int, float], list[int]]:
         """Ids whose last outcome is in doubt (with their origin), and ids failed permanently."""
@@ -394,9 +461,9 @@ class Producer:
         backend, close = self.open_backend()
         try:
             # 1. whatever an earlier incarnation left in flight
-            for attempt in self.in_flight():
-                self.log(f"resuming call {attempt['call']} ({len(attempt['ids'])} ids)")
-                self.send_call(backend, attempt["ids"], kind="resume", chunk=attempt["chunk"],
+            for attempt, left in self.in_flight():
+                self.log(f"resuming call {attempt['call']} ({len(left)} ids)")
+                self.send_call(backend, left, kind="resume", chunk=attempt["chunk"],
                                origin=attempt["origin"], resumes=attempt["call"])
             # 2. the chunks not attempted yet
             started = {e["chunk"] for e in self.journal.events

@@ -1,0 +1,132 @@
+"""The checker itself: it must fail on every kind of broken outcome, and only on those."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from .checker import check
+from .producer import body, message_id
+
+W = 20.0
+
+
+def schedule(*id_lists: list[int], window: float = W) -> dict[str, Any]:
+    return {
+        "entity": {"window_s": window},
+        "producers": [{"ids": ids, "incarnations": []} for ids in id_lists],
+    }
+
+
+def attempt(call: str, ids: list[int], t: float = 0.0, **extra: Any) -> dict[str, Any]:
+    return {"ev": "attempt", "call": call, "ids": ids, "t": t, "origin": t, **extra}
+
+
+def done(call: str, t: float = 1.0, *, sent: list[int] = (), duplicate: list[int] = (),  # type: ignore[assignment]
+         in_doubt: list[int] = (), permanent: list[int] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+    return {"ev": "done", "call": call, "t": t, "sent": list(sent), "duplicate": list(duplicate),
+            "in_doubt": list(in_doubt), "permanent": list(permanent), "other": []}
+
+
+def copies(*ns: int, at: float = 0.5) -> list[tuple[str, bytes, float]]:
+    return [(message_id(n), body(n).encode(), at) for n in ns]
+
+
+def kinds(verdict: Any) -> list[str]:
+    return [v.split(":")[0] for v in verdict.violations]
+
+
+def test_clean_run_passes() -> None:
+    journal = [attempt("0.0", [1, 2, 3]), done("0.0", sent=[1, 2, 3])]
+    verdict = check(schedule([1, 2, 3]), {0: journal}, copies(1, 2, 3))
+    assert verdict.ok, verdict.violations
+    assert verdict.stats["confirmed"] == 3
+
+
+def test_duplicate_is_a_violation() -> None:
+    journal = [attempt("0.0", [1, 2]), done("0.0", sent=[1, 2])]
+    verdict = check(schedule([1, 2]), {0: journal}, copies(1, 2, 2))
+    assert kinds(verdict) == ["duplicate"]
+
+
+def test_confirmed_but_missing_is_a_violation() -> None:
+    journal = [attempt("0.0", [1, 2]), done("0.0", sent=[1, 2])]
+    verdict = check(schedule([1, 2]), {0: journal}, copies(1))
+    assert kinds(verdict) == ["missing"]
+
+
+def test_in_doubt_may_be_present_once_or_absent_but_never_twice() -> None:
+    journal = [attempt("0.0", [1, 2, 3]), done("0.0", sent=[1], in_doubt=[2, 3])]
+    assert check(schedule([1, 2, 3]), {0: journal}, copies(1, 2)).ok
+    assert kinds(check(schedule([1, 2, 3]), {0: journal}, copies(1, 2, 2))) == ["duplicate"]
+
+
+def test_permanent_failure_must_leave_nothing_stored() -> None:
+    journal = [attempt("0.0", [1, 2]), done("0.0", sent=[1], permanent=[2])]
+    assert check(schedule([1, 2]), {0: journal}, copies(1)).ok
+    assert kinds(check(schedule([1, 2]), {0: journal}, copies(1, 2))) == ["permanent-but-stored"]
+
+
+def test_killed_in_flight_and_expired_counts_as_in_doubt() -> None:
+    journal = [
+        attempt("0.0", [1, 2]),
+        {"ev": "expired", "ids": [1, 2], "t": 30.0, "origin": 0.0, "resumes": "0.0"},
+    ]
+    assert check(schedule([1, 2]), {0: journal}, copies(1)).ok
+    assert kinds(check(schedule([1, 2]), {0: journal}, copies(1, 1))) == ["duplicate"]
+
+
+def test_phantoms_and_foreign_bodies_are_violations() -> None:
+    journal = [attempt("0.0", [1]), done("0.0", sent=[1])]
+    stored = copies(1) + [("order-9", body(9).encode(), 0.5), ("other", b"x", 0.5)]
+    assert sorted(kinds(check(schedule([1]), {0: journal}, stored))) == ["phantom", "phantom"]
+    wrong = [(message_id(1), b"not the order", 0.5)]
+    assert kinds(check(schedule([1]), {0: journal}, wrong)) == ["body"]
+
+
+def test_unsent_ids_are_violations() -> None:
+    journal = [attempt("0.0", [1]), done("0.0", sent=[1])]
+    assert kinds(check(schedule([1, 2]), {0: journal}, copies(1))) == ["unsent"]
+
+
+def test_report_must_account_for_each_message_once() -> None:
+    journal = [attempt("0.0", [1, 2]), done("0.0", sent=[1])]
+    assert "report" in kinds(check(schedule([1, 2]), {0: journal}, copies(1)))
+
+
+def test_duplicate_outcome_on_a_first_send_breaks_the_sdk_contract() -> None:
+    journal = [attempt("0.0", [1]), done("0.0", duplicate=[1])]
+    assert kinds(check(schedule([1]), {0: journal}, copies(1))) == ["sdk-contract"]
+
+
+@pytest.mark.parametrize(
+    ("gap", "second_producer", "ok"),
+    [
+        (W + 1, 1, True),  # two producers, copies a full window apart: the broker forgot
+        (W - 1, 1, False),  # inside the window: the broker should have deduplicated
+        (W + 1, 0, False),  # one producer's copies are never excused
+    ],
+)
+def test_copies_a_window_apart_are_excused_only_across_producers(
+    gap: float, second_producer: int, ok: bool
+) -> None:
+    first = [attempt("0.0", [1], t=0.0), done("0.0", t=1.0, sent=[1])]
+    second = [attempt("0.1", [1], t=gap - 0.5), done("0.1", t=gap + 0.5, sent=[1])]
+    journals = {0: first, 1: [attempt("0.0", [1], t=100.0), done("0.0", t=101.0, sent=[1])]}
+    if second_producer == 1:
+        journals[1] = [attempt("0.0", [1], t=gap - 0.5), done("0.0", t=gap + 0.5, sent=[1])]
+    else:
+        journals[0] = first + second
+    stored = copies(1, at=0.5) + copies(1, at=gap)
+    verdict = check(schedule([1], [1]), journals, stored)
+    assert verdict.ok is ok, verdict.violations
+    if ok:
+        assert verdict.stats["window_expired_duplicates"] == 1
+
+
+def test_subscriptions_must_match_the_topic() -> None:
+    journal = [attempt("0.0", [1, 2]), done("0.0", sent=[1, 2])]
+    ids = [message_id(1), message_id(2)]
+    subs = {"(topic)": ids, "audit": ids, "billing": ids[:1]}
+    assert kinds(check(schedule([1, 2]), {0: journal}, copies(1, 2), subs)) == ["fan-out"]
