@@ -72,17 +72,18 @@ def sendonce_batches(sender: IdempotentSender, items: list[tuple[str, bytes]]) -
     sender.send_many([Message(body, message_id=message_id) for message_id, body in items])
 
 
-def timed(fn: Callable[[], None]) -> float:
-    start = time.perf_counter()
+def timed(fn: Callable[[], None]) -> tuple[float, float]:
+    """Wall seconds and this process's CPU seconds (the client side only)."""
+    wall, cpu = time.perf_counter(), time.process_time()
     fn()
-    return time.perf_counter() - start
+    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--singles", type=int, default=300)
-    parser.add_argument("--batched", type=int, default=3000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--singles", type=int, default=150, help="single sends per round")
+    parser.add_argument("--batched", type=int, default=2000, help="batched messages per round")
+    parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -102,7 +103,9 @@ def main() -> None:
             raw_singles(raw, bodies(5, "warm-raw"))
             sendonce_singles(sender, bodies(5, "warm-so"))
 
-            results: dict[str, list[float]] = {k: [] for k in ("rs", "ss", "rb", "sb")}
+            results: dict[str, list[tuple[float, float]]] = {
+                k: [] for k in ("rs", "ss", "rb", "sb")
+            }
             for r in range(args.rounds):
                 # alternate which side goes first, so drift hits both equally
                 pairs = [
@@ -126,17 +129,28 @@ def main() -> None:
             stored = len(store.message_ids("orders"))
 
     expected = 10 + args.rounds * 2 * (args.singles + args.batched)
-    med = {k: statistics.median(v) for k, v in results.items()}
-    print(f"emulator benchmark: {args.rounds} rounds, median of each")
+    wall = {k: statistics.median(w for w, _ in v) for k, v in results.items()}
+    cpu = {k: statistics.median(c for _, c in v) for k, v in results.items()}
+    print(f"emulator benchmark: {args.rounds} interleaved rounds, medians; load {load()}")
     print(f"  stored messages: {stored} (expected {expected})")
-    print(
-        f"  single sends  raw {args.singles / med['rs']:8.0f} msg/s   "
-        f"sendonce {args.singles / med['ss']:8.0f} msg/s   ratio {med['ss'] / med['rs']:.3f}"
-    )
-    print(
-        f"  batches       raw {args.batched / med['rb']:8.0f} msg/s   "
-        f"sendonce {args.batched / med['sb']:8.0f} msg/s   ratio {med['sb'] / med['rb']:.3f}"
-    )
+    for label, n, raw_key, so_key in (
+        ("single sends", args.singles, "rs", "ss"),
+        ("batches     ", args.batched, "rb", "sb"),
+    ):
+        print(
+            f"  {label}  raw {n / wall[raw_key]:7.0f} msg/s  sendonce {n / wall[so_key]:7.0f} msg/s"
+            f"  wall ratio {wall[so_key] / wall[raw_key]:.3f}"
+            f"  client-CPU ratio {cpu[so_key] / cpu[raw_key]:.3f}"
+            f"  (client CPU {1e6 * cpu[raw_key] / n:.0f} vs {1e6 * cpu[so_key] / n:.0f} us/msg)"
+        )
+
+
+def load() -> str:
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "unknown"
 
 
 if __name__ == "__main__":

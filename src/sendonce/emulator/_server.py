@@ -106,11 +106,12 @@ class _Node:
     subscription: str | None = None
 
 
-@dataclass
+@dataclass(eq=False)
 class _Locked:
     entity: str
     subscription: str | None
     lock_token: str
+    key: uuid.UUID  # the lock token as the client reads it from the delivery tag
 
 
 @dataclass
@@ -511,7 +512,10 @@ class _Handler(Handler):
             return
         try:
             decoded = [_codec.to_message(raw) for raw in _codec.unbatch(payload)]
-        except (_codec.CodecError, ValidationError, IndexError, ValueError) as exc:
+        except ValidationError as exc:  # e.g. a message id over 128 characters
+            self._settle(dlv, Delivery.REJECTED, _condition(ARGUMENT_ERROR, _describe(exc)))
+            return
+        except (_codec.CodecError, IndexError, ValueError) as exc:
             self._settle(dlv, Delivery.REJECTED, _condition(DECODE_ERROR, _describe(exc)))
             return
         try:
@@ -713,6 +717,7 @@ class _Handler(Handler):
 
     def _update_disposition(self, node: _Node, body: dict[str, Any]) -> tuple[int, str | None]:
         status = str(body.get("disposition-status", ""))
+        settled: set[uuid.UUID] = set()
         for token in body.get("lock-tokens") or []:
             locked = self.tokens.pop(_as_uuid(token), None)
             if locked is None:
@@ -728,8 +733,9 @@ class _Handler(Handler):
                     )
             except Exception as exc:
                 raise _MgmtError(410, LOCK_LOST, _describe(exc)) from exc
+            settled.add(locked.key)
         for dlv, locked in list(self.locked.items()):
-            if locked not in self.tokens.values():
+            if locked.key in settled:
                 self.locked.pop(dlv, None)
                 dlv.settle()
         return (200, None)
@@ -804,9 +810,10 @@ class _Handler(Handler):
                 link.stream(encoded)
                 link.advance()
                 if peek_lock and token:
-                    locked = _Locked(node.entity, node.subscription, str(token))
+                    key = uuid.UUID(bytes_le=tag)
+                    locked = _Locked(node.entity, node.subscription, str(token), key)
                     self.locked[dlv] = locked
-                    self.tokens[uuid.UUID(bytes_le=tag)] = locked
+                    self.tokens[key] = locked
                 else:
                     dlv.settle()
         if link.drain_mode and link.credit > 0:
@@ -842,7 +849,7 @@ class _Handler(Handler):
             if dlv.settled:
                 dlv.settle()
             return
-        self.tokens = {k: v for k, v in self.tokens.items() if v is not locked}
+        self.tokens.pop(locked.key, None)
         try:
             if state in (Delivery.ACCEPTED, Delivery.REJECTED):
                 # Dead-lettering is not emulated: a rejected message is removed.

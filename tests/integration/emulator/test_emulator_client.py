@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceiveMode
@@ -227,3 +229,21 @@ def test_renew_lock_and_dead_letter(emulator: Emulator, store: LocalBackend) -> 
             receiver.dead_letter_message(message, reason="test")
     # dead-lettering is not emulated: the message leaves the queue
     assert store.message_ids("orders") == []
+
+
+def test_waiting_receiver_gets_a_message_stored_later_through_local(
+    emulator: Emulator, broker_path: Path
+) -> None:
+    def produce() -> None:
+        with LocalBackend(broker_path) as producer:
+            producer.send("orders", [Message(b"late", message_id="late-1")], timeout=5)
+
+    with client(emulator) as sb, sb.get_queue_receiver("orders") as receiver:
+        timer = threading.Timer(0.3, produce)
+        timer.start()
+        try:
+            got = receiver.receive_messages(max_message_count=1, max_wait_time=10)
+        finally:
+            timer.join()
+        assert [m.message_id for m in got] == ["late-1"]
+        receiver.complete_message(got[0])
