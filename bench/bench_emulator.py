@@ -68,6 +68,11 @@ def sendonce_singles(sender: IdempotentSender, items: list[tuple[str, bytes]]) -
         sender.send(Message(body, message_id=message_id))
 
 
+def backend_singles(backend: AzureServiceBusBackend, items: list[tuple[str, bytes]]) -> None:
+    for message_id, body in items:
+        backend.send("orders", [Message(body, message_id=message_id)], timeout=30)
+
+
 def sendonce_batches(sender: IdempotentSender, items: list[tuple[str, bytes]]) -> None:
     sender.send_many([Message(body, message_id=message_id) for message_id, body in items])
 
@@ -104,18 +109,19 @@ def main() -> None:
             sendonce_singles(sender, bodies(5, "warm-so"))
 
             results: dict[str, list[tuple[float, float]]] = {
-                k: [] for k in ("rs", "ss", "rb", "sb")
+                k: [] for k in ("rs", "ss", "bs", "rb", "sb")
             }
             for r in range(args.rounds):
                 # alternate which side goes first, so drift hits both equally
                 pairs = [
                     ("rs", lambda r=r: raw_singles(raw, bodies(args.singles, f"rs{r}"))),
                     ("ss", lambda r=r: sendonce_singles(sender, bodies(args.singles, f"ss{r}"))),
+                    ("bs", lambda r=r: backend_singles(backend, bodies(args.singles, f"bs{r}"))),
                     ("rb", lambda r=r: raw_batches(raw, bodies(args.batched, f"rb{r}"))),
                     ("sb", lambda r=r: sendonce_batches(sender, bodies(args.batched, f"sb{r}"))),
                 ]
                 if r % 2:
-                    pairs = [pairs[1], pairs[0], pairs[3], pairs[2]]
+                    pairs = [pairs[2], pairs[1], pairs[0], pairs[4], pairs[3]]
                 for key, fn in pairs:
                     results[key].append(timed(fn))
             sender.close()
@@ -128,7 +134,7 @@ def main() -> None:
         with LocalBackend(db) as store:
             stored = len(store.message_ids("orders"))
 
-    expected = 10 + args.rounds * 2 * (args.singles + args.batched)
+    expected = 10 + args.rounds * (3 * args.singles + 2 * args.batched)
     wall = {k: statistics.median(w for w, _ in v) for k, v in results.items()}
     cpu = {k: statistics.median(c for _, c in v) for k, v in results.items()}
     print(f"emulator benchmark: {args.rounds} interleaved rounds, medians; load {load()}")
@@ -143,6 +149,12 @@ def main() -> None:
             f"  client-CPU ratio {cpu[so_key] / cpu[raw_key]:.3f}"
             f"  (client CPU {1e6 * cpu[raw_key] / n:.0f} vs {1e6 * cpu[so_key] / n:.0f} us/msg)"
         )
+    n = args.singles
+    print(
+        f"  of which AzureServiceBusBackend.send alone: {n / wall['bs']:7.0f} msg/s"
+        f"  wall ratio {wall['bs'] / wall['rs']:.3f}"
+        f"  client-CPU ratio {cpu['bs'] / cpu['rs']:.3f} ({1e6 * cpu['bs'] / n:.0f} us/msg)"
+    )
 
 
 def load() -> str:
