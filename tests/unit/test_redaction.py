@@ -272,9 +272,7 @@ def test_failed_send_over_a_real_socket_never_shows_the_key(
 
 
 @pytest.mark.xfail(strict=True, reason="B12: ids shaped like user:name@host are masked in errors")
-@pytest.mark.parametrize(
-    "message_id", ["tenant:alice@example.com/welcome", "order:12345@shop.eu", "sig=1/x"]
-)
+@pytest.mark.parametrize("message_id", ["tenant:alice@example.com/welcome", "order:12345@shop.eu"])
 def test_errors_still_name_message_ids_that_look_like_credentials(message_id: str) -> None:
     """Error messages must name the message id; only real secrets are masked."""
     exc = sendonce.InDoubtError(f"message {message_id!r} is in doubt", message_id=message_id)
