@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import string
 import subprocess
 import sys
@@ -11,12 +12,14 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+import sendonce._ids as sendonce_ids
 from sendonce import MessageIdError, MessageIdTemplate
 from sendonce._ids import canonical_text
 
@@ -341,6 +344,90 @@ def test_deterministic_across_processes_and_hash_seeds(
     assume(jobs)
     assert _ids_in_subprocess(jobs, "1") == here
     assert _ids_in_subprocess(jobs, "4242") == here
+
+
+_OTHER_PYTHON_CHILD = """
+import importlib.util, pickle, sys
+src = sys.argv[1]
+# Load sendonce._ids without the package __init__ (other interpreters lack the dependencies).
+spec = importlib.util.spec_from_file_location(
+    "sendonce", src + "/sendonce/__init__.py", submodule_search_locations=[src + "/sendonce"]
+)
+sys.modules["sendonce"] = importlib.util.module_from_spec(spec)
+from sendonce._ids import MessageIdTemplate
+jobs = pickle.load(sys.stdin.buffer)
+out = [MessageIdTemplate(t, max_length=m, overflow=o).build(r) for t, m, o, r in jobs]
+pickle.dump(out, sys.stdout.buffer, protocol=4)
+"""
+
+
+def _other_pythons() -> list[str]:
+    """Other CPython 3.11+ interpreters: on PATH, or installed by pyenv."""
+    candidates = [f"python3.{minor}" for minor in range(11, 16)]
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    if pyenv.is_dir():
+        candidates += sorted(str(p) for p in pyenv.glob("3.*/bin/python3"))
+    found: dict[str, str] = {}
+    for name in candidates:
+        exe = shutil.which(name)
+        if exe is None:
+            continue
+        probe = subprocess.run(
+            [exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        version = probe.stdout.strip()
+        if probe.returncode != 0 or not version.startswith("3."):
+            continue
+        if (
+            int(version.split(".")[1]) < 11
+            or version == f"{sys.version_info[0]}.{sys.version_info[1]}"
+        ):
+            continue
+        found.setdefault(version, exe)
+    return sorted(found.values())
+
+
+def test_deterministic_across_python_versions() -> None:
+    """The same records give the same ids under every other Python found on this machine."""
+    pythons = _other_pythons()
+    if not pythons:
+        pytest.skip("no other Python 3.11+ interpreter on PATH")
+    base = datetime(2017, 5, 1, 14, 0, tzinfo=timezone(timedelta(hours=2)))
+    records = [
+        {"a": 12345, "b": "x.y%z/é😀", "c": Decimal("10.50")},
+        {"a": -(10**30), "b": "", "c": Decimal("1E+5")},
+        {"a": uuid.UUID(int=7), "b": date(2017, 5, 1), "c": base},
+        {"a": "q" * 80, "b": "/" * 50, "c": Decimal("-0.000100")},
+    ]
+    jobs: list[tuple[str, int, str, dict[str, Any]]] = [
+        (t, m, o, r)
+        for t in ("{a}.{b}/{c}", "k:{a}|{b}→{c}!")
+        for m, o in ((128, "error"), (48, "hash"))
+        for r in records
+    ]
+    here: list[Any] = []
+    for t, m, o, r in jobs:
+        try:
+            here.append(MessageIdTemplate(t, max_length=m, overflow=o).build(r))  # type: ignore[arg-type]
+        except MessageIdError:
+            here.append(None)
+    kept = [j for j, h in zip(jobs, here, strict=True) if h is not None]
+    expected = [h for h in here if h is not None]
+    assert len(kept) >= 12
+    src = str(Path(sendonce_ids.__file__).resolve().parent.parent)
+    for exe in pythons:
+        proc = subprocess.run(
+            [exe, "-c", _OTHER_PYTHON_CHILD, src],
+            input=pickle.dumps(kept, protocol=4),
+            capture_output=True,
+            timeout=120,
+            env={**os.environ, "PYTHONHASHSEED": "random"},
+        )
+        assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+        assert pickle.loads(proc.stdout) == expected, exe
 
 
 def test_fixed_ids_never_change() -> None:
