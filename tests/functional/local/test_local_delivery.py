@@ -68,6 +68,15 @@ def test_cancel_scheduled_removes_it_but_keeps_the_id(broker, make_entity, clock
     assert broker.send("orders", [msg("a")], timeout=5) == [Ack("duplicate")]
 
 
+def test_cancel_scheduled_on_a_topic_removes_every_copy(broker, make_entity, clock):
+    make_entity("events", kind="topic")
+    broker.create_subscription("events", "a")
+    broker.create_subscription("events", "b")
+    (ack,) = broker.schedule("events", [msg("x")], clock.now + timedelta(minutes=1), timeout=5)
+    broker.cancel_scheduled("events", [ack.sequence_number or 0])
+    assert broker.message_ids("events") == []
+
+
 # -- topics ----------------------------------------------------------------------------
 
 

@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import Any, Literal, NoReturn, TypeVar
 
 from ..._entity import EntityProfile
+from ..._ids import MAX_ID_LENGTH
 from ..._message import Message
 from ...errors import (
     ConfigurationError,
@@ -39,10 +40,14 @@ _US = timedelta(microseconds=1)
 # table stays bounded by the window without a stop-the-world sweep.
 _HOUSEKEEPING_MIN = 256
 _MAX_JSON_BATCH = 50_000
+_SUBSCRIPTIONS = "SELECT name FROM subscriptions WHERE eid = ? ORDER BY name"
 
 
 class LockLostError(SendOnceError):
     """A peek-lock settlement came too late: the lock expired or the message is gone."""
+
+
+_DUPLICATE = Ack("duplicate")
 
 
 class _GroupRejected(Exception):
@@ -350,7 +355,7 @@ class LocalBackend:
         try:
             return self._write(work, timeout=seconds)
         except _GroupRejected:
-            return [Ack("duplicate") for _ in messages]
+            return [_DUPLICATE for _ in messages]
 
     def _store_in(
         self,
@@ -362,75 +367,89 @@ class LocalBackend:
         raws: list[bytes | None],
     ) -> list[Ack]:
         eid, profile, base, id_count = self._entity(conn, entity, sending=True)
-        for message in messages:
-            try:
-                profile.check(message)
-            except ValidationError as exc:
-                raise PermanentSendError(
-                    f"entity {entity!r} refused message {message.message_id!r}: {exc}",
-                    message_id=message.message_id,
-                    partition_key=message.partition_key,
-                    condition="amqp:link:message-size-exceeded"
-                    if exc.field == "body"
-                    else "amqp:invalid-field",
-                ) from None
         n = len(messages)
         if n == 0:
             return []
         now = self._now()
+        prepared = self._prepare(entity, profile, messages, at, now, raws)
         conn.execute("UPDATE entities SET next_seq = next_seq + ? WHERE eid = ?", (n, eid))
 
-        accepted: list[bool]
         if profile.duplicate_detection:
             accepted = self._remember(conn, eid, profile, messages, base, now, id_count)
         else:
             accepted = [True] * n
-        if atomic and not all(accepted):
+        all_new = all(accepted)
+        if atomic and not all_new:
             raise _GroupRejected
         if profile.kind == "topic":
-            subs = [
-                r[0]
-                for r in conn.execute(
-                    "SELECT name FROM subscriptions WHERE eid = ? ORDER BY name", (eid,)
-                )
-            ]
+            subs = [r[0] for r in conn.execute(_SUBSCRIPTIONS, (eid,))]
         else:
             subs = [""]
-        rows = []
-        for i, message in enumerate(messages):
-            if not accepted[i]:
-                continue
-            when = at
-            if when is None and message.scheduled_enqueue_time is not None:
-                when = to_us(message.scheduled_enqueue_time)
-            visible = now if when is None else when
-            extra = encode_extra(message)
-            body = message.body_bytes
-            for sub in subs:
-                rows.append(
-                    (
-                        eid,
-                        sub,
-                        base + i,
-                        message.message_id,
-                        message.partition_key,
-                        message.session_id,
-                        body,
-                        extra,
-                        now,
-                        when,
-                        visible,
-                        raws[i],
-                    )
-                )
+        rows = [
+            (eid, sub, base + i, *row)
+            for i, row in enumerate(prepared)
+            if all_new or accepted[i]
+            for sub in subs
+        ]
         conn.executemany(
             "INSERT INTO messages (eid, sub, seq, message_id, partition_key, session_id, body, "
             "extra, enqueued, scheduled, visible, raw) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
             rows,
         )
-        return [
-            Ack("accepted", base + i) if ok else Ack("duplicate") for i, ok in enumerate(accepted)
-        ]
+        if all_new:
+            return [Ack("accepted", seq) for seq in range(base, base + n)]
+        return [Ack("accepted", base + i) if ok else _DUPLICATE for i, ok in enumerate(accepted)]
+
+    @staticmethod
+    def _prepare(
+        entity: str,
+        profile: EntityProfile,
+        messages: list[Message],
+        at: int | None,
+        now: int,
+        raws: list[bytes | None],
+    ) -> list[tuple[Any, ...]]:
+        """Check every message against the entity's rules and build its stored columns.
+
+        A plain message (no properties) whose body leaves room for the longest ids
+        skips the full rule check: it cannot break the size limit, and Message
+        itself guarantees partition key == session id.
+        """
+        room = profile.max_message_size - 3 * MAX_ID_LENGTH
+        sessions = profile.sessions
+        prepared = []
+        for i, message in enumerate(messages):
+            body = message.body
+            if isinstance(body, str):
+                body = body.encode("utf-8")
+            plain = (
+                message.application_properties is None
+                and message.subject is None
+                and message.content_type is None
+                and message.correlation_id is None
+            )
+            if not plain or len(body) > room or (sessions and message.session_id is None):
+                try:
+                    profile.check(message)
+                except ValidationError as exc:
+                    raise _refused(entity, message, exc) from None
+            when = at
+            if when is None and message.scheduled_enqueue_time is not None:
+                when = to_us(message.scheduled_enqueue_time)
+            prepared.append(
+                (
+                    message.message_id,
+                    message.partition_key,
+                    message.session_id,
+                    body,
+                    None if plain and message.time_to_live is None else encode_extra(message),
+                    now,
+                    when,
+                    now if when is None else when,
+                    raws[i],
+                )
+            )
+        return prepared
 
     @staticmethod
     def _remember(
@@ -444,35 +463,60 @@ class LocalBackend:
     ) -> list[bool]:
         """Record the dedup keys; True for each message seen for the first time.
 
-        One statement per chunk: an upsert over ``json_each`` whose ``RETURNING``
-        lists exactly the keys that were new (or whose window had expired).
+        One statement per chunk: an upsert over ``json_each`` that writes exactly
+        the keys that are new (or whose window had expired); ``RETURNING`` names
+        them when some were not.
         """
-        keys: list[tuple[str, str]] = []
-        first: dict[tuple[str, str], int] = {}
-        for i, message in enumerate(messages):
-            mid, pkey = profile.dedup_key(message)
-            key = (mid, pkey or "")
-            keys.append(key)
-            first.setdefault(key, i)
+        partitioned = profile.partitioned
+        if partitioned:
+            keys: list[Any] = []
+            for message in messages:
+                mid, pkey = profile.dedup_key(message)
+                keys.append((mid, pkey or ""))
+            select = "j.value ->> 0, j.value ->> 1"
+        else:
+            keys = [message.message_id for message in messages]
+            select = "j.value, ''"
         counted = profile.id_cache_size is not None
         window = profile.window
         cutoff = -1 if window is None else now - window // _US
         accepted = [False] * len(messages)
+        first: dict[Any, int] | None = None
         new = 0
+        sql = (
+            f"INSERT INTO ids (eid, mid, pkey, stamp) SELECT ?1, {select}, "
+            "CASE WHEN ?2 THEN ?3 + j.key ELSE ?4 END FROM json_each(?5) AS j WHERE true "
+            "ON CONFLICT (eid, mid, pkey) DO UPDATE SET stamp = excluded.stamp "
+            "WHERE ids.stamp <= ?6"
+        )
         for start in range(0, len(keys), _MAX_JSON_BATCH):
             chunk = keys[start : start + _MAX_JSON_BATCH]
-            returned = conn.execute(
-                "INSERT INTO ids (eid, mid, pkey, stamp) "
-                "SELECT ?1, j.value ->> 0, j.value ->> 1, "
-                "CASE WHEN ?2 THEN ?3 + j.key ELSE ?4 END FROM json_each(?5) AS j WHERE true "
-                "ON CONFLICT (eid, mid, pkey) DO UPDATE SET stamp = excluded.stamp "
-                "WHERE ids.stamp <= ?6 "
-                "RETURNING mid, pkey",
-                (eid, counted, base + start, now, json.dumps(chunk, ensure_ascii=False), cutoff),
-            ).fetchall()
-            for mid, pkey in returned:
-                accepted[first[(mid, pkey)]] = True
+            params = (
+                eid,
+                counted,
+                base + start,
+                now,
+                json.dumps(chunk, ensure_ascii=False),
+                cutoff,
+            )
+            # The usual case, every key new, needs only the count of rows written; when
+            # some were duplicates, redo the chunk listing the keys that were new.
+            conn.execute("SAVEPOINT remember")
+            if conn.execute(sql, params).rowcount == len(chunk):
+                conn.execute("RELEASE remember")
+                accepted[start : start + len(chunk)] = [True] * len(chunk)
+                new += len(chunk)
+                continue
+            conn.execute("ROLLBACK TO remember")
+            conn.execute("RELEASE remember")
+            returned = conn.execute(sql + " RETURNING mid, pkey", params).fetchall()
             new += len(returned)
+            if first is None:
+                first = {}
+                for i, key in enumerate(keys):
+                    first.setdefault(tuple(key) if partitioned else key, i)
+            for mid, pkey in returned:
+                accepted[first[(mid, pkey) if partitioned else mid]] = True
         if counted:
             # Artemis: a fixed-size cache; the oldest ids make room for the new ones.
             assert profile.id_cache_size is not None
@@ -487,11 +531,12 @@ class LocalBackend:
                 id_count = profile.id_cache_size
             conn.execute("UPDATE entities SET id_count = ? WHERE eid = ?", (id_count, eid))
         else:
-            # Time window: forget a bounded batch of expired ids, oldest first, by index range.
+            # Time window: forget a bounded batch of expired ids, oldest first, by index
+            # range (the bound is found first, so no statement walks all expired ids).
             conn.execute(
-                "DELETE FROM ids WHERE (eid, mid, pkey) IN (SELECT eid, mid, pkey FROM ids "
-                "WHERE eid = ?1 AND stamp <= ?2 ORDER BY stamp LIMIT ?3)",
-                (eid, cutoff, max(_HOUSEKEEPING_MIN, 2 * len(messages))),
+                "DELETE FROM ids WHERE eid = ?1 AND stamp <= coalesce((SELECT stamp FROM ids "
+                "WHERE eid = ?1 AND stamp <= ?2 ORDER BY stamp LIMIT 1 OFFSET ?3), ?2)",
+                (eid, cutoff, max(_HOUSEKEEPING_MIN, 2 * len(messages)) - 1),
             )
         return accepted
 
@@ -505,12 +550,15 @@ class LocalBackend:
                 raise ValidationError("sequence numbers must be ints", field="sequence_numbers")
 
         def work(conn: sqlite3.Connection) -> None:
-            eid = self._entity(conn, entity, sending=True)[0]
+            eid, profile, _, _ = self._entity(conn, entity, sending=True)
+            subs = [""]
+            if profile.kind == "topic":
+                subs = [r[0] for r in conn.execute(_SUBSCRIPTIONS, (eid,))]
             now = self._now()
             conn.executemany(
-                "DELETE FROM messages WHERE eid = ? AND seq = ? AND scheduled IS NOT NULL "
-                "AND visible > ?",
-                [(eid, seq, now) for seq in seqs],
+                "DELETE FROM messages WHERE eid = ? AND sub = ? AND seq = ? "
+                "AND scheduled IS NOT NULL AND visible > ?",
+                [(eid, sub, seq, now) for seq in seqs for sub in subs],
             )
 
         self._write(work, timeout=self._busy_timeout if timeout is None else timeout)
@@ -638,7 +686,7 @@ class LocalBackend:
             sub = self._sub(conn, eid, profile, subscription)
             now = self._now()
             query = (
-                f"SELECT qid, {ROW_COLUMNS} FROM messages WHERE eid = ? AND sub = ? "
+                f"SELECT {ROW_COLUMNS} FROM messages WHERE eid = ? AND sub = ? "
                 "AND visible <= ? AND (locked_until IS NULL OR locked_until <= ?)"
             )
             params: list[Any] = [eid, sub, now, now]
@@ -649,20 +697,24 @@ class LocalBackend:
             params.append(limit)
             rows = conn.execute(query, params).fetchall()
             out = []
+            # Columns: seq, ..., scheduled (0-7), locked_until, lock_token, delivery_count, raw.
             if mode == "receive_and_delete":
-                conn.executemany("DELETE FROM messages WHERE qid = ?", [(r[0],) for r in rows])
+                conn.executemany(
+                    "DELETE FROM messages WHERE eid = ? AND sub = ? AND seq = ?",
+                    [(eid, sub, r[0]) for r in rows],
+                )
                 for r in rows:
-                    out.append(received_from_row((*r[1:9], None, None, r[11] + 1, r[12])))
+                    out.append(received_from_row((*r[:8], None, None, r[10] + 1, r[11])))
                 return out
             until = now + lock_duration // _US
             for r in rows:
                 token = str(uuid.uuid4())
                 conn.execute(
                     "UPDATE messages SET lock_token = ?, locked_until = ?, "
-                    "delivery_count = delivery_count + 1 WHERE qid = ?",
-                    (token, until, r[0]),
+                    "delivery_count = delivery_count + 1 WHERE eid = ? AND sub = ? AND seq = ?",
+                    (token, until, eid, sub, r[0]),
                 )
-                out.append(received_from_row((*r[1:9], until, token, r[11] + 1, r[12])))
+                out.append(received_from_row((*r[:8], until, token, r[10] + 1, r[11])))
             return out
 
         return self._write(work, timeout=self._busy_timeout)
@@ -846,6 +898,17 @@ class LocalBackend:
             ]
 
         return self._read(work)
+
+
+def _refused(entity: str, message: Message, exc: ValidationError) -> PermanentSendError:
+    return PermanentSendError(
+        f"entity {entity!r} refused message {message.message_id!r}: {exc}",
+        message_id=message.message_id,
+        partition_key=message.partition_key,
+        condition="amqp:link:message-size-exceeded"
+        if exc.field == "body"
+        else "amqp:invalid-field",
+    )
 
 
 def _lock_lost(entity: str, lock_token: str, verb: str) -> NoReturn:
