@@ -33,6 +33,7 @@ from ..errors import (
     ConfigurationError,
     MessageSizeError,
     PermanentSendError,
+    SendError,
     SendOnceError,
     TransientSendError,
     ValidationError,
@@ -900,6 +901,9 @@ def _describe(exc: BaseException) -> str:
 
 def _store_condition(exc: BaseException) -> Condition:
     """The AMQP error condition Service Bus would use for a store failure."""
+    named = getattr(exc, "condition", None)
+    if isinstance(exc, SendError) and isinstance(named, str) and named:
+        return _condition(named, _describe(exc))
     if isinstance(exc, MessageSizeError):
         return _condition(MESSAGE_SIZE, _describe(exc))
     if isinstance(exc, ValidationError):

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceiveMode
-from azure.servicebus.exceptions import ServiceBusError
+from azure.servicebus.exceptions import MessageSizeExceededError, ServiceBusError
 
 from sendonce import Message
 from sendonce.backends.local import LocalBackend
-from sendonce.emulator import Emulator
+from sendonce.emulator import Emulator, FaultAction
 
 pytestmark = [pytest.mark.emulator, pytest.mark.timeout(60)]
 
@@ -247,3 +247,27 @@ def test_waiting_receiver_gets_a_message_stored_later_through_local(
             timer.join()
         assert [m.message_id for m in got] == ["late-1"]
         receiver.complete_message(got[0])
+
+
+def test_large_messages_and_the_link_size_limit(emulator: Emulator, store: LocalBackend) -> None:
+    big = bytes(range(256)) * 800  # 200 KB: several AMQP frames
+    with client(emulator) as sb:
+        with sb.get_queue_sender("orders") as sender:
+            sender.send_messages(ServiceBusMessage(big, message_id="big-1"), timeout=10)
+            with pytest.raises(MessageSizeExceededError):  # amqp:link:message-size-exceeded
+                sender.send_messages(ServiceBusMessage(big * 2, message_id="big-2"), timeout=10)
+        (got,) = drain(sb, "orders", 1)
+    assert body(got) == big
+    assert store.message_ids("orders") == []
+
+
+def test_the_clients_own_retries_are_deduplicated(emulator: Emulator, store: LocalBackend) -> None:
+    """With its default retries the client resends an in-doubt message by itself."""
+    emulator.faults.add(FaultAction.DROP_AFTER_COMMIT)
+    sb = ServiceBusClient.from_connection_string(
+        emulator.connection_string, retry_backoff_factor=0.01
+    )
+    with sb, sb.get_queue_sender("orders") as sender:
+        sender.send_messages(ServiceBusMessage(b"x", message_id="self-1"), timeout=10)
+    assert emulator.transfers("orders") == 2
+    assert store.message_ids("orders") == ["self-1"]
