@@ -294,7 +294,11 @@ id_values = st.one_of(
     ),
     st.uuids(),
     st.dates(),
-    st.datetimes(timezones=st.sampled_from([UTC, timezone(timedelta(hours=5, minutes=30))])),
+    st.datetimes(  # years 1 and 9999 with offsets: B10, tested on its own
+        min_value=datetime(1900, 1, 2),
+        max_value=datetime(2200, 1, 1),
+        timezones=st.sampled_from([UTC, timezone(timedelta(hours=5, minutes=30))]),
+    ),
 )
 
 _CHILD = """
