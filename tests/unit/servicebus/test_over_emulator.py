@@ -14,6 +14,7 @@ import pytest
 
 from sendonce import EntityProfile, IdempotentSender, Message
 from sendonce.backends.servicebus import AzureServiceBusBackend
+from sendonce.errors import SendError
 
 pytest.importorskip("proton")
 
@@ -123,3 +124,44 @@ def test_the_sender_is_reused_across_calls(broker: tuple[Emulator, LocalBackend]
             backend.send("orders", [Message("x", message_id=f"r-{i}")], timeout=10)
         assert list(backend._senders) == ["orders"]
     assert store.count("orders") == 5
+
+
+FAULTS = [
+    # (fault, mapped error, condition or None when the client gives none, stored by the fault)
+    ("DROP_AFTER_COMMIT", "TransientSendError", "amqp:socket-error", 1),
+    ("DROP_BEFORE_COMMIT", "TransientSendError", "amqp:socket-error", 0),
+    ("DETACH_AFTER_COMMIT", "TransientSendError", None, 1),
+    ("WITHHOLD", "TransientSendError", None, 1),
+    ("SERVER_BUSY", "TransientSendError", "com.microsoft:server-busy", 0),
+    ("UNAUTHORIZED", "PermanentSendError", "amqp:unauthorized-access", 0),
+]
+
+
+@pytest.mark.parametrize(("fault", "error", "condition", "stored"), FAULTS)
+def test_real_failures_map_and_a_resend_on_a_new_link_lands_once(
+    broker: tuple[Emulator, LocalBackend],
+    fault: str,
+    error: str,
+    condition: str | None,
+    stored: int,
+) -> None:
+    from sendonce.emulator import FaultAction
+
+    emulator, store = broker
+    message = Message("pay", message_id="order-1.2026/payment")
+    with AzureServiceBusBackend.from_connection_string(
+        emulator.connection_string, profiles={"orders": ORDERS}
+    ) as backend:
+        backend.send("orders", [Message("warm", message_id="warm-up")], timeout=10)
+        emulator.faults.add(FaultAction[fault])
+        with pytest.raises(SendError) as info:
+            backend.send("orders", [message], timeout=2)
+        assert type(info.value).__name__ == error
+        assert info.value.message_id == "order-1.2026/payment"
+        if condition is not None:
+            assert info.value.condition == condition
+        assert "orders" not in backend._senders  # the next call opens a new link
+        assert store.count("orders") == 1 + stored
+        backend.send("orders", [message], timeout=10)  # the resend, same id
+    ids = [m.message_id for m in store.receive("orders", max_messages=10)]
+    assert ids == ["warm-up", "order-1.2026/payment"]
