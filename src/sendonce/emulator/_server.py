@@ -442,7 +442,7 @@ class _Handler(Handler):
 
     def close_all(self) -> None:
         for state in list(self.connections.values()):
-            self._hard_close(state.connection)
+            self._hard_close(state.connection, release=True)
         self.connections.clear()
 
     def shutdown(self, container: Any) -> None:
@@ -452,14 +452,20 @@ class _Handler(Handler):
         container.stop()
 
     @staticmethod
-    def _hard_close(connection: Any) -> None:
-        """Drop the TCP connection at once: no close frame, no pending output."""
+    def _hard_close(connection: Any, *, release: bool = False) -> None:
+        """Drop the TCP connection at once: no close frame, no pending output.
+
+        ``release`` also closes the socket (at shutdown, when the reactor will
+        not run again to do it).
+        """
         transport = connection.transport
         selectable = getattr(transport, "_selectable", None) if transport else None
         sock = getattr(selectable, "_delegate", None)
         if isinstance(sock, socket.socket):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
+            if release:
+                sock.close()
         if transport is not None:
             transport.close_head()
             transport.close_tail()
