@@ -149,6 +149,10 @@ class AzureServiceBusBackend:
                 raise ConfigurationError(
                     f"profiles[{name!r}] must be an EntityProfile", field="profiles"
                 )
+            if profile.name != name:
+                raise ConfigurationError(
+                    f"profiles[{name!r}] describes entity {profile.name!r}", field="profiles"
+                )
             self._profiles[name] = profile
             self._kinds[name] = profile.kind
         for name, kind in (kinds or {}).items():
@@ -407,6 +411,11 @@ class AzureServiceBusBackend:
             abandoned.set()
             self._senders.pop(entity, None)
             _shut_socket(sender)
+            logger.warning(
+                "opening a link to %s took longer than %gs; the sender is abandoned",
+                entity,
+                timeout,
+            )
             raise TransientSendError(
                 f"opening a link to {entity!r} on {self._namespace!r} took longer than the "
                 f"{timeout:g} s timeout; nothing was sent"

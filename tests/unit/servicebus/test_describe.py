@@ -159,6 +159,11 @@ def test_profiles_must_be_entity_profiles(make_backend: Make) -> None:
     assert info.value.field == "profiles"
 
 
+def test_a_profile_must_be_filed_under_its_own_name(make_backend: Make) -> None:
+    with pytest.raises(ConfigurationError, match="describes entity 'payments'"):
+        make_backend(profiles={"orders": EntityProfile("payments")})
+
+
 def test_an_empty_entity_name_is_refused(make_backend: Make) -> None:
     with pytest.raises(ConfigurationError) as info:
         make_backend().describe("")
