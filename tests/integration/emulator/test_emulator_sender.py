@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from _emulator_helpers import ORDERS, SHORT_WINDOW, FakeTime
+from _emulator_helpers import EVENTS, ORDERS, SHORT_WINDOW, FakeTime
 
 from sendonce import (
     IdempotentSender,
@@ -88,18 +88,47 @@ def test_each_fault_ends_with_every_message_exactly_once(
     assert store.message_ids("orders") == [m.message_id for m in messages]
 
 
-def test_schedule_survives_a_dropped_reply(
-    emulator: Emulator, backend: AzureServiceBusBackend, store: LocalBackend, fake_time: FakeTime
+@pytest.mark.parametrize(
+    "action",
+    [
+        FaultAction.DROP_AFTER_COMMIT,
+        FaultAction.DETACH_AFTER_COMMIT,
+        FaultAction.WITHHOLD,
+        FaultAction.SERVER_BUSY,
+    ],
+)
+def test_schedule_survives_each_fault(
+    emulator: Emulator,
+    backend: AzureServiceBusBackend,
+    store: LocalBackend,
+    fake_time: FakeTime,
+    action: FaultAction,
 ) -> None:
     at = datetime.now(UTC) + timedelta(hours=1)
-    emulator.faults.add(Fault(FaultAction.DROP_AFTER_COMMIT, operation="schedule"))
-    with IdempotentSender(backend, "orders", retry=policy(fake_time)) as sender:
+    emulator.faults.add(Fault(action, operation="schedule"))
+    retry = policy(fake_time, attempt_timeout=1.0)
+    with IdempotentSender(backend, "orders", retry=retry) as sender:
         result = sender.schedule(Message("later", message_id="sch-1"), at)
     assert result.outcome == "scheduled" and result.attempts == 2
     assert store.message_ids("orders") == ["sch-1"]
     (stored,) = store.peek("orders", max_messages=5)
     assert stored.scheduled_enqueue_time is not None
     assert abs(stored.scheduled_enqueue_time - at) < timedelta(milliseconds=1)
+
+
+def test_topic_sends_reach_every_subscription_once(
+    emulator: Emulator, store: LocalBackend, fake_time: FakeTime
+) -> None:
+    backend = AzureServiceBusBackend.from_connection_string(
+        emulator.connection_string, profiles={"events": EVENTS}
+    )
+    emulator.faults.add(Fault(FaultAction.DROP_AFTER_COMMIT, entity="events"))
+    with backend, IdempotentSender(backend, "events", retry=policy(fake_time)) as sender:
+        report = sender.send_many(orders(4, "evt"))
+    assert report.failed == 0
+    expected = [f"evt-{i}" for i in range(4)]
+    assert store.message_ids("events", subscription="a") == expected
+    assert store.message_ids("events", subscription="b") == expected
 
 
 def test_unauthorized_is_permanent_and_not_retried(
