@@ -36,6 +36,7 @@ from .._entity import DEFAULT_WINDOW, EntityKind, EntityProfile
 from .._message import Message
 from ..errors import (
     ConfigurationError,
+    KeyRuleError,
     MessageSizeError,
     SendError,
     TransientSendError,
@@ -297,6 +298,12 @@ class AzureServiceBusBackend:
                     self._connection_string
                 )
             elif self._credential is not None:
+                if not callable(getattr(self._credential, "get_token", None)):
+                    raise self._needs_profile(
+                        entity,
+                        "the administration API needs a token credential such as "
+                        "DefaultAzureCredential, or a connection string",
+                    )
                 self._admin = ServiceBusAdministrationClient(self._namespace, self._credential)
             else:
                 raise self._needs_profile(entity, "no credential for the administration API")
@@ -478,6 +485,7 @@ class AzureServiceBusBackend:
         messages = list(messages)
         if not messages:
             return []
+        self._check_transfer(entity, messages)
         converted = [to_servicebus_message(m) for m in messages]
         with self._lock:
             sender = self._sender(entity)
@@ -493,6 +501,30 @@ class AzureServiceBusBackend:
                 raise self._fail(exc, operation="send", entity=entity, messages=messages) from None
         logger.debug("sent %d message(s) to %s", len(messages), entity)
         return [Ack("accepted") for _ in messages]
+
+    def _check_transfer(self, entity: str, messages: list[Message]) -> None:
+        """Refuse a transfer the service would reject, when the entity's profile is known.
+
+        The sender never builds one; this guards direct callers of ``send``.
+        """
+        profile = self._profiles.get(entity)
+        if profile is None or len(messages) < 2:
+            return
+        if profile.partitioned and profile.duplicate_detection:
+            raise KeyRuleError(
+                f"entity {entity!r} is partitioned with duplicate detection: the service rejects "
+                f"a batch of {len(messages)} messages there (azure-sdk-for-python #21955, "
+                "#36333); send one message per transfer. Nothing was sent.",
+                field="messages",
+            )
+        if profile.partitioned or profile.sessions:
+            keys = {(m.partition_key, m.session_id) for m in messages}
+            if len(keys) > 1:
+                raise KeyRuleError(
+                    f"one transfer to {entity!r} mixes partition keys or session ids "
+                    f"({len(keys)} distinct); the service rejects such a batch. Nothing was sent.",
+                    field="messages",
+                )
 
     def _batch(
         self, sender: ServiceBusSender, entity: str, messages: list[Message], converted: list[Any]

@@ -181,3 +181,31 @@ def test_the_admin_client_is_built_from_the_connection_string(
     assert backend.describe("orders").duplicate_detection
     (conn_str,), _ = built.call_args
     assert conn_str == backend._connection_string
+
+
+def test_a_named_key_credential_cannot_read_the_admin_api() -> None:
+    from azure.core.credentials import AzureNamedKeyCredential
+
+    backend = AzureServiceBusBackend(
+        fully_qualified_namespace="contoso.servicebus.windows.net",
+        credential=AzureNamedKeyCredential("send", "k3y"),
+    )
+    with backend, pytest.raises(ConfigurationError, match="needs a token credential"):
+        backend.describe("orders")
+
+
+def test_a_token_credential_builds_the_admin_client(mocker: Any) -> None:
+    from azure.servicebus.management import ServiceBusAdministrationClient
+
+    credential = mocker.Mock(spec=["get_token"])
+    built = mocker.patch(
+        "azure.servicebus.management.ServiceBusAdministrationClient", autospec=True
+    )
+    built.return_value.get_queue.return_value = _props(requires_duplicate_detection=True)
+    backend = AzureServiceBusBackend(
+        fully_qualified_namespace="contoso.servicebus.windows.net", credential=credential
+    )
+    with backend:
+        assert backend.describe("orders").duplicate_detection
+    built.assert_called_once_with("contoso.servicebus.windows.net", credential)
+    assert ServiceBusAdministrationClient is not built

@@ -22,6 +22,7 @@ from sendonce.backends import Ack, Backend
 from sendonce.backends.servicebus import AzureServiceBusBackend
 from sendonce.errors import (
     ConfigurationError,
+    KeyRuleError,
     MessageSizeError,
     PermanentSendError,
     TransientSendError,
@@ -386,3 +387,38 @@ def test_the_backend_refuses_to_be_pickled(make_backend: Make) -> None:
 
     with pytest.raises(TypeError, match="connect\\(url\\)"):
         pickle.dumps(make_backend())
+
+
+def test_a_batch_to_a_partitioned_dedup_entity_is_refused(
+    make_backend: Make, link: FakeLink
+) -> None:
+    profile = EntityProfile("orders", partitioned=True)
+    backend = make_backend(profiles={"orders": profile})
+    with pytest.raises(KeyRuleError, match="one message per transfer") as info:
+        backend.send("orders", [msg(1, partition_key="a"), msg(2, partition_key="a")], timeout=5)
+    assert info.value.field == "messages"
+    backend.send("orders", [msg(1, partition_key="a")], timeout=5)
+    assert len(link.sent) == 1
+
+
+def test_a_batch_mixing_session_ids_is_refused(make_backend: Make, link: FakeLink) -> None:
+    profile = EntityProfile("carts", sessions=True)
+    backend = make_backend(profiles={"carts": profile})
+    with pytest.raises(KeyRuleError, match="mixes partition keys or session ids"):
+        backend.send("carts", [msg(1, session_id="s1"), msg(2, session_id="s2")], timeout=5)
+    assert link.sent == []
+    backend.send("carts", [msg(1, session_id="s1"), msg(2, session_id="s1")], timeout=5)
+    assert len(link.sent) == 1
+
+
+def test_the_sender_over_a_partitioned_entity_sends_one_message_per_transfer(
+    make_backend: Make, link: FakeLink
+) -> None:
+    from sendonce import IdempotentSender
+
+    profile = EntityProfile("orders", partitioned=True)
+    backend = make_backend(profiles={"orders": profile})
+    with IdempotentSender(backend, "orders") as sender:
+        report = sender.send_many([msg(i, partition_key=f"k{i % 2}") for i in range(4)])
+    assert report.sent == 4 and report.failed == 0
+    assert [len(batch) for batch in link.sent] == [1, 1, 1, 1]
