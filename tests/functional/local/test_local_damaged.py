@@ -81,3 +81,72 @@ def test_intact_file_still_opens_and_remembers(db):
     with LocalBackend(db) as broker:
         acks = broker.send("orders", [Message("x", message_id="order-7")], timeout=5)
         assert acks[0].outcome == "duplicate"
+
+
+def clean_flag(db: str) -> str | None:
+    with sqlite3.connect(db) as raw:
+        row = raw.execute("SELECT value FROM meta WHERE key = 'clean'").fetchone()
+    return None if row is None else row[0]
+
+
+def corrupt_middle(db: str) -> None:
+    size = os.path.getsize(db)
+    with open(db, "r+b") as f:
+        for number in range(2, size // 4096):
+            f.seek(number * 4096)
+            f.write(b"\xff" * 4096)
+
+
+def test_clean_close_is_recorded_only_by_the_last_backend(db):
+    filled(db)
+    assert clean_flag(db) == "1"
+    first = LocalBackend(db)
+    assert clean_flag(db) == "0"
+    second = LocalBackend(db)
+    second.close()
+    assert clean_flag(db) == "0"  # the first one still has it open
+    first.close()
+    assert clean_flag(db) == "1"
+
+
+def test_large_cleanly_closed_file_skips_the_full_check_but_damage_still_surfaces(db, monkeypatch):
+    from sendonce.backends.local import _store
+
+    filled(db)
+    corrupt_middle(db)
+    monkeypatch.setattr(_store, "VERIFY_ALWAYS_BELOW", 0)  # pretend the file is large
+    # The damage is reported on open or on first use, never as a raw sqlite3 error.
+    with pytest.raises(BrokerFileError) as info:
+        with LocalBackend(db) as broker:
+            broker.message_ids("orders")
+            broker.send("orders", [Message("x", message_id="order-1")], timeout=5)
+    assert db in str(info.value)
+
+
+def test_after_a_crash_a_large_file_is_fully_checked(db, monkeypatch, tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from sendonce.backends.local import _store
+
+    filled(db)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from sendonce.backends.local import LocalBackend\n"
+            "b = LocalBackend(sys.argv[1]); print('open', flush=True); time.sleep(60)\n",
+            db,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None and child.stdout.readline().strip() == "open"
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    assert clean_flag(db) == "0"
+    corrupt_middle(db)
+    monkeypatch.setattr(_store, "VERIFY_ALWAYS_BELOW", 0)
+    assert "damaged" in str(refused(db))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -27,7 +28,7 @@ from ...errors import (
 from .._base import Ack
 from ._lock import OpenerLock
 from ._received import ROW_COLUMNS, ReceivedMessage, encode_extra, received_from_row
-from ._store import Durability, open_store, to_us, write_transaction
+from ._store import Durability, mark_clean, open_store, to_us, write_transaction
 
 __all__ = ["LocalBackend", "LockLostError"]
 
@@ -197,7 +198,13 @@ class LocalBackend:
     def close(self) -> None:
         """Close the file and release the opener lock. Idempotent."""
         with self._mutex:
-            conn, self._conn = self._conn, None
+            conn = self._conn
+            if conn is not None and self._opener.last_out():
+                # The last one out records a clean close: the next start can skip the
+                # full check of a large file.
+                with contextlib.suppress(SendOnceError, sqlite3.Error):
+                    self._write(lambda c: mark_clean(c, True), timeout=self._busy_timeout)
+            self._conn = None
             if conn is not None:
                 conn.close()
             self._opener.close()

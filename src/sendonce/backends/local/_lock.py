@@ -38,6 +38,16 @@ class OpenerLock:
         if self._fd is not None and self.first:
             fcntl.flock(self._fd, fcntl.LOCK_SH)
 
+    def last_out(self) -> bool:
+        """True if no other backend holds the file open (this one may mark it closed)."""
+        if self._fd is None:
+            return False
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
     def close(self) -> None:
         """Release the lock. Idempotent."""
         fd, self._fd = self._fd, None

@@ -29,6 +29,7 @@ __all__ = [
     "Durability",
     "from_us",
     "is_busy",
+    "mark_clean",
     "open_store",
     "to_us",
     "write_transaction",
@@ -40,6 +41,8 @@ Durability = Literal["normal", "full"]
 FORMAT = "sendonce-broker"
 SCHEMA_VERSION = "1"
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+# Files below this size are fully checked on every restart, cleanly closed or not.
+VERIFY_ALWAYS_BELOW = 64 * 1024 * 1024
 
 # Dedup keys live in a WITHOUT ROWID table keyed by (entity, message id, partition
 # key): the duplicate check is one indexed point lookup whatever the number of
@@ -190,9 +193,27 @@ def _check_header(path: str) -> None:
         raise BrokerFileError(path, f"is truncated ({len(header)} bytes, not a SQLite database)")
     if not header.startswith(_SQLITE_MAGIC):
         raise BrokerFileError(path, "is not a SQLite database (bad header)")
+    _check_size(path, header)
 
 
-def _check_meta(conn: sqlite3.Connection, path: str) -> None:
+def _check_size(path: str, header: bytes) -> None:
+    """A file shorter than its header says is truncated (checked when no WAL holds pages)."""
+    wal = path + "-wal"
+    if os.path.exists(wal) and os.path.getsize(wal) > 0:
+        return  # pages may legitimately live in the WAL until the next checkpoint
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    if header[92:96] != header[24:28] or page_size < 512:
+        return  # the in-header size is not valid: leave it to quick_check
+    size = os.path.getsize(path)
+    if size < pages * page_size or size % page_size:
+        raise BrokerFileError(
+            path, f"is truncated ({size} bytes, its header says {pages * page_size})"
+        )
+
+
+def _check_meta(conn: sqlite3.Connection, path: str) -> dict[str, str]:
     try:
         rows = dict(conn.execute("SELECT key, value FROM meta").fetchall())
     except sqlite3.OperationalError as exc:
@@ -206,6 +227,14 @@ def _check_meta(conn: sqlite3.Connection, path: str) -> None:
         raise BrokerFileError(
             path, f"has schema version {version!r}; this sendonce reads {SCHEMA_VERSION!r}"
         )
+    return rows
+
+
+def mark_clean(conn: sqlite3.Connection, clean: bool) -> None:
+    """Record whether every backend closed the file normally (the last one out sets it)."""
+    conn.execute(
+        "INSERT OR REPLACE INTO meta (key, value) VALUES ('clean', ?)", ("1" if clean else "0",)
+    )
 
 
 def open_store(
@@ -213,9 +242,11 @@ def open_store(
 ) -> sqlite3.Connection:
     """Open (creating if absent) and check the broker file.
 
-    Every open checks the header and the format marker; ``verify`` (the first
-    opener, i.e. a broker "restart", typically after a crash) also runs
-    ``PRAGMA quick_check`` over the whole file.
+    Every open checks the header, the file size against it, and the format
+    marker. ``verify`` (the first opener, i.e. a broker "restart") also runs
+    ``PRAGMA quick_check`` over the whole file when the last run did not end
+    with a clean close (a crash, a kill -9) or the file is small enough for the
+    check to be cheap; it then marks the file as in use until the last close.
     """
     if not os.path.exists(path):
         _create(path)
@@ -228,11 +259,14 @@ def open_store(
         mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
         if str(mode).lower() != "wal":
             conn.execute("PRAGMA journal_mode=WAL")
-        _check_meta(conn, path)
+        meta = _check_meta(conn, path)
         if verify:
-            problems = [row[0] for row in conn.execute("PRAGMA quick_check(5)").fetchall()]
-            if problems != ["ok"]:
-                raise BrokerFileError(path, "is damaged: " + "; ".join(problems)[:300])
+            small = os.path.getsize(path) < VERIFY_ALWAYS_BELOW
+            if meta.get("clean") != "1" or small:
+                problems = [row[0] for row in conn.execute("PRAGMA quick_check(5)").fetchall()]
+                if problems != ["ok"]:
+                    raise BrokerFileError(path, "is damaged: " + "; ".join(problems)[:300])
+            mark_clean(conn, False)
     except sqlite3.DatabaseError as exc:
         conn.close()
         if is_busy(exc):
