@@ -42,6 +42,8 @@ def canonical_text(value: object, field: str) -> str:
     """
     kind = type(value)
     if kind is str:
+        if not value.isascii():  # type: ignore[attr-defined]
+            _check_encodable(value, field)  # type: ignore[arg-type]
         return value  # type: ignore[return-value]
     if kind is int:
         return _int_text(value, field)  # type: ignore[arg-type]
@@ -49,6 +51,17 @@ def canonical_text(value: object, field: str) -> str:
     if formatter is not None:
         return formatter(value, field)
     return _canonical_slow(value, field)
+
+
+def _check_encodable(text: str, field: str) -> None:
+    """Refuse lone surrogates: no AMQP client can encode them, so the send would fail later."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise MessageIdError(
+            f"field {field!r}: text contains a lone surrogate and is not valid Unicode",
+            field=field,
+        ) from None
 
 
 def _decimal_text(value: Any, field: str) -> str:
@@ -86,7 +99,13 @@ def _datetime_text(value: Any, field: str) -> str:
             "use a timezone-aware datetime so the id is the same on every machine",
             field=field,
         )
-    return dt.astimezone(UTC).replace(tzinfo=None).isoformat() + "Z"
+    try:
+        utc = dt.astimezone(UTC)
+    except OverflowError:
+        raise MessageIdError(
+            f"field {field!r}: datetime {dt.isoformat()} is out of range in UTC", field=field
+        ) from None
+    return utc.replace(tzinfo=None).isoformat() + "Z"
 
 
 def _date_text(value: Any, field: str) -> str:
@@ -120,7 +139,9 @@ def _canonical_slow(value: object, field: str) -> str:
             field=field,
         )
     if isinstance(value, str):
-        return str.__str__(value)
+        text = str.__str__(value)
+        _check_encodable(text, field)
+        return text
     if isinstance(value, numbers.Integral):
         return _int_text(int(value), field)
     if isinstance(value, Decimal):

@@ -20,11 +20,21 @@ PropertyValue = str | int | float | bool | bytes | None
 _PROPERTY_TYPES = (str, int, float, bool, bytes, type(None))
 
 
+def _valid_text(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _check_key(value: object, name: str) -> None:
     if value is None:
         return
     if not isinstance(value, str):
         raise KeyRuleError(f"{name} must be a str, got {type(value).__name__}", field=name)
+    if not value.isascii() and not _valid_text(value):
+        raise KeyRuleError(f"{name} contains a lone surrogate (not valid Unicode)", field=name)
     if not value:
         raise KeyRuleError(f"{name} must not be empty (use None for no {name})", field=name)
     if len(value) > MAX_ID_LENGTH:
@@ -80,6 +90,15 @@ class Message:
                 f"message_id {self.message_id[:40]!r}... is {len(self.message_id)} characters, "
                 f"over {MAX_ID_LENGTH}",
                 field="message_id",
+            )
+        if not self.message_id.isascii() and not _valid_text(self.message_id):
+            raise MessageIdError(
+                "message_id contains a lone surrogate (not valid Unicode)", field="message_id"
+            )
+        if isinstance(self.body, str) and not self.body.isascii() and not _valid_text(self.body):
+            raise ValidationError(
+                f"message {self.message_id!r}: body contains a lone surrogate (not valid Unicode)",
+                field="body",
             )
         _check_key(self.partition_key, "partition_key")
         _check_key(self.session_id, "session_id")
@@ -190,18 +209,20 @@ def _json_default(value: object) -> object:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
+_JSON = json.JSONEncoder(
+    sort_keys=True,
+    separators=(",", ":"),
+    ensure_ascii=False,
+    allow_nan=False,  # NaN/Infinity are not JSON: strict consumers reject the body
+    default=_json_default,
+)
+
+
 def canonical_json(record: Any) -> bytes:
     """Canonical JSON of a whole record: sorted keys, compact, UTF-8."""
     if hasattr(record, "asDict"):
         record = record.asDict(recursive=True)
-    return json.dumps(
-        record,
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
-        allow_nan=False,  # NaN/Infinity are not JSON: strict consumers reject the body
-        default=_json_default,
-    ).encode("utf-8")
+    return _JSON.encode(record).encode("utf-8")
 
 
 def _build_key(template: MessageIdTemplate | None, record: Any, name: str) -> str | None:
