@@ -502,7 +502,6 @@ def test_content_id_body_type_names_body(body: Any) -> None:
 # ---------------------------------------------------------------- edges found later
 
 
-@pytest.mark.xfail(strict=True, reason="BUG B10: datetimes near min/max raise OverflowError")
 @pytest.mark.parametrize(
     "value",
     [
@@ -517,7 +516,6 @@ def test_datetime_out_of_utc_range_raises_message_id_error(value: datetime) -> N
     assert ei.value.field == "at"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG B11: lone surrogates pass into ids / crash hashing")
 @pytest.mark.parametrize("overflow", ["error", "hash"])
 def test_unencodable_text_raises_message_id_error(overflow: Any) -> None:
     t = MessageIdTemplate("{a}/x", overflow=overflow)

@@ -442,7 +442,6 @@ def test_spec_repr() -> None:
     assert repr(spec) == "MessageSpec('{a}', body='c', partition_key='{b}', session_id=None)"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG B11: lone surrogates are not refused as bad input")
 @pytest.mark.parametrize(
     ("kwargs", "error", "field"),
     [

@@ -271,7 +271,6 @@ def test_failed_send_over_a_real_socket_never_shows_the_key(
     assert SECRET not in caplog.text
 
 
-@pytest.mark.xfail(strict=True, reason="B12: ids shaped like user:name@host are masked in errors")
 @pytest.mark.parametrize("message_id", ["tenant:alice@example.com/welcome", "order:12345@shop.eu"])
 def test_errors_still_name_message_ids_that_look_like_credentials(message_id: str) -> None:
     """Error messages must name the message id; only real secrets are masked."""
