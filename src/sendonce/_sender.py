@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from itertools import accumulate
 from typing import Any, Literal, NamedTuple
 
@@ -441,8 +441,26 @@ class IdempotentSender:
 
     # -- sending -------------------------------------------------------------------
 
+    def _started(self, first_attempt: float | datetime | None) -> float | None:
+        """A resumed call's first attempt on the policy's clock (a datetime is wall time)."""
+        if first_attempt is None:
+            return None
+        if isinstance(first_attempt, datetime):
+            if first_attempt.tzinfo is None:
+                raise ValidationError(
+                    "first_attempt must be a timezone-aware datetime", field="first_attempt"
+                )
+            age = (datetime.now(UTC) - first_attempt).total_seconds()
+            return self.retry.clock() - max(age, 0.0)
+        if isinstance(first_attempt, int | float) and not isinstance(first_attempt, bool):
+            return float(first_attempt)
+        raise ValidationError(
+            "first_attempt must be a datetime or a time on the retry policy's clock",
+            field="first_attempt",
+        )
+
     def _attempt_transfer(
-        self, batch: Sequence[Message], *, atomic: bool = False
+        self, batch: Sequence[Message], *, atomic: bool = False, started: float | None = None
     ) -> Attempted[list[Ack]]:
         entity = self.profile.name
         backend = self._backend
@@ -463,6 +481,7 @@ class IdempotentSender:
             window=self.profile.window,
             message_id=label,
             partition_key=first.partition_key,
+            started=started,
         )
 
     def _check_open(self) -> None:
@@ -475,30 +494,45 @@ class IdempotentSender:
                 field="transaction",
             )
 
-    def send(self, message: Message) -> SendResult:
-        """Send one message; raises ``InDoubtError``/``PermanentSendError`` if it fails."""
-        self._check_open()
-        self._remember(self._plan((message,), what="message", batch=False))
-        attempted = self._attempt_transfer([message])
-        return _results([message], attempted.value, attempted.attempts, attempted.in_doubt_before)[
-            0
-        ]
+    def send(
+        self, message: Message, *, first_attempt: float | datetime | None = None
+    ) -> SendResult:
+        """Send one message; raises ``InDoubtError``/``PermanentSendError`` if it fails.
 
-    def send_many(self, messages: Iterable[Message]) -> SendReport:
+        ``first_attempt`` resumes a message whose first attempt was made earlier (by a
+        process that then crashed): its deadline stays first attempt + window - margin,
+        and once that has passed nothing is sent and ``InDoubtError`` is raised. Pass the
+        wall-clock time you recorded (an aware ``datetime``) or a time on the policy's clock.
+        """
+        self._check_open()
+        started = self._started(first_attempt)
+        self._remember(self._plan((message,), what="message", batch=False))
+        attempted = self._attempt_transfer([message], started=started)
+        report = SendReport()
+        self._account(report, [message], attempted, {})
+        if report.failures:
+            raise report.failures[0].error
+        return report.results[0]
+
+    def send_many(
+        self, messages: Iterable[Message], *, first_attempt: float | datetime | None = None
+    ) -> SendReport:
         """Send many messages in as few transfers as the entity's rules allow.
 
         Every message is validated before any is sent (a bad one raises, naming
         its index and id). Send failures do not raise: they are in the report,
         one entry per message, alongside the sent and duplicate results.
+        ``first_attempt`` resumes a crashed call with its original deadline (see ``send``).
         """
         self._check_open()
+        started = self._started(first_attempt)
         items = messages if isinstance(messages, list | tuple) else list(messages)
         plan = self._plan(items, what="messages")
         self._remember(plan)
         report = SendReport()
         failed: dict[object, SendError] = {}
         for batch in plan.batches:
-            self._send_batch(batch, report, failed)
+            self._send_batch(batch, report, failed, started)
         for index in plan.repeats:  # a repeat inside one call shares its first copy's fate
             message = items[index]
             error = failed.get(self._key_of(message)) if failed else None
@@ -513,16 +547,20 @@ class IdempotentSender:
         return report
 
     def _send_batch(
-        self, batch: list[Message], report: SendReport, failed: dict[object, SendError]
+        self,
+        batch: list[Message],
+        report: SendReport,
+        failed: dict[object, SendError],
+        started: float | None = None,
     ) -> None:
         try:
-            attempted = self._attempt_transfer(batch)
+            attempted = self._attempt_transfer(batch, started=started)
         except MessageSizeError:
             if len(batch) == 1:
                 raise
             half = len(batch) // 2  # the transport's real limit is below our estimate: split
-            self._send_batch(batch[:half], report, failed)
-            self._send_batch(batch[half:], report, failed)
+            self._send_batch(batch[:half], report, failed, started)
+            self._send_batch(batch[half:], report, failed, started)
             return
         except (InDoubtError, PermanentSendError) as exc:
             for message in batch:
@@ -535,13 +573,51 @@ class IdempotentSender:
                 "send of %d message(s) to %r failed: %s", len(batch), self.profile.name, exc
             )
             return
-        report._add_chunk(batch, attempted)
+        self._account(report, batch, attempted, failed)
 
-    def schedule(self, message: Message, at: datetime) -> SendResult:
+    def _account(
+        self,
+        report: SendReport,
+        batch: Sequence[Message],
+        attempted: Attempted[list[Ack]],
+        failed: dict[object, SendError],
+    ) -> None:
+        """Record an acknowledged transfer; members of an ignored group are failures."""
+        acks = attempted.value
+        if not any(a.outcome == "ignored" for a in acks):
+            report._add_chunk(batch, attempted)
+            return
+        culprits = [
+            m.message_id for m, a in zip(batch, acks, strict=True) if a.outcome == "duplicate"
+        ]
+        kept = [(m, a) for m, a in zip(batch, acks, strict=True) if a.outcome != "ignored"]
+        if kept:
+            report._add_chunk(
+                [m for m, _ in kept],
+                Attempted([a for _, a in kept], attempted.attempts, attempted.in_doubt_before),
+            )
+        for message, ack in zip(batch, acks, strict=True):
+            if ack.outcome != "ignored":
+                continue
+            error = PermanentSendError(
+                f"message {message.message_id!r} was not stored: the broker ignored its whole "
+                f"all-or-nothing group because member(s) {culprits[:5]!r} are duplicates. Resend "
+                "it in a group without them.",
+                message_id=message.message_id,
+                partition_key=message.partition_key,
+                condition="sendonce:group-ignored",
+            )
+            report.failures.append(SendFailure(message.message_id, message.partition_key, error))
+            failed[self._key_of(message)] = error
+
+    def schedule(
+        self, message: Message, at: datetime, *, first_attempt: float | datetime | None = None
+    ) -> SendResult:
         """Schedule one message for ``at``; it shares the duplicate-detection id space.
 
         On Service Bus a retried schedule can return the sequence number of a
-        copy the service dropped as a duplicate (Azure/azure-service-bus #265).
+        copy the service dropped as a duplicate (Azure/azure-service-bus #265), and
+        after an in-doubt attempt the sequence number may be unknown (None).
         """
         self._check_open()
         if not isinstance(at, datetime) or at.tzinfo is None:
@@ -550,6 +626,7 @@ class IdempotentSender:
                 "timezone-aware datetime",
                 field="at",
             )
+        started = self._started(first_attempt)
         self._remember(self._plan((message,), what="message", batch=False))
         entity = self.profile.name
         backend = self._backend
@@ -562,6 +639,7 @@ class IdempotentSender:
             window=self.profile.window,
             message_id=message.message_id,
             partition_key=message.partition_key,
+            started=started,
         )
         return _results(
             [message],
@@ -604,7 +682,7 @@ class IdempotentSender:
         self._remember(self._plan(messages, what="transaction", batch=False))
         report = SendReport()
         if messages:
-            report._add_chunk(messages, self._attempt_transfer(messages, atomic=True))
+            self._account(report, messages, self._attempt_transfer(messages, atomic=True), {})
         return report
 
 

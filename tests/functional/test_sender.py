@@ -372,3 +372,33 @@ def test_spec_builds_messages_the_sender_accepts(broker: LocalBackend, retry: Re
         report = sender.send_many(spec.to_message(r) for r in records)
     assert report.sent == 4
     assert sorted(broker.message_ids("s")) == [f"{i}.2017/payment" for i in range(4)]
+
+
+# -- resuming a crashed call -----------------------------------------------------------
+
+
+def test_resume_with_original_first_attempt_keeps_the_deadline(
+    broker: LocalBackend, fake_time: FakeTime
+) -> None:
+    """A restarted producer resends its in-flight message with the original first attempt."""
+    retry = RetryPolicy(jitter=False, sleep=fake_time.sleep, clock=fake_time.clock)
+    profile = EntityProfile("orders", duplicate_detection_window=timedelta(seconds=60))
+    faulty = FaultyBackend(broker)
+    fake_time.now = 1000.0
+    with IdempotentSender(faulty, profile, retry=retry) as sender:
+        # first attempted 50 s ago: 5 s left before first attempt + window - margin
+        assert sender.send(msg(1), first_attempt=950.0).outcome == "sent"
+        # first attempted 56 s ago: past the deadline, so nothing may be sent
+        with pytest.raises(InDoubtError) as info:
+            sender.send(msg(2), first_attempt=944.0)
+        assert info.value.attempts == 0
+        report = sender.send_many([msg(3), msg(4)], first_attempt=944.0)
+        assert report.in_doubt == ["order-3", "order-4"]
+        wall = datetime.now(UTC) - timedelta(seconds=120)
+        with pytest.raises(InDoubtError):
+            sender.send(msg(5), first_attempt=wall)
+        with pytest.raises(ValidationError) as bad:
+            sender.send(msg(6), first_attempt=datetime(2026, 1, 1))  # naive
+        assert bad.value.field == "first_attempt"
+    assert [c.message_ids for c in faulty.calls] == [("order-1",)]
+    assert broker.message_ids("orders") == ["order-1"]

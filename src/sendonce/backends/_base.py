@@ -17,7 +17,10 @@ from .._message import Message
 
 __all__ = ["Ack", "AckOutcome", "Backend"]
 
-AckOutcome = Literal["accepted", "duplicate"]
+AckOutcome = Literal["accepted", "duplicate", "ignored"]
+"""``duplicate``: the broker already holds this id and dropped the copy. ``ignored``: an
+all-or-nothing group was dropped because *another* member is a duplicate (Artemis); this
+member is not stored anywhere."""
 
 
 @dataclass(frozen=True, slots=True)
