@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from .schedule import generate
-from .suite import DEFAULT_SEEDS, SLOW_SEEDS
+from .suite import DEFAULT_SEEDS, SLOW_SEEDS, open_bug
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -20,11 +20,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         chosen = metafunc.config.getoption("--seed")
         slow = metafunc.definition.get_closest_marker("slow") is not None
         seeds = tuple(chosen) or (SLOW_SEEDS if slow else DEFAULT_SEEDS)
-        params = [
-            pytest.param(
-                s, id=f"seed{s}",
-                marks=[pytest.mark.emulator] if generate(s)["transport"] == "emulator" else [],
-            )
-            for s in seeds
-        ]
+        params = []
+        for seed in seeds:
+            schedule = generate(seed)
+            marks = [pytest.mark.emulator] if schedule["transport"] == "emulator" else []
+            bug = open_bug(schedule)
+            if bug is not None:
+                # strict in the default set, whose seeds are known to hit it every time
+                marks.append(pytest.mark.xfail(strict=seed in DEFAULT_SEEDS, reason=bug))
+            params.append(pytest.param(seed, id=f"seed{seed}", marks=marks))
         metafunc.parametrize("schedule_seed", params)

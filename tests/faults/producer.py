@@ -337,7 +337,9 @@ class Producer:
                           resumes=resumes)
             return
         groups: dict[tuple[str | None, str | None], list[int]] = {}
-        for n in numbers:
+        if self.schedule.get("api") == "transaction":
+            groups[(None, None)] = numbers  # a group is resent whole: it is one transfer
+        for n in numbers if not groups else ():
             m = message(n, self.entity)
             key = (m.partition_key, m.session_id) if not self.profile.partitioned else (
                 m.message_id, None)
@@ -373,11 +375,23 @@ class Producer:
         now_ = [m for m in messages if not (every and id_number(m.message_id) % every == 0)]
         report = SendReport()
         with IdempotentSender(backend, self.profile, retry=self.policy(extra)) as sender:
-            if self.schedule.get("api", "send_many") == "send_many":
+            api = self.schedule.get("api", "send_many")
+            if api == "send_many":
                 if now_:
                     part = sender.send_many(now_)
                     report.results.extend(part.results)
                     report.failures.extend(part.failures)
+            elif api == "transaction":
+                try:
+                    with sender.transaction() as tx:
+                        tx.send_many(now_)
+                    assert tx.report is not None
+                    report.results.extend(tx.report.results)
+                    report.failures.extend(tx.report.failures)
+                except (InDoubtError, PermanentSendError) as exc:
+                    report.failures.extend(
+                        SendFailure(m.message_id, m.partition_key, exc) for m in now_
+                    )
             else:
                 for m in now_:
                     self._one(report, m, lambda m=m: sender.send(m))

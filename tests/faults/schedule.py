@@ -62,6 +62,12 @@ def generate(seed: int, *, emulator: bool = True) -> dict[str, Any]:
         "safety_margin_s": rng.choice([5, 6, 8]) if short_window else 5,
     }
 
+    # transactional groups (all or nothing, Artemis): local broker, unpartitioned
+    transactions = not use_emulator and not partitioned and rng.random() < 0.25
+    api = "transaction" if transactions else rng.choice(["send_many", "send_many", "send"])
+    # groups of overlapping producers either coincide, or not (then a group holding an
+    # id another group already sent is ignored whole by the broker)
+    aligned = not transactions or rng.random() < 0.5
     if use_emulator or short_window:
         # a short window expires between independent producers' copies anyway: its
         # schedules test crashes and resends against the window, mostly one producer
@@ -83,12 +89,16 @@ def generate(seed: int, *, emulator: bool = True) -> dict[str, Any]:
         else:
             length = rng.randint(total // 2, total)
             start = rng.randint(0, total - length)
+            if transactions and aligned:
+                start -= start % chunk
+                length -= length % chunk
             ids = list(range(start, start + length))
-            if rng.random() < 0.3 and not short_window:
+            if rng.random() < 0.3 and not short_window and not transactions:
                 rng.shuffle(ids)
         calls = len(ids) if entity["partitioned"] else -(-len(ids) // chunk)
-        n_incarnations = rng.choice([1, 2, 2, 3])
-        fault_rate = rng.choice([0.0, 0.1, 0.2, 0.35])
+        n_incarnations = rng.choice([1, 2]) if use_emulator else rng.choice([1, 2, 2, 3])
+        fault_rate = rng.choice([0.0, 0.05, 0.1]) if use_emulator else rng.choice(
+            [0.0, 0.1, 0.2, 0.35])
         weights = [4, 4, 2, 1]
         incarnations = []
         for inc in range(n_incarnations):
@@ -105,7 +115,8 @@ def generate(seed: int, *, emulator: bool = True) -> dict[str, Any]:
                     call += 1
             emulator_faults: list[str] = []
             if use_emulator:
-                for _ in range(rng.randint(2, 6)):
+                # each one costs the client about a second of reconnecting or timing out
+                for _ in range(rng.randint(1, 3)):
                     emulator_faults.extend(["none"] * rng.randint(0, 6))
                     emulator_faults.append(rng.choices(EMULATOR_FAULTS, [4, 3, 3, 2, 2, 1])[0])
             kill = None
@@ -150,8 +161,9 @@ def generate(seed: int, *, emulator: bool = True) -> dict[str, Any]:
         "external_kill": external_kill,
         "permanent_policy": rng.choice(["abandon", "abandon", "redrive"]),
         # which sender calls carry the messages, and every k-th id is scheduled instead
-        "api": rng.choice(["send_many", "send_many", "send"]),
-        "scheduled_every": rng.choice([0, 0, 0, 4, 7]),
+        "api": api,
+        "groups_aligned": aligned,
+        "scheduled_every": 0 if api == "transaction" else rng.choice([0, 0, 0, 4, 7]),
         "redrive_in_doubt": rng.random() < 0.6,
     }
 
@@ -183,6 +195,8 @@ def summary(schedule: dict[str, Any]) -> str:
     if emu:
         traits.append(f"emulator-faults={emu}")
     traits.append(f"api={schedule['api']}")
+    if schedule["api"] == "transaction" and len(producers) > 1:
+        traits.append("groups-aligned" if schedule["groups_aligned"] else "groups-overlap")
     if schedule["scheduled_every"]:
         traits.append(f"scheduled=1/{schedule['scheduled_every']}")
     traits.append(f"permanent={schedule['permanent_policy']}")

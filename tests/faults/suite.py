@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .checker import Verdict, check
 from .runner import RunResult, run_schedule
@@ -11,8 +12,32 @@ from .schedule import dumps, generate, summary
 
 REPLAY = "python -m tests.faults.replay {seed}    (or: pytest tests/faults --seed {seed})"
 
-DEFAULT_SEEDS = tuple(range(1, 25))
-"""The seeds of the default run (about 90 s on a 2-core machine)."""
+DEFAULT_SEEDS = (
+    2, 3, 4, 5, 6, 8, 9, 12, 13, 15, 16, 21, 22, 25, 29, 30, 33, 36, 37, 40, 43, 48, 51, 60,
+)
+"""The seeds of the default run (about 90 s on a 2-core machine), picked so that every
+dimension appears: the emulator (21, 43), windows near their minimum under a fast
+clock, partitioned, session and topic entities, the Artemis cache, transactional
+groups (25, 15; overlapping groups 36), scheduled messages, external and self kills."""
+
+OPEN_BUGS: dict[str, str] = {
+    "BUG-3": (
+        "BUG-3: a transactional group ignored for one duplicate member reports every member "
+        "as 'duplicate', though the others were never stored (see /tmp/h6_bugs.md)"
+    ),
+}
+"""Core bugs found by the suite and not fixed yet; remove an entry with its fix."""
+
+
+def open_bug(schedule: dict[str, Any]) -> str | None:
+    """The open bug a schedule's shape can trigger (its seed is then an expected failure)."""
+    overlapping_groups = (
+        schedule["api"] == "transaction" and not schedule["groups_aligned"]
+        and len(schedule["producers"]) > 1
+    )
+    if overlapping_groups and "BUG-3" in OPEN_BUGS:
+        return OPEN_BUGS["BUG-3"]
+    return None
 SLOW_SEEDS = tuple(range(1000, 1300))
 """The seeds of ``pytest -m slow tests/faults``."""
 

@@ -85,3 +85,10 @@ def test_bug3_ignored_group_does_not_report_lost_members_as_duplicates(tmp_path:
             claimed = {r.message_id for r in report.results}
         assert broker.message_ids("q") == ["m1", "m2", "m3"]  # the group was ignored whole
         assert claimed <= {"m3"}, f"{sorted(claimed - {'m3'})} reported as stored, never stored"
+
+
+@pytest.mark.xfail(strict=True, reason=BUG3)
+def test_bug3_seed_44_replays(tmp_path: Path) -> None:
+    """Found by seed 44: two producers' transactional groups overlap on an Artemis entity."""
+    outcome = run_seed(44, tmp_path)
+    assert outcome.ok, outcome.explain()
