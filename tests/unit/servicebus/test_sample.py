@@ -47,3 +47,32 @@ def test_an_unreachable_namespace_fails_cleanly_without_printing_the_key() -> No
     assert done.returncode == 1
     assert "InDoubtError" in done.stderr or "SendError" in done.stderr
     assert secret not in done.stdout + done.stderr
+
+
+@pytest.mark.emulator
+@pytest.mark.timeout(180)
+def test_against_the_emulator_each_order_lands_once(tmp_path: Path) -> None:
+    pytest.importorskip("proton")
+    from sendonce import EntityProfile
+    from sendonce.backends.local import LocalBackend
+    from sendonce.emulator import Emulator
+
+    path = tmp_path / "broker.db"
+    with LocalBackend(path) as store:
+        store.create_entity(EntityProfile("orders"))  # what the sample assumes
+        with Emulator(path, poll_interval=0.02) as emulator:
+            env = {
+                "SERVICEBUS_CONNECTION_STRING": emulator.connection_string,
+                "SERVICEBUS_QUEUE": "orders",
+            }
+            first = _run(env)
+            second = _run(env)  # a restarted producer publishing the same orders
+        assert first.returncode == 0, first.stderr
+        assert second.returncode == 0, second.stderr
+        assert "first run: sent 3, failed 0" in first.stdout
+        received = store.receive("orders", max_messages=20)
+    assert sorted(m.message_id for m in received) == [
+        "12345.2017/payment",
+        "12346.2017/payment",
+        "12347.2017/payment",
+    ]
