@@ -7,10 +7,9 @@ so that a restart after SIGKILL knows what was in flight and when it was first
 attempted. Its rules are exactly what the SDK promises, no more:
 
 - Resending a call that was in flight when the process died is safe only while
-  the broker still remembers its ids: the restart resends it only if the first
-  attempt is younger than ``window - safety_margin``, and then with a deadline
-  measured from that first attempt (a larger safety margin). Otherwise it
-  records the ids as ``expired``: in doubt for good.
+  the broker still remembers its ids: the restart passes the journaled first
+  attempt (``first_attempt=``), so the sender keeps the original deadline and
+  sends nothing once it has passed (``InDoubtError``: in doubt for good).
 - ``InDoubtError`` ids are journaled; with ``redrive_in_doubt`` a final pass
   resends those whose first attempt is still inside the window.
 - ``PermanentSendError`` means nothing was stored: with ``permanent_policy``
@@ -326,38 +325,29 @@ class Producer:
     ) -> None:
         """Send ``numbers`` as journaled calls; ``origin`` is the first attempt of a resend.
 
-        A resend must finish before ``origin + window - margin``. The sender
-        measures its deadline from each transfer's own first attempt, and a call
-        may take several transfers (one per partition key or session), so a
-        resend goes one transfer group at a time, each with the margin widened
-        by the age of ``origin`` at that moment.
+        A resend must finish before ``origin + window - margin``: the sender does
+        that itself when given ``first_attempt=origin`` (and sends nothing, with
+        ``InDoubtError``, once it has passed). ``sender.transaction()`` takes no
+        ``first_attempt``, so a transactional group is resent with the policy's
+        margin widened by the age of ``origin``, or not at all once too old.
         """
-        if origin is None:
-            self._attempt(backend, numbers, kind=kind, chunk=chunk, origin=None, extra=0.0,
+        if origin is None or self.schedule.get("api") != "transaction":
+            self._attempt(backend, numbers, kind=kind, chunk=chunk, origin=origin, extra=0.0,
                           resumes=resumes)
             return
-        groups: dict[tuple[str | None, str | None], list[int]] = {}
-        if self.schedule.get("api") == "transaction":
-            groups[(None, None)] = numbers  # a group is resent whole: it is one transfer
-        for n in numbers if not groups else ():
-            m = message(n, self.entity)
-            key = (m.partition_key, m.session_id) if not self.profile.partitioned else (
-                m.message_id, None)
-            groups.setdefault(key, []).append(n)
-        for group in groups.values():
-            now = self.time.now()
-            extra = 0.0
-            if self.window is not None:
-                age = now - origin
-                extra = age + RESUME_SLACK
-                if self.margin + extra + 0.1 >= self.window:
-                    self.journal.write({"ev": "expired", "ids": group, "t": now,
-                                        "origin": origin, "kind": kind, "chunk": chunk,
-                                        "resumes": resumes})
-                    self.log(f"refusing to resend {len(group)} ids first tried {age:.1f}s ago")
-                    continue
-            self._attempt(backend, group, kind=kind, chunk=chunk, origin=origin, extra=extra,
-                          resumes=resumes)
+        now = self.time.now()
+        extra = 0.0
+        if self.window is not None:
+            age = now - origin
+            extra = age + RESUME_SLACK
+            if self.margin + extra + 0.1 >= self.window:
+                self.journal.write({"ev": "expired", "ids": numbers, "t": now,
+                                    "origin": origin, "kind": kind, "chunk": chunk,
+                                    "resumes": resumes})
+                self.log(f"refusing to resend {len(numbers)} ids first tried {age:.1f}s ago")
+                return
+        self._attempt(backend, numbers, kind=kind, chunk=chunk, origin=origin, extra=extra,
+                      resumes=resumes)
 
     def _attempt(
         self, backend: Any, numbers: list[int], *, kind: str, chunk: int | None,
@@ -376,9 +366,10 @@ class Producer:
         report = SendReport()
         with IdempotentSender(backend, self.profile, retry=self.policy(extra)) as sender:
             api = self.schedule.get("api", "send_many")
+            first = None if api == "transaction" else origin  # resumes keep their deadline
             if api == "send_many":
                 if now_:
-                    part = sender.send_many(now_)
+                    part = sender.send_many(now_, first_attempt=first)
                     report.results.extend(part.results)
                     report.failures.extend(part.failures)
             elif api == "transaction":
@@ -394,10 +385,12 @@ class Producer:
                     )
             else:
                 for m in now_:
-                    self._one(report, m, lambda m=m: sender.send(m))
+                    self._one(report, m, lambda m=m: sender.send(m, first_attempt=first))
+            at = datetime.fromtimestamp(SCHEDULED_AT, UTC)
             for m in later:
-                at = datetime.fromtimestamp(SCHEDULED_AT, UTC)
-                self._one(report, m, lambda m=m, at=at: sender.schedule(m, at))
+                self._one(
+                    report, m, lambda m=m: sender.schedule(m, at, first_attempt=first)
+                )
         self.journal.write(self.done_event(call_id, report))
 
     @staticmethod
