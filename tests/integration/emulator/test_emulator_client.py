@@ -1,4 +1,8 @@
-"""The unmodified azure-servicebus client against the emulator, over a real socket."""
+"""The unmodified azure-servicebus client against the emulator, over a real socket.
+
+Senders are opened with ``keep_alive=None``: the client's keep-alive thread
+sleeps in 1 s steps and makes every close wait up to a second.
+"""
 
 from __future__ import annotations
 
@@ -53,7 +57,7 @@ def test_single_list_and_batch_sends_arrive_in_order(
     emulator: Emulator, store: LocalBackend
 ) -> None:
     with client(emulator) as sb:
-        with sb.get_queue_sender("orders") as sender:
+        with sb.get_queue_sender("orders", keep_alive=None) as sender:
             sender.send_messages(ServiceBusMessage(b"one", message_id="o-1"), timeout=10)
             sender.send_messages(
                 [
@@ -79,7 +83,7 @@ def test_single_list_and_batch_sends_arrive_in_order(
 def test_duplicates_are_accepted_and_dropped_per_inner_message(
     emulator: Emulator, store: LocalBackend
 ) -> None:
-    with client(emulator) as sb, sb.get_queue_sender("orders") as sender:
+    with client(emulator) as sb, sb.get_queue_sender("orders", keep_alive=None) as sender:
         sender.send_messages(ServiceBusMessage(b"a", message_id="d-1"), timeout=10)
         batch = sender.create_message_batch()
         batch.add_message(ServiceBusMessage(b"a again", message_id="d-1"))  # duplicate
@@ -102,7 +106,7 @@ def test_properties_survive_the_round_trip(emulator: Emulator) -> None:
         time_to_live=timedelta(minutes=5),
     )
     with client(emulator) as sb:
-        with sb.get_queue_sender("orders") as sender:
+        with sb.get_queue_sender("orders", keep_alive=None) as sender:
             sender.send_messages(sent, timeout=10)
         (got,) = drain(sb, "orders", 1)
     assert got.message_id == "p-1"
@@ -124,7 +128,7 @@ def test_scheduled_messages_arrive_after_their_time(
 ) -> None:
     at = datetime.now(UTC) + timedelta(seconds=1)
     with client(emulator) as sb:
-        with sb.get_queue_sender("orders") as sender:
+        with sb.get_queue_sender("orders", keep_alive=None) as sender:
             numbers = sender.schedule_messages(
                 [
                     ServiceBusMessage(b"s1", message_id="s-1"),
@@ -146,7 +150,7 @@ def test_scheduled_messages_arrive_after_their_time(
 
 def test_cancel_scheduled_message(emulator: Emulator, store: LocalBackend) -> None:
     at = datetime.now(UTC) + timedelta(hours=1)
-    with client(emulator) as sb, sb.get_queue_sender("orders") as sender:
+    with client(emulator) as sb, sb.get_queue_sender("orders", keep_alive=None) as sender:
         (n1,) = sender.schedule_messages(ServiceBusMessage(b"x", message_id="c-1"), at, timeout=10)
         (n2,) = sender.schedule_messages(ServiceBusMessage(b"y", message_id="c-2"), at, timeout=10)
         sender.cancel_scheduled_messages(n1, timeout=10)
@@ -155,7 +159,7 @@ def test_cancel_scheduled_message(emulator: Emulator, store: LocalBackend) -> No
 
 def test_peek_lock_complete_and_abandon(emulator: Emulator, store: LocalBackend) -> None:
     with client(emulator) as sb:
-        with sb.get_queue_sender("orders") as sender:
+        with sb.get_queue_sender("orders", keep_alive=None) as sender:
             sender.send_messages(
                 [
                     ServiceBusMessage(b"1", message_id="l-1"),
@@ -179,7 +183,7 @@ def test_peek_lock_complete_and_abandon(emulator: Emulator, store: LocalBackend)
 
 def test_peek_messages_through_management(emulator: Emulator) -> None:
     with client(emulator) as sb:
-        with sb.get_queue_sender("orders") as sender:
+        with sb.get_queue_sender("orders", keep_alive=None) as sender:
             sender.send_messages(ServiceBusMessage(b"peek", message_id="k-1"), timeout=10)
         with sb.get_queue_receiver("orders") as receiver:
             peeked = receiver.peek_messages(max_message_count=5, timeout=10)
@@ -188,7 +192,7 @@ def test_peek_messages_through_management(emulator: Emulator) -> None:
 
 def test_topic_fans_out_to_subscriptions(emulator: Emulator, store: LocalBackend) -> None:
     with client(emulator) as sb:
-        with sb.get_topic_sender("events") as sender:
+        with sb.get_topic_sender("events", keep_alive=None) as sender:
             sender.send_messages(ServiceBusMessage(b"e", message_id="e-1"), timeout=10)
             sender.send_messages(ServiceBusMessage(b"e", message_id="e-1"), timeout=10)  # dup
         a = drain(sb, "events", 1, subscription="a")
@@ -201,7 +205,7 @@ def test_unknown_entity_is_refused(emulator: Emulator) -> None:
     with (
         client(emulator) as sb,
         pytest.raises(ServiceBusError),
-        sb.get_queue_sender("nope") as sender,
+        sb.get_queue_sender("nope", keep_alive=None) as sender,
     ):
         sender.send_messages(ServiceBusMessage(b"x", message_id="n-1"), timeout=10)
 
@@ -209,7 +213,7 @@ def test_unknown_entity_is_refused(emulator: Emulator) -> None:
 def test_local_and_emulator_messages_interoperate(emulator: Emulator, store: LocalBackend) -> None:
     store.send("orders", [Message(b"from local", message_id="i-1", subject="s")], timeout=5)
     with client(emulator) as sb:
-        with sb.get_queue_sender("orders") as sender:
+        with sb.get_queue_sender("orders", keep_alive=None) as sender:
             sender.send_messages(ServiceBusMessage(b"from client", message_id="i-2"), timeout=10)
         got = drain(sb, "orders", 1)
         assert [(m.message_id, body(m), m.subject) for m in got] == [("i-1", b"from local", "s")]
@@ -219,7 +223,7 @@ def test_local_and_emulator_messages_interoperate(emulator: Emulator, store: Loc
 
 def test_renew_lock_and_dead_letter(emulator: Emulator, store: LocalBackend) -> None:
     with client(emulator) as sb:
-        with sb.get_queue_sender("orders") as sender:
+        with sb.get_queue_sender("orders", keep_alive=None) as sender:
             sender.send_messages(ServiceBusMessage(b"r", message_id="rl-1"), timeout=10)
         with sb.get_queue_receiver("orders") as receiver:
             (message,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
@@ -252,7 +256,7 @@ def test_waiting_receiver_gets_a_message_stored_later_through_local(
 def test_large_messages_and_the_link_size_limit(emulator: Emulator, store: LocalBackend) -> None:
     big = bytes(range(256)) * 800  # 200 KB: several AMQP frames
     with client(emulator) as sb:
-        with sb.get_queue_sender("orders") as sender:
+        with sb.get_queue_sender("orders", keep_alive=None) as sender:
             sender.send_messages(ServiceBusMessage(big, message_id="big-1"), timeout=10)
             with pytest.raises(MessageSizeExceededError):  # amqp:link:message-size-exceeded
                 sender.send_messages(ServiceBusMessage(big * 2, message_id="big-2"), timeout=10)
@@ -267,7 +271,7 @@ def test_the_clients_own_retries_are_deduplicated(emulator: Emulator, store: Loc
     sb = ServiceBusClient.from_connection_string(
         emulator.connection_string, retry_backoff_factor=0.01
     )
-    with sb, sb.get_queue_sender("orders") as sender:
+    with sb, sb.get_queue_sender("orders", keep_alive=None) as sender:
         sender.send_messages(ServiceBusMessage(b"x", message_id="self-1"), timeout=10)
     assert emulator.transfers("orders") == 2
     assert store.message_ids("orders") == ["self-1"]

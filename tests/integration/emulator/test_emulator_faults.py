@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.emulator, pytest.mark.timeout(60)]
 
 def send_one(emu: Emulator, message_id: str, *, timeout: float = 10) -> None:
     sb = ServiceBusClient.from_connection_string(emu.connection_string, retry_total=0)
-    with sb, sb.get_queue_sender("orders") as sender:
+    with sb, sb.get_queue_sender("orders", keep_alive=None) as sender:
         sender.send_messages(ServiceBusMessage(b"x", message_id=message_id), timeout=timeout)
 
 

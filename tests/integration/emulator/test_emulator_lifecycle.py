@@ -73,7 +73,7 @@ def test_cli_serves_until_interrupted(broker_path: Path) -> None:
         conn_str = proc.stdout.readline().strip()
         assert conn_str.startswith("Endpoint=sb://127.0.0.1:")
         sb = ServiceBusClient.from_connection_string(conn_str, retry_total=0)
-        with sb, sb.get_queue_sender("orders") as sender:
+        with sb, sb.get_queue_sender("orders", keep_alive=None) as sender:
             sender.send_messages(ServiceBusMessage(b"cli", message_id="cli-1"), timeout=10)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=20)
