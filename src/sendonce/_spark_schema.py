@@ -169,13 +169,16 @@ def find_conflicts(
     null_fields = list(
         dict.fromkeys([*id_fields, *([spec.body] if isinstance(spec.body, str) else [])])
     )
+    # A 64-bit hash of the payload per row; a key whose smallest and largest hash
+    # differ has two payloads. min/max aggregate map-side, unlike count(distinct).
     if isinstance(spec.body, str):
-        payload = quoted(spec.body)
+        payload = F.xxhash64(quoted(spec.body))
         source = df.select(*[quoted(c) for c in plan.columns])
     elif spec.body is None:
-        payload = F.struct(*[quoted(c) for c in plan.columns])
-        if any(_has_map(df.schema[c].dataType) for c in plan.columns):
-            payload = F.to_json(payload)  # maps cannot be compared; their JSON can
+        by_name = {f.name: f.dataType for f in df.schema.fields}
+        payload = F.xxhash64(
+            *[F.to_json(quoted(c)) if _has_map(by_name[c]) else quoted(c) for c in plan.columns]
+        )
         source = df
     else:
         source, payload = _digests(df, spec, plan)
@@ -184,9 +187,9 @@ def find_conflicts(
         for i, c in enumerate(null_fields)
     ]
     grouped = source.groupBy(*[quoted(k) for k in keys]).agg(
-        F.count_distinct(payload).alias("__payloads"), *flags
+        (F.min(payload) != F.max(payload)).alias("__conflict"), *flags
     )
-    condition = F.col("__payloads") > 1
+    condition = F.col("__conflict")
     for i in range(len(null_fields)):
         condition = condition | (F.col(f"__null_{i}") > 0)
     offenders = grouped.where(condition).limit(CONFLICTS_SHOWN * 4).collect()

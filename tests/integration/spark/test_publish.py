@@ -160,3 +160,18 @@ def test_report_counts_and_partitions_with_the_entity_given_by_name(
         }
     finally:
         backend.close()
+
+
+def test_a_callable_body_is_checked_for_conflicts_on_the_executors(
+    spark: Any, broker: tuple[str, Path]
+) -> None:
+    url, path = broker
+    df = orders(spark, 30, 2)
+    clash = MessageSpec("c-{customer}", body=lambda r: f"order {r['order_id']}")
+    with pytest.raises(ConflictingRowsError) as caught:
+        publish(df, url, ENTITY, clash)
+    assert all(i.startswith("c-customer-") for i in caught.value.message_ids)
+    assert ids_on(path) == []
+    fine = MessageSpec("c-{customer}", body=lambda r: f"customer {r['customer']}")
+    report = publish(df, url, ENTITY, fine)
+    assert report.delivered == 30 and sorted(ids_on(path)) == [f"c-customer-{i}" for i in range(7)]

@@ -1,0 +1,139 @@
+"""Spark publishing speed: publish() against a bare foreachPartition, measured in one run.
+
+Run: python bench/bench_spark.py [--rows 1000000] [--master local[2]] [--body json|column]
+
+Each variant reads the same five columns of the same DataFrame on ``local[2]``:
+
+- ``bare foreachPartition``: iterate the rows, read the five fields by name, send nothing;
+- ``bare mapInArrow``: the same columns through Arrow (``to_pylist``), send nothing;
+- ``publish``: the full call -- driver checks (schema, null ids, conflicting rows),
+  Arrow stage building ids and bodies, one sender per partition, the local broker;
+- ``publish, no conflict check``: the same without the distributed conflict check;
+- ``partition_publisher``: the ``foreachPartition`` path, same broker and spec.
+
+It prints rows per second and the ratio of each to the bare foreachPartition.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from sendonce import EntityProfile, MessageSpec
+from sendonce.backends.local import LocalBackend
+from sendonce.spark import partition_publisher, publish
+
+FIELDS = ("order_id", "customer", "amount", "placed_at", "status")
+
+
+def session(master: str) -> Any:
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master(master)
+        .appName("sendonce-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", "2g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def orders(spark: Any, rows: int, partitions: int) -> Any:
+    return spark.range(rows, numPartitions=partitions).selectExpr(
+        "id as order_id",
+        "concat('customer-', cast(id % 1009 as string)) as customer",
+        "cast(id % 100000 * 0.01 as decimal(10,2)) as amount",
+        "timestamp'2026-01-01 00:00:00' + make_interval(0, 0, 0, 0, 0, 0, id) as placed_at",
+        "case when id % 3 = 0 then 'new' else 'paid' end as status",
+    )
+
+
+def bare_rows(rows: Iterator[Any]) -> None:
+    for row in rows:
+        row.order_id, row.customer, row.amount, row.placed_at, row.status  # noqa: B018
+
+
+def bare_arrow(batches: Iterator[Any]) -> Iterator[Any]:
+    import pyarrow as pa
+
+    count = 0
+    for batch in batches:
+        columns = [batch.column(name).to_pylist() for name in FIELDS]
+        count += len(columns[0])
+    yield pa.RecordBatch.from_pylist([{"n": count}])
+
+
+def timed(label: str, fn: Callable[[], object], rows: int, results: dict[str, float]) -> None:
+    began = time.perf_counter()
+    fn()
+    seconds = time.perf_counter() - began
+    results[label] = seconds
+    print(f"  {label:<34} {seconds:7.2f} s  {rows / seconds:>10,.0f} rows/s", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--body", choices=("json", "column"), default="json")
+    args = parser.parse_args()
+    rows = args.rows
+    spark = session(args.master)
+    df = orders(spark, rows, args.partitions)
+    body = None if args.body == "json" else "customer"
+    spec = MessageSpec("order-{order_id}.{customer}/created", body=body)
+    entity = EntityProfile("orders")
+    print(
+        f"{rows:,} rows, {args.partitions} partitions, master {args.master}, "
+        f"id {spec.message_id.template!r}, body {'JSON of the row' if body is None else body}"
+    )
+    df.selectExpr("count(*)").collect()  # warm the JVM and the Python workers
+    results: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        urls = {name: f"local://{Path(tmp) / name}.db" for name in ("a", "b", "c")}
+        timed("bare foreachPartition", lambda: df.foreachPartition(bare_rows), rows, results)
+        timed(
+            "bare mapInArrow",
+            lambda: df.select(*FIELDS).mapInArrow(bare_arrow, "n long").collect(),
+            rows,
+            results,
+        )
+        timed("publish", lambda: publish(df, urls["a"], entity, spec), rows, results)
+        timed(
+            "publish, no conflict check",
+            lambda: publish(df, urls["b"], entity, spec, check_conflicts=False),
+            rows,
+            results,
+        )
+        timed(
+            "partition_publisher (foreachPartition)",
+            lambda: df.foreachPartition(partition_publisher(urls["c"], entity, spec)),
+            rows,
+            results,
+        )
+        for name in ("a", "b", "c"):
+            backend = LocalBackend(str(Path(tmp) / f"{name}.db"))
+            stored = backend.count("orders")
+            backend.close()
+            assert stored == rows, f"{name}: {stored} messages for {rows} rows"
+    spark.stop()
+    base = results["bare foreachPartition"]
+    print("ratios to the bare foreachPartition (lower is faster; target for publish <= 2.0):")
+    for label, seconds in results.items():
+        print(f"  {label:<34} {seconds / base:5.2f}x")
+
+
+if __name__ == "__main__":
+    main()
