@@ -383,7 +383,9 @@ class AzureServiceBusBackend:
         self._senders[entity] = sender
         return sender
 
-    def _open_link(self, entity: str, sender: ServiceBusSender, timeout: float) -> float:
+    def _open_link(
+        self, entity: str, sender: ServiceBusSender, timeout: float, messages: list[Message]
+    ) -> float:
         """Open ``sender``'s link within ``timeout``; return the time left for the transfer.
 
         The client bounds a send on an open link by its ``timeout``, but not every
@@ -417,7 +419,10 @@ class AzureServiceBusBackend:
         if not done.wait(timeout):
             abandoned.set()
             self._senders.pop(entity, None)
-            _shut_socket(sender)
+            if done.is_set():  # it finished just now: the worker may not have seen the flag
+                _close_quietly(sender, entity)
+            else:
+                _shut_socket(sender)
             logger.warning(
                 "opening a link to %s took longer than %gs; the sender is abandoned",
                 entity,
@@ -425,7 +430,8 @@ class AzureServiceBusBackend:
             )
             raise TransientSendError(
                 f"opening a link to {entity!r} on {self._namespace!r} took longer than the "
-                f"{timeout:g} s timeout; nothing was sent"
+                f"{timeout:g} s timeout; nothing was sent",
+                **_ids(messages),
             )
         if outcome:
             raise outcome[0]
@@ -433,7 +439,8 @@ class AzureServiceBusBackend:
         left = timeout - (time.monotonic() - started)
         if left <= _MIN_TRANSFER_TIME:
             raise TransientSendError(
-                f"opening a link to {entity!r} used up the {timeout:g} s timeout; nothing was sent"
+                f"opening a link to {entity!r} used up the {timeout:g} s timeout; nothing was sent",
+                **_ids(messages),
             )
         return left
 
@@ -450,14 +457,8 @@ class AzureServiceBusBackend:
     def _fail(
         self, exc: BaseException, *, operation: str, entity: str, messages: Sequence[Message]
     ) -> SendError:
-        one = messages[0] if len(messages) == 1 else None
         error = map_error(
-            exc,
-            operation=operation,
-            entity=entity,
-            message_id=None if one is None else one.message_id,
-            partition_key=None if one is None else (one.partition_key or one.session_id),
-            count=len(messages),
+            exc, operation=operation, entity=entity, count=len(messages), **_ids(messages)
         )
         # After any failure the client may have shut the handler; reopening it inside
         # send_messages would not be bounded (see _open_link), so start from a new sender.
@@ -490,7 +491,7 @@ class AzureServiceBusBackend:
         with self._lock:
             sender = self._sender(entity)
             try:
-                left = self._open_link(entity, sender, timeout)
+                left = self._open_link(entity, sender, timeout, messages)
                 payload: Any = self._batch(sender, entity, messages, converted)
                 sender.send_messages(payload, timeout=left)
             except (ValidationError, TransientSendError):
@@ -569,7 +570,7 @@ class AzureServiceBusBackend:
         with self._lock:
             sender = self._sender(entity)
             try:
-                left = self._open_link(entity, sender, timeout)
+                left = self._open_link(entity, sender, timeout, messages)
                 numbers = sender.schedule_messages(converted, at, timeout=left)
             except (ValidationError, TransientSendError):
                 raise
@@ -624,6 +625,14 @@ class AzureServiceBusBackend:
             "AzureServiceBusBackend holds live connections and cannot be pickled: ship the "
             "connection string and call sendonce.backends.connect(url) on the executor"
         )
+
+
+def _ids(messages: Sequence[Message]) -> dict[str, str | None]:
+    """The message id and partition key an error names: only for a one-message transfer."""
+    if len(messages) != 1:
+        return {"message_id": None, "partition_key": None}
+    one = messages[0]
+    return {"message_id": one.message_id, "partition_key": one.partition_key or one.session_id}
 
 
 def _close_quietly(sender: ServiceBusSender, entity: str) -> None:

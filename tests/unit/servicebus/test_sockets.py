@@ -76,8 +76,9 @@ def _open_workers() -> list[threading.Thread]:
 def test_a_silent_peer_cannot_hang_send_or_schedule(silent: Peer) -> None:
     backend = AzureServiceBusBackend.from_connection_string(_conn_str(silent.port))
     try:
-        with pytest.raises(TransientSendError, match="nothing was sent"):
+        with pytest.raises(TransientSendError, match="nothing was sent") as info:
             backend.send("orders", [Message("x", message_id="m-1")], timeout=1)
+        assert info.value.message_id == "m-1"
         with pytest.raises(TransientSendError, match="nothing was sent"):
             backend.schedule(
                 "orders",
