@@ -177,12 +177,10 @@ def _apart(spans: list[tuple[int, float, float]], times: list[float], window: fl
     old; each copy must be explained by a different producer that was sending
     the id at that moment (one producer's copies are never excused).
     """
-    if any(b - a < window for a, b in zip(times, times[1:], strict=False)):
+    if any(b - a < window for a, b in itertools.pairwise(times)):
         return False
     slack = 0.001  # enqueue times are stored to the microsecond
-    senders = [
-        {p for p, start, end in spans if start - slack <= t <= end + slack} for t in times
-    ]
+    senders = [{p for p, start, end in spans if start - slack <= t <= end + slack} for t in times]
     producers = sorted({p for p, _, _ in spans})
     return any(
         all(p in senders[i] for i, p in enumerate(choice))
@@ -205,5 +203,7 @@ def _check_accounting(
             f"({len(reported)}), not its {len(attempt['ids'])} messages"
         )
     for n, error in done["other"]:
-        bad.append(f"report: producer {p} call {done['call']}: {message_id(n)} failed with "
-                   f"an unexpected error {error}")
+        bad.append(
+            f"report: producer {p} call {done['call']}: {message_id(n)} failed with "
+            f"an unexpected error {error}"
+        )

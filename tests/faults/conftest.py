@@ -10,7 +10,10 @@ from .suite import DEFAULT_SEEDS, SLOW_SEEDS, open_bug
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
-        "--seed", action="append", type=int, default=[],
+        "--seed",
+        action="append",
+        type=int,
+        default=[],
         help="run these fault-schedule seeds instead of the default set (repeatable)",
     )
 

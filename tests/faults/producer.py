@@ -28,6 +28,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -254,8 +255,10 @@ class Producer:
     # -- plumbing ---------------------------------------------------------------------
 
     def log(self, text: str) -> None:
-        print(f"[p{self.index}.{self.incarnation} t={self.time.now() - self.time.base:.2f}] {text}",
-              flush=True)
+        print(
+            f"[p{self.index}.{self.incarnation} t={self.time.now() - self.time.base:.2f}] {text}",
+            flush=True,
+        )
 
     def policy(self, extra_margin: float = 0.0) -> RetryPolicy:
         r = self.schedule["retry"]
@@ -290,7 +293,8 @@ class Producer:
 
             time_ = self.time
             emulator = Emulator(
-                db, poll_interval=0.02,
+                db,
+                poll_interval=0.02,
                 store_factory=lambda: LocalBackend(db, clock=time_.now_dt),
             )
             emulator.faults.add(*(FaultAction(a) for a in self.plan["emulator_faults"]))
@@ -306,7 +310,9 @@ class Producer:
             transport = LocalBackend(db, clock=self.time.now_dt)
         killer = KillSwitch(ScaledTimeouts(transport, self.time.speed), self.plan["kill"], self.log)
         faulty = FaultyBackend(
-            killer, self.fault_script(), slow_ack_delay=self.schedule["slow_ack_delay"],
+            killer,
+            self.fault_script(),
+            slow_ack_delay=self.schedule["slow_ack_delay"],
             sleep=self.time.sleep,
         )
 
@@ -320,8 +326,14 @@ class Producer:
     # -- one logical send -----------------------------------------------------------------
 
     def send_call(
-        self, backend: Any, numbers: list[int], *, kind: str, chunk: int | None,
-        origin: float | None, resumes: str | None = None,
+        self,
+        backend: Any,
+        numbers: list[int],
+        *,
+        kind: str,
+        chunk: int | None,
+        origin: float | None,
+        resumes: str | None = None,
     ) -> None:
         """Send ``numbers`` as journaled calls; ``origin`` is the first attempt of a resend.
 
@@ -332,8 +344,9 @@ class Producer:
         margin widened by the age of ``origin``, or not at all once too old.
         """
         if origin is None or self.schedule.get("api") != "transaction":
-            self._attempt(backend, numbers, kind=kind, chunk=chunk, origin=origin, extra=0.0,
-                          resumes=resumes)
+            self._attempt(
+                backend, numbers, kind=kind, chunk=chunk, origin=origin, extra=0.0, resumes=resumes
+            )
             return
         now = self.time.now()
         extra = 0.0
@@ -341,24 +354,49 @@ class Producer:
             age = now - origin
             extra = age + RESUME_SLACK
             if self.margin + extra + 0.1 >= self.window:
-                self.journal.write({"ev": "expired", "ids": numbers, "t": now,
-                                    "origin": origin, "kind": kind, "chunk": chunk,
-                                    "resumes": resumes})
+                self.journal.write(
+                    {
+                        "ev": "expired",
+                        "ids": numbers,
+                        "t": now,
+                        "origin": origin,
+                        "kind": kind,
+                        "chunk": chunk,
+                        "resumes": resumes,
+                    }
+                )
                 self.log(f"refusing to resend {len(numbers)} ids first tried {age:.1f}s ago")
                 return
-        self._attempt(backend, numbers, kind=kind, chunk=chunk, origin=origin, extra=extra,
-                      resumes=resumes)
+        self._attempt(
+            backend, numbers, kind=kind, chunk=chunk, origin=origin, extra=extra, resumes=resumes
+        )
 
     def _attempt(
-        self, backend: Any, numbers: list[int], *, kind: str, chunk: int | None,
-        origin: float | None, extra: float, resumes: str | None,
+        self,
+        backend: Any,
+        numbers: list[int],
+        *,
+        kind: str,
+        chunk: int | None,
+        origin: float | None,
+        extra: float,
+        resumes: str | None,
     ) -> None:
         now = self.time.now()
         call_id = f"{self.incarnation}.{self.seq}"
         self.seq += 1
-        self.journal.write({"ev": "attempt", "call": call_id, "ids": numbers, "t": now,
-                            "origin": now if origin is None else origin, "kind": kind,
-                            "chunk": chunk, "resumes": resumes})
+        self.journal.write(
+            {
+                "ev": "attempt",
+                "call": call_id,
+                "ids": numbers,
+                "t": now,
+                "origin": now if origin is None else origin,
+                "kind": kind,
+                "chunk": chunk,
+                "resumes": resumes,
+            }
+        )
         messages = [message(n, self.entity) for n in numbers]
         every = self.schedule.get("scheduled_every", 0)
         later = [m for m in messages if every and id_number(m.message_id) % every == 0]
@@ -385,12 +423,10 @@ class Producer:
                     )
             else:
                 for m in now_:
-                    self._one(report, m, lambda m=m: sender.send(m, first_attempt=first))
+                    self._one(report, m, partial(sender.send, m, first_attempt=first))
             at = datetime.fromtimestamp(SCHEDULED_AT, UTC)
             for m in later:
-                self._one(
-                    report, m, lambda m=m: sender.schedule(m, at, first_attempt=first)
-                )
+                self._one(report, m, partial(sender.schedule, m, at, first_attempt=first))
         self.journal.write(self.done_event(call_id, report))
 
     @staticmethod
@@ -412,8 +448,16 @@ class Producer:
                 permanent.append(n)
             else:
                 other.append([n, f"{type(failure.error).__name__}: {failure.error}"])
-        return {"ev": "done", "call": call_id, "t": self.time.now(), "sent": sent,
-                "duplicate": dup, "in_doubt": in_doubt, "permanent": permanent, "other": other}
+        return {
+            "ev": "done",
+            "call": call_id,
+            "t": self.time.now(),
+            "sent": sent,
+            "duplicate": dup,
+            "in_doubt": in_doubt,
+            "permanent": permanent,
+            "other": other,
+        }
 
     # -- the run ------------------------------------------------------------------------------
 
@@ -470,11 +514,20 @@ class Producer:
             # 1. whatever an earlier incarnation left in flight
             for attempt, left in self.in_flight():
                 self.log(f"resuming call {attempt['call']} ({len(left)} ids)")
-                self.send_call(backend, left, kind="resume", chunk=attempt["chunk"],
-                               origin=attempt["origin"], resumes=attempt["call"])
+                self.send_call(
+                    backend,
+                    left,
+                    kind="resume",
+                    chunk=attempt["chunk"],
+                    origin=attempt["origin"],
+                    resumes=attempt["call"],
+                )
             # 2. the chunks not attempted yet
-            started = {e["chunk"] for e in self.journal.events
-                       if e["ev"] in ("attempt", "expired") and e.get("chunk") is not None}
+            started = {
+                e["chunk"]
+                for e in self.journal.events
+                if e["ev"] in ("attempt", "expired") and e.get("chunk") is not None
+            }
             for k, numbers in enumerate(chunks):
                 if k in started:
                     continue
@@ -488,15 +541,22 @@ class Producer:
                     for n, origin in doubt.items():
                         by_origin.setdefault(origin, []).append(n)
                     for origin, numbers in sorted(by_origin.items()):
-                        self.send_call(backend, sorted(numbers), kind="redrive_doubt",
-                                       chunk=None, origin=origin)
+                        self.send_call(
+                            backend,
+                            sorted(numbers),
+                            kind="redrive_doubt",
+                            chunk=None,
+                            origin=origin,
+                        )
                 if self.schedule["permanent_policy"] == "redrive" and permanent:
-                    self.send_call(backend, permanent, kind="redrive_permanent", chunk=None,
-                                   origin=None)
+                    self.send_call(
+                        backend, permanent, kind="redrive_permanent", chunk=None, origin=None
+                    )
         finally:
             close()
-        self.journal.write({"ev": "finished", "incarnation": self.incarnation,
-                            "t": self.time.now()})
+        self.journal.write(
+            {"ev": "finished", "incarnation": self.incarnation, "t": self.time.now()}
+        )
         self.log("finished")
 
 

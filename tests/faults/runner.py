@@ -69,7 +69,9 @@ class _Process:
         self.progress = 0
         self.proc = subprocess.Popen(
             [sys.executable, str(PRODUCER), str(run_json), str(producer), str(index)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         self._err: list[str] = []
@@ -109,9 +111,7 @@ def prepare_broker(db: Path, schedule: dict[str, Any]) -> None:
                 broker.create_subscription(profile.name, name)
 
 
-def run_schedule(
-    schedule: dict[str, Any], workdir: Path, *, timeout: float = 120.0
-) -> RunResult:
+def run_schedule(schedule: dict[str, Any], workdir: Path, *, timeout: float = 120.0) -> RunResult:
     """Run ``schedule`` in ``workdir`` (a fresh directory) and collect what happened."""
     workdir.mkdir(parents=True, exist_ok=True)
     db = workdir / "broker.db"
@@ -149,8 +149,11 @@ def run_schedule(
         for p, proc in list(running.items()):
             rec = proc.record
             if (
-                external is not None and external["producer"] == p and rec.index == 0
-                and proc.progress > external["after_progress"] and proc.proc.poll() is None
+                external is not None
+                and external["producer"] == p
+                and rec.index == 0
+                and proc.progress > external["after_progress"]
+                and proc.proc.poll() is None
             ):
                 proc.proc.send_signal(signal.SIGKILL)
                 rec.killed_by_runner = True
@@ -163,8 +166,10 @@ def run_schedule(
             if rec.returncode == -signal.SIGKILL:
                 nxt = rec.index + 1
                 if nxt >= len(plans):
-                    errors.append(f"producer {p} incarnation {rec.index} was killed and has no "
-                                  "next incarnation")
+                    errors.append(
+                        f"producer {p} incarnation {rec.index} was killed and has no "
+                        "next incarnation"
+                    )
                     continue
                 delay = plans[nxt]["restart_delay_s"] / speed
                 restart_at[p] = (time.monotonic() + delay, nxt)
@@ -179,8 +184,13 @@ def run_schedule(
     }
     stored, by_sub = read_broker(db, schedule)
     return RunResult(
-        schedule, journals, sorted(records, key=lambda r: (r.producer, r.index)), stored, by_sub,
-        errors, time.monotonic() - started,
+        schedule,
+        journals,
+        sorted(records, key=lambda r: (r.producer, r.index)),
+        stored,
+        by_sub,
+        errors,
+        time.monotonic() - started,
     )
 
 
@@ -191,9 +201,7 @@ def read_broker(db: Path, schedule: dict[str, Any]) -> tuple[list[Stored], dict[
     with LocalBackend(db) as broker:
         first = SUBSCRIPTIONS[0] if topic else None
         peeked = broker.peek(entity, max_messages=1_000_000, subscription=first)
-        stored = [
-            Stored(m.message_id, m.body, m.enqueued_time.timestamp()) for m in peeked
-        ]
+        stored = [Stored(m.message_id, m.body, m.enqueued_time.timestamp()) for m in peeked]
         by_sub: dict[str, list[str]] = {}
         if topic:
             by_sub["(topic)"] = broker.message_ids(entity)

@@ -35,7 +35,7 @@ def generate(seed: int, *, emulator: bool = True) -> dict[str, Any]:
 
     partitioned = rng.random() < 0.35
     sessions = rng.random() < 0.3
-    entity = {
+    entity: dict[str, Any] = {
         "name": "orders",
         "kind": "topic" if rng.random() < 0.15 else "queue",
         "partitioned": partitioned,
@@ -81,8 +81,8 @@ def generate(seed: int, *, emulator: bool = True) -> dict[str, Any]:
     else:
         total = rng.randint(100, 300)
     chunk = rng.choice([5, 10, 20]) if entity["partitioned"] else rng.choice([5, 10, 25, 50])
-    producers = []
-    for p in range(n_producers):
+    producers: list[dict[str, Any]] = []
+    for _p in range(n_producers):
         # overlapping id ranges: each producer takes a random window of the id space
         if n_producers == 1:
             ids = list(range(total))
@@ -97,8 +97,9 @@ def generate(seed: int, *, emulator: bool = True) -> dict[str, Any]:
                 rng.shuffle(ids)
         calls = len(ids) if entity["partitioned"] else -(-len(ids) // chunk)
         n_incarnations = rng.choice([1, 2]) if use_emulator else rng.choice([1, 2, 2, 3])
-        fault_rate = rng.choice([0.0, 0.05, 0.1]) if use_emulator else rng.choice(
-            [0.0, 0.1, 0.2, 0.35])
+        fault_rate = (
+            rng.choice([0.0, 0.05, 0.1]) if use_emulator else rng.choice([0.0, 0.1, 0.2, 0.35])
+        )
         weights = [4, 4, 2, 1]
         incarnations = []
         for inc in range(n_incarnations):
@@ -128,15 +129,18 @@ def generate(seed: int, *, emulator: bool = True) -> dict[str, Any]:
             restart_delay = 0.0
             if inc > 0:
                 restart_delay = (
-                    rng.uniform(0, 1.4 * entity["window_s"]) if short_window
+                    rng.uniform(0, 1.4 * entity["window_s"])
+                    if short_window
                     else rng.uniform(0, 0.3)
                 )
-            incarnations.append({
-                "faults": faults,
-                "emulator_faults": emulator_faults,
-                "kill": kill,
-                "restart_delay_s": round(restart_delay, 3),
-            })
+            incarnations.append(
+                {
+                    "faults": faults,
+                    "emulator_faults": emulator_faults,
+                    "kill": kill,
+                    "restart_delay_s": round(restart_delay, 3),
+                }
+            )
         producers.append({"ids": ids, "incarnations": incarnations})
 
     external_kill = None
@@ -145,10 +149,14 @@ def generate(seed: int, *, emulator: bool = True) -> dict[str, Any]:
         # n-th committed chunk (if it gets that far); one more incarnation restarts it
         victim = rng.randrange(n_producers)
         external_kill = {"producer": victim, "after_progress": rng.randint(0, 4)}
-        producers[victim]["incarnations"].append({
-            "faults": {}, "emulator_faults": [], "kill": None,
-            "restart_delay_s": round(rng.uniform(0, 0.3), 3),
-        })
+        producers[victim]["incarnations"].append(
+            {
+                "faults": {},
+                "emulator_faults": [],
+                "kill": None,
+                "restart_delay_s": round(rng.uniform(0, 0.3), 3),
+            }
+        )
     return {
         "seed": seed,
         "transport": "emulator" if use_emulator else "local",
@@ -184,7 +192,8 @@ def summary(schedule: dict[str, Any]) -> str:
     faults = sum(len(i["faults"]) for p in producers for i in p["incarnations"])
     emu = sum(
         sum(1 for a in i["emulator_faults"] if a != "none")
-        for p in producers for i in p["incarnations"]
+        for p in producers
+        for i in p["incarnations"]
     )
     traits.append(f"producers={len(producers)}")
     traits.append(f"ids={len({n for p in producers for n in p['ids']})}")

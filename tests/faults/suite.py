@@ -13,7 +13,30 @@ from .schedule import dumps, generate, summary
 REPLAY = "python -m tests.faults.replay {seed}    (or: pytest tests/faults --seed {seed})"
 
 DEFAULT_SEEDS = (
-    2, 3, 4, 5, 6, 8, 9, 12, 13, 15, 16, 21, 22, 25, 29, 30, 33, 36, 37, 40, 43, 48, 51, 60,
+    2,
+    3,
+    4,
+    5,
+    6,
+    8,
+    9,
+    12,
+    13,
+    15,
+    16,
+    21,
+    22,
+    25,
+    29,
+    30,
+    33,
+    36,
+    37,
+    40,
+    43,
+    48,
+    51,
+    60,
 )
 """The seeds of the default run (about 90 s on a 2-core machine), picked so that every
 dimension appears: the emulator (21, 43), windows near their minimum under a fast
@@ -32,12 +55,15 @@ OPEN_BUGS: dict[str, str] = {
 def open_bug(schedule: dict[str, Any]) -> str | None:
     """The open bug a schedule's shape can trigger (its seed is then an expected failure)."""
     overlapping_groups = (
-        schedule["api"] == "transaction" and not schedule["groups_aligned"]
+        schedule["api"] == "transaction"
+        and not schedule["groups_aligned"]
         and len(schedule["producers"]) > 1
     )
     if overlapping_groups and "BUG-3" in OPEN_BUGS:
         return OPEN_BUGS["BUG-3"]
     return None
+
+
 SLOW_SEEDS = tuple(range(1000, 1300))
 """The seeds of ``pytest -m slow tests/faults``."""
 
@@ -62,8 +88,11 @@ class Outcome:
         ]
         for rec in self.result.incarnations:
             how = (
-                "killed by runner" if rec.killed_by_runner
-                else "SIGKILL (self)" if rec.returncode == -9 else f"exit {rec.returncode}"
+                "killed by runner"
+                if rec.killed_by_runner
+                else "SIGKILL (self)"
+                if rec.returncode == -9
+                else f"exit {rec.returncode}"
             )
             lines.append(
                 f"  producer {rec.producer}.{rec.index}: t={rec.started - s['clock']['base']:.2f}"

@@ -23,10 +23,25 @@ def attempt(call: str, ids: list[int], t: float = 0.0, **extra: Any) -> dict[str
     return {"ev": "attempt", "call": call, "ids": ids, "t": t, "origin": t, **extra}
 
 
-def done(call: str, t: float = 1.0, *, sent: list[int] = (), duplicate: list[int] = (),  # type: ignore[assignment]
-         in_doubt: list[int] = (), permanent: list[int] = ()) -> dict[str, Any]:  # type: ignore[assignment]
-    return {"ev": "done", "call": call, "t": t, "sent": list(sent), "duplicate": list(duplicate),
-            "in_doubt": list(in_doubt), "permanent": list(permanent), "other": []}
+def done(
+    call: str,
+    t: float = 1.0,
+    *,
+    sent: list[int] | None = None,
+    duplicate: list[int] | None = None,
+    in_doubt: list[int] | None = None,
+    permanent: list[int] | None = None,
+) -> dict[str, Any]:
+    return {
+        "ev": "done",
+        "call": call,
+        "t": t,
+        "sent": sent or [],
+        "duplicate": duplicate or [],
+        "in_doubt": in_doubt or [],
+        "permanent": permanent or [],
+        "other": [],
+    }
 
 
 def copies(*ns: int, at: float = 0.5) -> list[tuple[str, bytes, float]]:
@@ -79,7 +94,7 @@ def test_killed_in_flight_and_expired_counts_as_in_doubt() -> None:
 
 def test_phantoms_and_foreign_bodies_are_violations() -> None:
     journal = [attempt("0.0", [1]), done("0.0", sent=[1])]
-    stored = copies(1) + [("order-9", body(9).encode(), 0.5), ("other", b"x", 0.5)]
+    stored = [*copies(1), ("order-9", body(9).encode(), 0.5), ("other", b"x", 0.5)]
     assert sorted(kinds(check(schedule([1]), {0: journal}, stored))) == ["phantom", "phantom"]
     wrong = [(message_id(1), b"not the order", 0.5)]
     assert kinds(check(schedule([1]), {0: journal}, wrong)) == ["body"]

@@ -27,7 +27,6 @@ from .suite import run_seed
 pytestmark = pytest.mark.timeout(120)
 
 
-
 def no_sleep(seconds: float) -> None:
     pass
 
@@ -49,11 +48,15 @@ def test_bug1_permanent_after_in_doubt_is_in_doubt(tmp_path: Path) -> None:
 
 def test_bug1_single_send_raises_in_doubt(tmp_path: Path) -> None:
     with LocalBackend(tmp_path / "b.db") as broker:
-        faulty = FaultyBackend(broker, [Fault.SLOW_ACK, Fault.PERMANENT], slow_ack_delay=1e9,
-                               sleep=no_sleep)
-        with IdempotentSender(
-            faulty, EntityProfile("q"), retry=RetryPolicy(sleep=no_sleep)
-        ) as sender, pytest.raises(InDoubtError):
+        faulty = FaultyBackend(
+            broker, [Fault.SLOW_ACK, Fault.PERMANENT], slow_ack_delay=1e9, sleep=no_sleep
+        )
+        with (
+            IdempotentSender(
+                faulty, EntityProfile("q"), retry=RetryPolicy(sleep=no_sleep)
+            ) as sender,
+            pytest.raises(InDoubtError),
+        ):
             sender.send(Message("b", message_id="x1"))
         assert broker.message_ids("q") == ["x1"]
 
