@@ -49,7 +49,7 @@ def generate(seed: int, *, emulator: bool = True) -> dict[str, Any]:
     if use_emulator:
         speed = 1.0
     elif short_window:
-        speed = round(entity["window_s"] / rng.uniform(1.0, 2.0), 1)  # window = 1-2 s real
+        speed = round(entity["window_s"] / rng.uniform(1.5, 2.5), 1)  # window = 1.5-2.5 s real
     else:
         speed = rng.choice([1.0, 5.0])
     retry = {
@@ -59,7 +59,8 @@ def generate(seed: int, *, emulator: bool = True) -> dict[str, Any]:
         "attempt_timeout": (
             rng.choice([2.0, 4.0]) if short_window else (1.0 if use_emulator else 0.5 * speed)
         ),
-        "safety_margin_s": rng.choice([5, 6, 8]) if short_window else 5,
+        # at least 0.4 s of real time: the margin must cover a descheduled process too
+        "safety_margin_s": max(rng.choice([5, 6, 8]), round(0.4 * speed, 1)) if short_window else 5,
     }
 
     # transactional groups (all or nothing, Artemis): local broker, unpartitioned
