@@ -81,8 +81,12 @@ class Outcome:
     def explain(self, *, verbose: bool = False) -> str:
         """Everything needed to understand and replay a run."""
         s = self.result.schedule
+        state = "OK" if self.ok else "FAILED"
+        bug = open_bug(s)
+        if bug is not None and not self.ok:
+            state += f" (expected while {bug.split(':')[0]} is open)"
         lines = [
-            f"seed {self.seed}: {'OK' if self.ok else 'FAILED'} in {self.result.elapsed:.1f}s",
+            f"seed {self.seed}: {state} in {self.result.elapsed:.1f}s",
             f"  {summary(s)}",
             f"  stats: {self.verdict.stats}",
         ]
