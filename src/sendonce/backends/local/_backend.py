@@ -803,10 +803,7 @@ class LocalBackend:
             sub = self._sub(conn, eid, profile, subscription)
             cur = conn.execute(sql, (eid, sub, lock_token, self._now()))
             if cur.rowcount == 0:
-                raise LockLostError(
-                    f"cannot {verb} the message with lock token {lock_token!r} on {entity!r}: "
-                    "the lock expired or the message was settled already"
-                )
+                _lock_lost(entity, lock_token, verb)
 
         self._write(work, timeout=self._busy_timeout)
 
