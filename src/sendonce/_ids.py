@@ -131,8 +131,8 @@ def _canonical_slow(value: object, field: str) -> str:
         raise MessageIdError(
             f"field {field!r}: bool is not an id value (True/1 would be ambiguous)", field=field
         )
-    if isinstance(value, float) or isinstance(value, numbers.Real) and not isinstance(
-        value, numbers.Integral | Decimal
+    if isinstance(value, float) or (
+        isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral | Decimal)
     ):
         raise MessageIdError(
             f"field {field!r}: float {value!r} has no stable text; use int, Decimal or str",
@@ -300,7 +300,9 @@ def _parse(template: str) -> tuple[list[str], list[str]]:
     try:
         parsed = list(string.Formatter().parse(template))
     except ValueError as exc:
-        raise MessageIdError(f"template {template!r} is malformed: {exc}", field="template") from None
+        raise MessageIdError(
+            f"template {template!r} is malformed: {exc}", field="template"
+        ) from None
     pending = ""
     for literal, name, spec, conversion in parsed:
         pending += literal
@@ -309,17 +311,20 @@ def _parse(template: str) -> tuple[list[str], list[str]]:
         if name == "" or name.isdigit():
             raise MessageIdError(
                 f"template {template!r}: positional field {{{name}}} is not allowed; "
-                "name each field", field="template",
+                "name each field",
+                field="template",
             )
         if not name.isidentifier():
             raise MessageIdError(
                 f"template {template!r}: field {{{name}}} must be a plain name "
-                "(no attribute or index access)", field="template",
+                "(no attribute or index access)",
+                field="template",
             )
         if conversion is not None or spec:
             raise MessageIdError(
                 f"template {template!r}: field {{{name}}} has a conversion or format spec; "
-                "ids use canonical formatting only", field="template",
+                "ids use canonical formatting only",
+                field="template",
             )
         if name in fields:
             raise MessageIdError(
@@ -360,16 +365,15 @@ def content_message_id(body: bytes | str, *, prefix: str = "") -> str:
     elif isinstance(body, bytes | bytearray | memoryview):
         data = bytes(body)
     else:
-        raise MessageIdError(
-            f"body must be bytes or str, got {type(body).__name__}", field="body"
-        )
+        raise MessageIdError(f"body must be bytes or str, got {type(body).__name__}", field="body")
     if not isinstance(prefix, str):
         raise MessageIdError("prefix must be a str", field="prefix")
     message_id = prefix + hashlib.sha256(data).hexdigest()
     if len(message_id) > MAX_ID_LENGTH:
         raise MessageIdError(
             f"prefix is {len(prefix)} characters; with the 64-character digest the id "
-            f"exceeds {MAX_ID_LENGTH}", field="prefix",
+            f"exceeds {MAX_ID_LENGTH}",
+            field="prefix",
         )
     return message_id
 

@@ -163,8 +163,13 @@ class Message:
 
     def _measure(self, body_length: int) -> int:
         size = body_length + len(self.message_id)
-        for extra in (self.partition_key, self.session_id, self.subject, self.content_type,
-                      self.correlation_id):
+        for extra in (
+            self.partition_key,
+            self.session_id,
+            self.subject,
+            self.content_type,
+            self.correlation_id,
+        ):
             if extra:
                 size += len(extra)
         if self.application_properties:
@@ -176,9 +181,18 @@ class Message:
         props = None if self.application_properties is None else dict(self.application_properties)
         return (
             _rebuild_message,
-            (self.body, self.message_id, self.partition_key, self.session_id,
-             self.scheduled_enqueue_time, self.subject, self.content_type, self.correlation_id,
-             props, self.time_to_live),
+            (
+                self.body,
+                self.message_id,
+                self.partition_key,
+                self.session_id,
+                self.scheduled_enqueue_time,
+                self.subject,
+                self.content_type,
+                self.correlation_id,
+                props,
+                self.time_to_live,
+            ),
         )
 
     def __hash__(self) -> int:
@@ -186,12 +200,29 @@ class Message:
 
 
 def _rebuild_message(*args: Any) -> Message:
-    (body, message_id, partition_key, session_id, when, subject, content_type, correlation_id,
-     props, ttl) = args
+    (
+        body,
+        message_id,
+        partition_key,
+        session_id,
+        when,
+        subject,
+        content_type,
+        correlation_id,
+        props,
+        ttl,
+    ) = args
     return Message(
-        body, message_id=message_id, partition_key=partition_key, session_id=session_id,
-        scheduled_enqueue_time=when, subject=subject, content_type=content_type,
-        correlation_id=correlation_id, application_properties=props, time_to_live=ttl,
+        body,
+        message_id=message_id,
+        partition_key=partition_key,
+        session_id=session_id,
+        scheduled_enqueue_time=when,
+        subject=subject,
+        content_type=content_type,
+        correlation_id=correlation_id,
+        application_properties=props,
+        time_to_live=ttl,
     )
 
 
@@ -248,8 +279,15 @@ class MessageSpec:
     ``record -> bytes | str``, or ``None`` for canonical JSON of the whole record.
     """
 
-    __slots__ = ("application_properties", "body", "content_type", "message_id",
-                 "partition_key", "session_id", "subject")
+    __slots__ = (
+        "application_properties",
+        "body",
+        "content_type",
+        "message_id",
+        "partition_key",
+        "session_id",
+        "subject",
+    )
 
     def __init__(
         self,
@@ -270,9 +308,7 @@ class MessageSpec:
             None if session_id is None else template_of(session_id, field="session_id")
         )
         if body is not None and not isinstance(body, str) and not callable(body):
-            raise ValidationError(
-                "body must be a field name, a callable or None", field="body"
-            )
+            raise ValidationError("body must be a field name, a callable or None", field="body")
         if isinstance(body, str) and not body:
             raise ValidationError("body field name must not be empty", field="body")
         self.body = body

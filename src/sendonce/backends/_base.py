@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal, Protocol, runtime_checkable
+from types import TracebackType
+from typing import Literal, Protocol, Self, runtime_checkable
 
 from .._entity import EntityProfile
 from .._message import Message
@@ -60,4 +61,17 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Release connections. Idempotent."""
+        ...
+
+    def __enter__(self) -> Self:
+        """Backends are context managers: ``with connect(url) as backend: ...``."""
+        ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool | None:
+        """Close the backend."""
         ...

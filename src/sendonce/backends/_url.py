@@ -36,7 +36,8 @@ def local_path(url: str) -> tuple[str, dict[str, str]]:
 
 
 def is_connection_string(url: str) -> bool:
-    return "endpoint=" in url.lower() and ";" in url or url.lower().startswith("endpoint=")
+    """Service Bus connection strings start with (or contain) ``Endpoint=sb://``."""
+    return url.startswith("Endpoint=") or ";Endpoint=" in url
 
 
 def connect(url: str, **options: Any) -> Backend:

@@ -22,11 +22,11 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
-from proton import Condition, Delivery, Endpoint, Handler, Link, Message, symbol
+from proton import Condition, Delivery, Endpoint, Handler, Link, Message, Terminus, symbol
 from proton.reactor import Container
 
 from ..errors import (
@@ -55,6 +55,12 @@ ARGUMENT_ERROR = "com.microsoft:argument-error"
 DECODE_ERROR = "amqp:decode-error"
 INTERNAL_ERROR = "amqp:internal-error"
 LOCK_LOST = "com.microsoft:message-lock-lost"
+SESSION_LOCK_LOST = "com.microsoft:session-lock-lost"
+SESSION_CANNOT_BE_LOCKED = "com.microsoft:session-cannot-be-locked"
+TIMEOUT = "com.microsoft:timeout"
+SESSION_FILTER = symbol("com.microsoft:session-filter")
+SESSION_LOCKED_UNTIL = symbol("com.microsoft:locked-until-utc")
+_DOTNET_EPOCH_TICKS = 621355968000000000  # 0001-01-01 to 1970-01-01 in 100 ns ticks
 
 _STORE_TIMEOUT = 30.0
 _RECEIVE_CREDIT = 200
@@ -105,6 +111,7 @@ class _Node:
     kind: str  # "entity" | "management" | "cbs"
     entity: str = ""
     subscription: str | None = None
+    session_id: str | None = None  # a session receiver's locked session
 
 
 @dataclass(eq=False)
@@ -331,6 +338,9 @@ class _Handler(Handler):
         self.locked: dict[Any, _Locked] = {}
         self.tokens: dict[uuid.UUID, _Locked] = {}
         self.senders: list[Any] = []  # links delivering to clients' receivers
+        # Session receivers: who holds which session, and the session states (in memory).
+        self.session_locks: dict[tuple[str, str | None, str], Any] = {}
+        self.session_states: dict[tuple[str, str | None, str], bytes | None] = {}
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -369,6 +379,8 @@ class _Handler(Handler):
         for link in [k for k in self.nodes if k.connection == connection]:
             self.nodes.pop(link, None)
         self.senders = [s for s in self.senders if s.connection != connection]
+        for key in [k for k, v in self.session_locks.items() if v.connection == connection]:
+            self.session_locks.pop(key, None)
         for dlv in [d for d in self.locked if d.link.connection == connection]:
             self.locked.pop(dlv, None)
 
@@ -380,17 +392,26 @@ class _Handler(Handler):
         else:
             path = _strip_address(link.remote_source.address)
         node = _parse_node(path)
-        link.source.copy(link.remote_source)
-        link.target.copy(link.remote_target)
-        link.snd_settle_mode = link.remote_snd_settle_mode
-        link.rcv_settle_mode = link.remote_rcv_settle_mode
         if node.kind == "entity":
-            error = self._check_entity(node, receiving=link.is_sender)
-            if error is not None:
+            refusal = self._check_entity(node, receiving=link.is_sender)
+            if refusal is None and link.is_sender:
+                refusal = self._lock_session(link, node)
+            if refusal is not None:
+                # As Service Bus does: an attach with a null terminus, then a detach
+                # with the error (the client fails the open on the null terminus).
+                link.source.type = Terminus.UNSPECIFIED
+                link.target.type = Terminus.UNSPECIFIED
                 link.open()
-                link.condition = _condition(NOT_FOUND, error)
+                link.condition = _condition(*refusal)
                 link.close()
                 return
+        link.source.copy(link.remote_source)
+        link.target.copy(link.remote_target)
+        if node.session_id is not None:
+            link.source.filter.clear()
+            link.source.filter.put_dict({SESSION_FILTER: node.session_id})
+        link.snd_settle_mode = link.remote_snd_settle_mode
+        link.rcv_settle_mode = link.remote_rcv_settle_mode
         if link.is_receiver:
             link.max_message_size = self._max_size(node)
         link.open()
@@ -400,19 +421,64 @@ class _Handler(Handler):
         elif node.kind == "entity":
             self.senders.append(link)
 
-    def _check_entity(self, node: _Node, *, receiving: bool) -> str | None:
+    def _check_entity(self, node: _Node, *, receiving: bool) -> tuple[str, str] | None:
         if not node.entity:
-            return "no entity named in the link address"
+            return NOT_FOUND, "no entity named in the link address"
         if "$" in node.entity or (node.subscription and "$" in node.subscription):
-            return f"{node.entity!r}: dead-letter and system queues are not emulated"
+            return NOT_FOUND, f"{node.entity!r}: dead-letter and system queues are not emulated"
         try:
             profile = self.store.describe(node.entity)
         except Exception:
-            return f"the messaging entity {node.entity!r} could not be found"
+            return NOT_FOUND, f"the messaging entity {node.entity!r} could not be found"
         if not receiving and node.subscription is not None:
-            return "cannot send to a subscription"
+            return NOT_FOUND, "cannot send to a subscription"
         if getattr(profile, "kind", "queue") == "topic" and receiving and not node.subscription:
-            return f"{node.entity!r} is a topic: receive from {node.entity}/Subscriptions/<name>"
+            return NOT_FOUND, (
+                f"{node.entity!r} is a topic: receive from {node.entity}/Subscriptions/<name>"
+            )
+        return None
+
+    def _lock_session(self, link: Any, node: _Node) -> tuple[str, str] | None:
+        """Give a session receiver its session (the one asked for, or the next available).
+
+        Returns an error (condition, description) when it cannot be locked.
+        """
+        filters = _terminus_map(link.remote_source.filter)
+        sessionful = bool(getattr(self.store.describe(node.entity), "sessions", False))
+        if str(SESSION_FILTER) not in filters:
+            if sessionful:
+                return ARGUMENT_ERROR, (
+                    f"{node.entity!r} requires sessions: open a session receiver"
+                )
+            return None
+        wanted = filters[str(SESSION_FILTER)]
+        session_id = _text(wanted) if wanted is not None else self._next_session(node)
+        if session_id is None:
+            return TIMEOUT, f"no session of {node.entity!r} has messages available"
+        key = (node.entity, node.subscription, session_id)
+        holder = self.session_locks.get(key)
+        if holder is not None and holder != link:
+            return SESSION_CANNOT_BE_LOCKED, f"session {session_id!r} is locked by another receiver"
+        self.session_locks[key] = link
+        node.session_id = session_id
+        until = datetime.now(UTC) + self.emulator.lock_duration
+        ticks = _DOTNET_EPOCH_TICKS + int(until.timestamp() * 10_000_000)
+        link.properties = {SESSION_LOCKED_UNTIL: ticks}
+        return None
+
+    def _next_session(self, node: _Node) -> str | None:
+        """A session with an available message that no receiver holds."""
+        now = datetime.now(UTC)
+        held = {k[2] for k in self.session_locks if k[:2] == (node.entity, node.subscription)}
+        for m in self.store.peek(node.entity, max_messages=500, subscription=node.subscription):
+            sid = m.session_id
+            if sid is None or sid in held:
+                continue
+            if m.locked_until is not None and m.locked_until > now:
+                continue
+            if m.scheduled_enqueue_time is not None and m.scheduled_enqueue_time > now:
+                continue
+            return str(sid)
         return None
 
     def _max_size(self, node: _Node) -> int:
@@ -428,9 +494,11 @@ class _Handler(Handler):
         link = event.link
         if not link.state & Endpoint.LOCAL_CLOSED:
             link.close()
-        self.nodes.pop(link, None)
+        node = self.nodes.pop(link, None)
         if link in self.senders:
             self.senders.remove(link)
+        if node is not None and node.session_id is not None:
+            self.session_locks.pop((node.entity, node.subscription, node.session_id), None)
 
     @_guarded
     def on_link_flow(self, event: Any) -> None:
@@ -671,6 +739,12 @@ class _Handler(Handler):
             return (200, None), {"expirations": self._renew(body)}
         if operation == "com.microsoft:peek-message":
             return self._peek(node, body)
+        if operation in (
+            "com.microsoft:renew-session-lock",
+            "com.microsoft:get-session-state",
+            "com.microsoft:set-session-state",
+        ):
+            return self._session_operation(node, operation, body)
         raise _MgmtError(501, NOT_IMPLEMENTED, f"{operation!r} is not emulated")
 
     def _schedule(self, link: Any, node: _Node, body: dict[str, Any]) -> list[int]:
@@ -765,6 +839,22 @@ class _Handler(Handler):
             expirations.append(_codec._ms(until))
         return expirations
 
+    def _session_operation(
+        self, node: _Node, operation: str, body: dict[str, Any]
+    ) -> tuple[tuple[int, str | None], Any]:
+        session_id = _text(body.get("session-id"))
+        key = (node.entity, node.subscription, session_id or "")
+        if session_id is None or key not in self.session_locks:
+            raise _MgmtError(410, SESSION_LOCK_LOST, f"session {session_id!r} is not locked")
+        if operation.endswith("renew-session-lock"):
+            until = datetime.now(UTC) + self.emulator.lock_duration
+            return (200, None), {"expiration": _codec._ms(until)}
+        if operation.endswith("get-session-state"):
+            return (200, None), {"session-state": self.session_states.get(key)}
+        state = body.get("session-state")
+        self.session_states[key] = bytes(state) if state is not None else None
+        return (200, None), {}
+
     def _peek(self, node: _Node, body: dict[str, Any]) -> tuple[tuple[int, str | None], Any]:
         count = int(body.get("message-count") or 1)
         start = body.get("from-sequence-number")
@@ -801,6 +891,7 @@ class _Handler(Handler):
                     node.entity,
                     max_messages=min(link.credit, 100),
                     subscription=node.subscription,
+                    session_id=node.session_id,
                     mode="peek_lock" if peek_lock else "receive_and_delete",
                     lock_duration=self.emulator.lock_duration,
                 )
@@ -890,6 +981,27 @@ class _MgmtError(Exception):
         self.status = status
         self.condition = condition
         self.description = description
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    return str(value)
+
+
+def _terminus_map(data: Any) -> dict[str, Any]:
+    """A terminus filter map with str keys (empty when absent)."""
+    if data is None:
+        return {}
+    data.rewind()
+    if not data.next():
+        return {}
+    value = _codec._copy(data.get_object())
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): (v.value if hasattr(v, "descriptor") else v) for k, v in value.items()}
 
 
 def _as_uuid(value: Any) -> uuid.UUID:
