@@ -11,10 +11,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceiveMode
+from azure.servicebus import (
+    NEXT_AVAILABLE_SESSION,
+    ServiceBusClient,
+    ServiceBusMessage,
+    ServiceBusReceiveMode,
+)
 from azure.servicebus.exceptions import MessageSizeExceededError, ServiceBusError
 
-from sendonce import Message
+from sendonce import EntityProfile, Message
 from sendonce.backends.local import LocalBackend
 from sendonce.emulator import Emulator, FaultAction
 
@@ -275,3 +280,32 @@ def test_the_clients_own_retries_are_deduplicated(emulator: Emulator, store: Loc
         sender.send_messages(ServiceBusMessage(b"x", message_id="self-1"), timeout=10)
     assert emulator.transfers("orders") == 2
     assert store.message_ids("orders") == ["self-1"]
+
+
+def test_session_receivers(emulator: Emulator, store: LocalBackend) -> None:
+    store.create_entity(EntityProfile("carts", sessions=True))
+    with client(emulator) as sb:
+        with sb.get_queue_sender("carts", keep_alive=None) as sender:
+            for message_id, session in (("a1", "A"), ("b1", "B"), ("a2", "A")):
+                message = ServiceBusMessage(message_id, message_id=message_id, session_id=session)
+                sender.send_messages(message, timeout=10)
+        with sb.get_queue_receiver("carts", session_id="A") as receiver:
+            assert receiver.session.session_id == "A"
+            got = receiver.receive_messages(max_message_count=2, max_wait_time=5)
+            assert [(m.message_id, m.session_id) for m in got] == [("a1", "A"), ("a2", "A")]
+            receiver.session.set_state(b"step-2")
+            assert receiver.session.get_state() == b"step-2"
+            assert receiver.session.renew_lock() > datetime.now(UTC)
+            for m in got:
+                receiver.complete_message(m)
+            # session A is held: a second receiver cannot lock it
+            with pytest.raises(ServiceBusError), sb.get_queue_receiver("carts", session_id="A"):
+                pass
+        with sb.get_queue_receiver("carts", session_id=NEXT_AVAILABLE_SESSION) as receiver:
+            assert receiver.session.session_id == "B"
+            (b1,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
+            receiver.complete_message(b1)
+        # a session entity refuses a plain receiver
+        with pytest.raises(ServiceBusError), sb.get_queue_receiver("carts") as plain:
+            plain.receive_messages(max_wait_time=1)
+    assert store.message_ids("carts") == []
