@@ -226,7 +226,6 @@ def test_servicebus_backend_repr_and_logs_hide_the_key(caplog: pytest.LogCapture
     assert SECRET not in caplog.text
 
 
-@pytest.mark.xfail(strict=True, reason="BUG B8: userinfo in the Endpoint shows in repr and logs")
 def test_servicebus_backend_repr_hides_endpoint_userinfo(caplog: pytest.LogCaptureFixture) -> None:
     pytest.importorskip("azure.servicebus")
     caplog.set_level(logging.DEBUG)

@@ -182,7 +182,9 @@ class AzureServiceBusBackend:
                     field="client",
                 )
             self._client = client
-            self._namespace = str(getattr(client, "fully_qualified_namespace", "?"))
+            self._namespace = str(getattr(client, "fully_qualified_namespace", "?")).rpartition(
+                "@"
+            )[2]
         elif connection_string is not None:
             if not isinstance(connection_string, str):
                 raise ConfigurationError(
@@ -201,7 +203,8 @@ class AzureServiceBusBackend:
             self._connection_string = connection_string
             self._emulator = _is_emulator(connection_string)
             self._entity_path = props.entity_path or None
-            self._namespace = props.fully_qualified_namespace
+            # parse_connection_string keeps any user:password@ of the endpoint: drop it.
+            self._namespace = props.fully_qualified_namespace.rpartition("@")[2]
             try:
                 self._client = ServiceBusClient.from_connection_string(connection_string, **options)
             except (ValueError, TypeError) as exc:
@@ -219,7 +222,7 @@ class AzureServiceBusBackend:
             if credential is None:
                 credential = _default_credential()
                 self._credential = credential
-            self._namespace = fully_qualified_namespace
+            self._namespace = fully_qualified_namespace.rpartition("@")[2]
             self._client = ServiceBusClient(fully_qualified_namespace, credential, **options)
         self._admin: Any = admin_client
         self._senders: dict[str, ServiceBusSender] = {}
