@@ -140,7 +140,8 @@ class RetryPolicy:
     def __repr__(self) -> str:
         return (
             f"RetryPolicy(max_attempts={self.max_attempts}, "
-            f"initial_backoff={self.initial_backoff}, max_backoff={self.max_backoff}, jitter={self.jitter}, "
+            f"initial_backoff={self.initial_backoff}, max_backoff={self.max_backoff}, "
+            f"jitter={self.jitter}, "
             f"attempt_timeout={self.attempt_timeout}, safety_margin={self.safety_margin!r})"
         )
 
