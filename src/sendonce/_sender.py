@@ -225,98 +225,46 @@ class _Plan:
         self.seen: dict[object, int] = {}
 
 
-class IdempotentSender:
-    """Sends messages so each business message lands exactly once.
+class SenderCore:
+    """What every sender does whatever its transport (sync or ``aio``): validation,
+    batching by the key rules, the payload-conflict memory, and accounting.
 
-    ``backend`` is a :class:`~sendonce.backends.Backend` (not closed by the
-    sender) or a url for :func:`~sendonce.backends.connect` (closed with the
-    sender). ``entity`` is an :class:`EntityProfile` or a name the backend can
-    describe. A profile given for a backend that can create entities (the local
-    broker) creates the entity if it does not exist yet.
+    Not public API; ``IdempotentSender`` and ``sendonce.aio.IdempotentSender`` build on it.
     """
 
-    def __init__(
+    profile: EntityProfile
+    retry: RetryPolicy
+    max_batch_messages: int
+    _memory: _IdMemory
+
+    def _configure(
         self,
-        backend: Backend | str,
-        entity: EntityProfile | str,
+        profile: EntityProfile,
         *,
-        retry: RetryPolicy | None = None,
-        require_duplicate_detection: bool = True,
-        memory_size: int = DEFAULT_MEMORY_SIZE,
-        max_batch_messages: int = DEFAULT_MAX_BATCH_MESSAGES,
+        retry: RetryPolicy | None,
+        require_duplicate_detection: bool,
+        memory_size: int,
+        max_batch_messages: int,
     ) -> None:
-        if isinstance(backend, str):
-            from .backends._url import connect
-
-            backend = connect(backend)
-            self._owns_backend = True
-        else:
-            self._owns_backend = False
-        self._backend = backend
-        try:
-            self.profile = self._resolve(backend, entity)
-            self.retry = retry if retry is not None else RetryPolicy()
-            if not isinstance(self.retry, RetryPolicy):
-                raise ConfigurationError("retry must be a RetryPolicy", field="retry")
-            if require_duplicate_detection:
-                self.profile.require_duplicate_detection()
-            self.retry.check_window(self.profile.window, entity=self.profile.name)
-            if not isinstance(memory_size, int) or memory_size < 1:
-                raise ConfigurationError("memory_size must be an int >= 1", field="memory_size")
-            if not isinstance(max_batch_messages, int) or max_batch_messages < 1:
-                raise ConfigurationError(
-                    "max_batch_messages must be an int >= 1", field="max_batch_messages"
-                )
-        except BaseException:
-            if self._owns_backend:
-                backend.close()
-            raise
+        self.profile = profile
+        self.retry = retry if retry is not None else RetryPolicy()
+        if not isinstance(self.retry, RetryPolicy):
+            raise ConfigurationError("retry must be a RetryPolicy", field="retry")
+        if require_duplicate_detection:
+            profile.require_duplicate_detection()
+        self.retry.check_window(profile.window, entity=profile.name)
+        if not isinstance(memory_size, int) or memory_size < 1:
+            raise ConfigurationError("memory_size must be an int >= 1", field="memory_size")
+        if not isinstance(max_batch_messages, int) or max_batch_messages < 1:
+            raise ConfigurationError(
+                "max_batch_messages must be an int >= 1", field="max_batch_messages"
+            )
         self.max_batch_messages = max_batch_messages
-        self._memory = _IdMemory(self.profile.window, memory_size)
-        self._transaction: Transaction | None = None
-        self._closed = False
-
-    @staticmethod
-    def _resolve(backend: Backend, entity: EntityProfile | str) -> EntityProfile:
-        if isinstance(entity, EntityProfile):
-            create = getattr(backend, "create_entity", None)
-            if create is not None:
-                create(entity, exist_ok=True)
-            declare = getattr(backend, "declare", None)
-            if declare is not None:
-                declare(entity)
-            return entity
-        if isinstance(entity, str) and entity:
-            return backend.describe(entity)
-        raise ConfigurationError(
-            "entity must be an EntityProfile or a non-empty entity name", field="entity"
-        )
-
-    # -- lifecycle -----------------------------------------------------------------
-
-    @property
-    def backend(self) -> Backend:
-        return self._backend
+        self._memory = _IdMemory(profile.window, memory_size)
 
     @property
     def entity(self) -> str:
         return self.profile.name
-
-    def close(self) -> None:
-        """Close the backend if this sender opened it. Idempotent."""
-        if not self._closed:
-            self._closed = True
-            if self._owns_backend:
-                self._backend.close()
-
-    def __enter__(self) -> IdempotentSender:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"IdempotentSender(entity={self.profile.name!r}, backend={self._backend!r})"
 
     # -- validation and batching -----------------------------------------------------
 
@@ -439,8 +387,6 @@ class IdempotentSender:
     def _remember(self, plan: _Plan) -> None:
         self._memory.add(plan.seen, self.retry.clock())
 
-    # -- sending -------------------------------------------------------------------
-
     def _started(self, first_attempt: float | datetime | None) -> float | None:
         """A resumed call's first attempt on the policy's clock (a datetime is wall time)."""
         if first_attempt is None:
@@ -458,6 +404,159 @@ class IdempotentSender:
             "first_attempt must be a datetime or a time on the retry policy's clock",
             field="first_attempt",
         )
+
+    def _account(
+        self,
+        report: SendReport,
+        batch: Sequence[Message],
+        attempted: Attempted[list[Ack]],
+        failed: dict[object, SendError],
+    ) -> None:
+        """Record an acknowledged transfer; members of an ignored group are failures."""
+        acks = attempted.value
+        if not any(a.outcome == "ignored" for a in acks):
+            report._add_chunk(batch, attempted)
+            return
+        culprits = [
+            m.message_id for m, a in zip(batch, acks, strict=True) if a.outcome == "duplicate"
+        ]
+        kept = [(m, a) for m, a in zip(batch, acks, strict=True) if a.outcome != "ignored"]
+        if kept:
+            report._add_chunk(
+                [m for m, _ in kept],
+                Attempted([a for _, a in kept], attempted.attempts, attempted.in_doubt_before),
+            )
+        for message, ack in zip(batch, acks, strict=True):
+            if ack.outcome != "ignored":
+                continue
+            error = PermanentSendError(
+                f"message {message.message_id!r} was not stored: the broker ignored its whole "
+                f"all-or-nothing group because member(s) {culprits[:5]!r} are duplicates. Resend "
+                "it in a group without them.",
+                message_id=message.message_id,
+                partition_key=message.partition_key,
+                condition="sendonce:group-ignored",
+            )
+            report.failures.append(SendFailure(message.message_id, message.partition_key, error))
+            failed[self._key_of(message)] = error
+
+    def _fail(
+        self,
+        batch: Sequence[Message],
+        exc: SendError,
+        report: SendReport,
+        failed: dict[object, SendError],
+    ) -> None:
+        """Record a transfer that failed: one failure per message, each naming its id."""
+        for message in batch:
+            error = exc if len(batch) == 1 else _per_message(exc, message)
+            report.failures.append(SendFailure(message.message_id, message.partition_key, error))
+            failed[self._key_of(message)] = error
+        logger.warning("send of %d message(s) to %r failed: %s", len(batch), self.profile.name, exc)
+
+    def _account_repeats(
+        self,
+        items: Sequence[Message],
+        plan: _Plan,
+        report: SendReport,
+        failed: dict[object, SendError],
+    ) -> None:
+        """A repeat inside one call shares the fate of its first copy."""
+        for index in plan.repeats:
+            message = items[index]
+            error = failed.get(self._key_of(message)) if failed else None
+            if error is not None:
+                report.failures.append(
+                    SendFailure(message.message_id, message.partition_key, error)
+                )
+            else:
+                report._results.append(
+                    SendResult(message.message_id, message.partition_key, "duplicate", 0, None)
+                )
+
+
+class IdempotentSender(SenderCore):
+    """Sends messages so each business message lands exactly once.
+
+    ``backend`` is a :class:`~sendonce.backends.Backend` (not closed by the
+    sender) or a url for :func:`~sendonce.backends.connect` (closed with the
+    sender). ``entity`` is an :class:`EntityProfile` or a name the backend can
+    describe. A profile given for a backend that can create entities (the local
+    broker) creates the entity if it does not exist yet.
+    """
+
+    def __init__(
+        self,
+        backend: Backend | str,
+        entity: EntityProfile | str,
+        *,
+        retry: RetryPolicy | None = None,
+        require_duplicate_detection: bool = True,
+        memory_size: int = DEFAULT_MEMORY_SIZE,
+        max_batch_messages: int = DEFAULT_MAX_BATCH_MESSAGES,
+    ) -> None:
+        if isinstance(backend, str):
+            from .backends._url import connect
+
+            backend = connect(backend)
+            self._owns_backend = True
+        else:
+            self._owns_backend = False
+        self._backend = backend
+        try:
+            self._configure(
+                self._resolve(backend, entity),
+                retry=retry,
+                require_duplicate_detection=require_duplicate_detection,
+                memory_size=memory_size,
+                max_batch_messages=max_batch_messages,
+            )
+        except BaseException:
+            if self._owns_backend:
+                backend.close()
+            raise
+        self._transaction: Transaction | None = None
+        self._closed = False
+
+    @staticmethod
+    def _resolve(backend: Backend, entity: EntityProfile | str) -> EntityProfile:
+        if isinstance(entity, EntityProfile):
+            create = getattr(backend, "create_entity", None)
+            if create is not None:
+                create(entity, exist_ok=True)
+            declare = getattr(backend, "declare", None)
+            if declare is not None:
+                declare(entity)
+            return entity
+        if isinstance(entity, str) and entity:
+            return backend.describe(entity)
+        raise ConfigurationError(
+            "entity must be an EntityProfile or a non-empty entity name", field="entity"
+        )
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    @property
+    def backend(self) -> Backend:
+        return self._backend
+
+    def close(self) -> None:
+        """Close the backend if this sender opened it. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            if self._owns_backend:
+                self._backend.close()
+
+    def __enter__(self) -> IdempotentSender:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"IdempotentSender(entity={self.profile.name!r}, backend={self._backend!r})"
+
+    # -- sending -------------------------------------------------------------------
 
     def _attempt_transfer(
         self, batch: Sequence[Message], *, atomic: bool = False, started: float | None = None
@@ -533,17 +632,7 @@ class IdempotentSender:
         failed: dict[object, SendError] = {}
         for batch in plan.batches:
             self._send_batch(batch, report, failed, started)
-        for index in plan.repeats:  # a repeat inside one call shares its first copy's fate
-            message = items[index]
-            error = failed.get(self._key_of(message)) if failed else None
-            if error is not None:
-                report.failures.append(
-                    SendFailure(message.message_id, message.partition_key, error)
-                )
-            else:
-                report._results.append(
-                    SendResult(message.message_id, message.partition_key, "duplicate", 0, None)
-                )
+        self._account_repeats(items, plan, report, failed)
         return report
 
     def _send_batch(
@@ -563,52 +652,9 @@ class IdempotentSender:
             self._send_batch(batch[half:], report, failed, started)
             return
         except (InDoubtError, PermanentSendError) as exc:
-            for message in batch:
-                error = exc if len(batch) == 1 else _per_message(exc, message)
-                report.failures.append(
-                    SendFailure(message.message_id, message.partition_key, error)
-                )
-                failed[self._key_of(message)] = error
-            logger.warning(
-                "send of %d message(s) to %r failed: %s", len(batch), self.profile.name, exc
-            )
+            self._fail(batch, exc, report, failed)
             return
         self._account(report, batch, attempted, failed)
-
-    def _account(
-        self,
-        report: SendReport,
-        batch: Sequence[Message],
-        attempted: Attempted[list[Ack]],
-        failed: dict[object, SendError],
-    ) -> None:
-        """Record an acknowledged transfer; members of an ignored group are failures."""
-        acks = attempted.value
-        if not any(a.outcome == "ignored" for a in acks):
-            report._add_chunk(batch, attempted)
-            return
-        culprits = [
-            m.message_id for m, a in zip(batch, acks, strict=True) if a.outcome == "duplicate"
-        ]
-        kept = [(m, a) for m, a in zip(batch, acks, strict=True) if a.outcome != "ignored"]
-        if kept:
-            report._add_chunk(
-                [m for m, _ in kept],
-                Attempted([a for _, a in kept], attempted.attempts, attempted.in_doubt_before),
-            )
-        for message, ack in zip(batch, acks, strict=True):
-            if ack.outcome != "ignored":
-                continue
-            error = PermanentSendError(
-                f"message {message.message_id!r} was not stored: the broker ignored its whole "
-                f"all-or-nothing group because member(s) {culprits[:5]!r} are duplicates. Resend "
-                "it in a group without them.",
-                message_id=message.message_id,
-                partition_key=message.partition_key,
-                condition="sendonce:group-ignored",
-            )
-            report.failures.append(SendFailure(message.message_id, message.partition_key, error))
-            failed[self._key_of(message)] = error
 
     def schedule(
         self, message: Message, at: datetime, *, first_attempt: float | datetime | None = None
