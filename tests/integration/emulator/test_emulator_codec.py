@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from azure.servicebus import ServiceBusMessage
@@ -24,9 +25,10 @@ def encoded(message: ServiceBusMessage) -> bytes:
 
 
 def encoded_batch(*messages: ServiceBusMessage) -> bytes:
-    batch = PyamqpTransport.build_batch_message([])
+    batch: Any = PyamqpTransport.build_batch_message([])
     for m in messages:
-        pyamqp_utils.add_batch(batch, PyamqpTransport.to_outgoing_amqp_message(m.raw_amqp_message))
+        outgoing = PyamqpTransport.to_outgoing_amqp_message(m.raw_amqp_message)
+        pyamqp_utils.add_batch(batch, outgoing)  # type: ignore[no-untyped-call]
     pyamqp_utils.set_message_properties(batch, [messages[0].message_id])
     out = bytearray()
     encode_payload(out, BatchMessage(*batch))
@@ -96,7 +98,7 @@ def test_restamp_keeps_every_other_section_byte_for_byte() -> None:
     restamped = {s.code: out[s.start : s.end] for s in _codec.split_sections(out)}
     for code in (_codec.PROPERTIES, _codec.APPLICATION_PROPERTIES, _codec.DATA):
         assert restamped[code] == kept[code]
-    decoded = decode_payload(memoryview(out))
+    decoded: Any = decode_payload(memoryview(out))
     assert decoded.message_annotations[b"x-opt-sequence-number"] == 42
     assert decoded.message_annotations[b"x-opt-enqueued-time"] == int(enqueued.timestamp() * 1000)
     assert decoded.header.delivery_count == 2
@@ -106,7 +108,9 @@ def test_messages_stored_without_raw_bytes_are_encoded_for_the_client() -> None:
     raw = _codec.encode_fields(
         message_id="l-1", body=b"local", subject="s", application_properties={"p": 1}
     )
-    decoded = decode_payload(memoryview(_codec.restamp(raw, sequence_number=1, enqueued_time=None)))
+    decoded: Any = decode_payload(
+        memoryview(_codec.restamp(raw, sequence_number=1, enqueued_time=None))
+    )
     assert decoded.properties.message_id == b"l-1"
     assert list(decoded.data) == [b"local"]
     assert decoded.application_properties == {b"p": 1}
