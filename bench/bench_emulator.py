@@ -19,7 +19,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from azure.servicebus import ServiceBusClient, ServiceBusMessage
+from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSender
+from azure.servicebus.exceptions import MessageSizeExceededError
 
 from sendonce import EntityProfile, IdempotentSender, Message, RetryPolicy
 from sendonce.backends import AzureServiceBusBackend
@@ -44,23 +45,23 @@ def bodies(n: int, prefix: str) -> list[tuple[str, bytes]]:
     return [(f"{prefix}-{i}", b'{"order": %d, "amount": "12.50"}' % i) for i in range(n)]
 
 
-def raw_singles(sender: object, items: list[tuple[str, bytes]]) -> None:
+def raw_singles(sender: ServiceBusSender, items: list[tuple[str, bytes]]) -> None:
     for message_id, body in items:
-        sender.send_messages(ServiceBusMessage(body, message_id=message_id), timeout=30)  # type: ignore[attr-defined]
+        sender.send_messages(ServiceBusMessage(body, message_id=message_id), timeout=30)
 
 
-def raw_batches(sender: object, items: list[tuple[str, bytes]]) -> None:
-    batch = sender.create_message_batch()  # type: ignore[attr-defined]
+def raw_batches(sender: ServiceBusSender, items: list[tuple[str, bytes]]) -> None:
+    batch = sender.create_message_batch()
     for message_id, body in items:
         message = ServiceBusMessage(body, message_id=message_id)
         try:
             batch.add_message(message)
-        except Exception:  # full: send it and start the next one
-            sender.send_messages(batch, timeout=30)  # type: ignore[attr-defined]
-            batch = sender.create_message_batch()  # type: ignore[attr-defined]
+        except MessageSizeExceededError:  # full: send it and start the next one
+            sender.send_messages(batch, timeout=30)
+            batch = sender.create_message_batch()
             batch.add_message(message)
     if len(batch):
-        sender.send_messages(batch, timeout=30)  # type: ignore[attr-defined]
+        sender.send_messages(batch, timeout=30)
 
 
 def sendonce_singles(sender: IdempotentSender, items: list[tuple[str, bytes]]) -> None:
