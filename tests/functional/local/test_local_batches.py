@@ -1,0 +1,91 @@
+"""A batch stores every column exactly, whatever mix of bodies and optional fields it holds."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from sendonce import Message
+
+
+def fields(m):  # what must round-trip
+    return (
+        m.message_id,
+        m.body,
+        m.partition_key,
+        m.session_id,
+        m.subject,
+        m.scheduled_enqueue_time,
+        m.sequence_number,
+    )
+
+
+BODIES = [
+    b'{"plain": "json"}',
+    "unicode body: \u00e9\u4e2d\U0001f600",
+    b"\xff\xfe not utf-8",
+    b"nul \x00 inside",
+    b"",
+    '"quotes" and \\ backslashes\n',
+]
+
+
+@pytest.mark.parametrize("odd", range(len(BODIES)))
+def test_batch_bodies_round_trip(broker, make_entity, odd):
+    make_entity(partitioned=True)
+    batch = [Message(BODIES[0], message_id=f"m{i}") for i in range(5)]
+    batch[2] = Message(BODIES[odd], message_id="m2", partition_key="pk")
+    acks = broker.send("orders", batch, timeout=5)
+    got = broker.receive("orders", max_messages=10)
+    expected = [m.body_bytes for m in batch]
+    assert [m.body for m in got] == expected
+    assert [m.partition_key for m in got] == [None, None, "pk", None, None]
+    assert [m.sequence_number for m in got] == [a.sequence_number for a in acks]
+
+
+def test_batch_with_mixed_optional_fields(broker, make_entity, clock):
+    make_entity("events", kind="topic")
+    for sub in ("a", "b"):
+        broker.create_subscription("events", sub)
+    later = clock.now + timedelta(minutes=5)
+    batch = [
+        Message("x", message_id="plain"),
+        Message("y", message_id="keyed", partition_key="k", session_id="k"),
+        Message("z", message_id="props", subject="s", application_properties={"n": 1}),
+        Message("w", message_id="sched", scheduled_enqueue_time=later),
+    ]
+    broker.send("events", batch, timeout=5)
+    for sub in ("a", "b"):
+        stored = broker.peek("events", subscription=sub, max_messages=10)
+        assert [m.message_id for m in stored] == ["plain", "keyed", "props", "sched"]
+        assert [m.session_id for m in stored] == [None, "k", None, None]
+        assert stored[2].subject == "s" and dict(stored[2].application_properties or {}) == {"n": 1}
+        assert stored[3].scheduled_enqueue_time == later
+        assert stored[0].scheduled_enqueue_time is None
+        assert [m.enqueued_time for m in stored] == [clock.now] * 4
+    assert broker.count("events", subscription="a") == 3
+    clock.advance(minutes=5)
+    assert broker.count("events", subscription="a") == 4
+
+
+def test_batch_with_a_duplicate_stores_the_others(broker, make_entity):
+    make_entity()
+    broker.send("orders", [Message("old", message_id="b")], timeout=5)
+    acks = broker.send(
+        "orders", [Message(f"new {i}", message_id=k) for i, k in enumerate("abc")], timeout=5
+    )
+    assert [a.outcome for a in acks] == ["accepted", "duplicate", "accepted"]
+    assert [(m.message_id, m.body) for m in broker.receive("orders", max_messages=5)] == [
+        ("b", b"old"),
+        ("a", b"new 0"),
+        ("c", b"new 2"),
+    ]
+
+
+def test_large_batch_over_the_json_limit(broker, make_entity):
+    make_entity(max_message_size=1024 * 1024)
+    body = b"x" * 600_000
+    batch = [Message(body, message_id=f"big{i}") for i in range(16)]  # ~9.6 MB
+    broker.send("orders", batch, timeout=30)
+    assert [len(m.body) for m in broker.receive("orders", max_messages=20)] == [600_000] * 16
