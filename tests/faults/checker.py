@@ -19,8 +19,9 @@ producer was sending the id: nothing the SDK promises covers that case. Copies
 from one producer never are.
 
 Each send call's report must account for every message of the call exactly
-once, and ``duplicate`` must never be reported for the first send of an id only
-one producer sends (no earlier copy can exist).
+once, a sequence number it reports must be the stored copy's, and
+``duplicate`` must never be reported for the first send of an id only one
+producer sends (no earlier copy can exist).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def check(
     stored: list[tuple[str, bytes, float]],
     by_subscription: dict[str, list[str]] | None = None,
     incarnation_ends: dict[tuple[int, int], float] | None = None,
+    *,
+    sequences: dict[str, int] | None = None,
 ) -> Verdict:
     """Compare the final entity contents with the producers' journals."""
     verdict = Verdict()
@@ -86,6 +89,8 @@ def check(
                 done_calls.add(e["call"])
                 _check_accounting(p, attempts.get(e["call"]), e, bad)
                 confirmed.update(e["sent"], e["duplicate"])
+                if sequences is not None:
+                    _check_sequences(p, e, sequences, bad)
                 doubt.update(e["in_doubt"])
                 permanent.update(e["permanent"])
                 for n in e["duplicate"]:
@@ -186,6 +191,19 @@ def _apart(spans: list[tuple[int, float, float]], times: list[float], window: fl
         all(p in senders[i] for i, p in enumerate(choice))
         for choice in itertools.permutations(producers, len(times))
     )
+
+
+def _check_sequences(
+    p: int, done: dict[str, Any], sequences: dict[str, int], bad: list[str]
+) -> None:
+    """A sequence number the sender reported is the one of the copy the broker holds."""
+    for n, seq in done.get("seq", []):
+        held = sequences.get(message_id(n))
+        if held is not None and held != seq:
+            bad.append(
+                f"sequence: producer {p} call {done['call']} was told {message_id(n)} has "
+                f"sequence number {seq}, but the stored copy has {held}"
+            )
 
 
 def _check_accounting(

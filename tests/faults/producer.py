@@ -457,6 +457,12 @@ class Producer:
             "in_doubt": in_doubt,
             "permanent": permanent,
             "other": other,
+            # the sequence numbers the sender reported, to check against the broker
+            "seq": [
+                [id_number(r.message_id), r.sequence_number]
+                for r in report.results
+                if r.sequence_number is not None
+            ],
         }
 
     # -- the run ------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ class Stored:
     message_id: str
     body: bytes
     enqueued: float  # schedule time, epoch seconds
+    sequence_number: int
 
 
 @dataclass
@@ -201,7 +202,10 @@ def read_broker(db: Path, schedule: dict[str, Any]) -> tuple[list[Stored], dict[
     with LocalBackend(db) as broker:
         first = SUBSCRIPTIONS[0] if topic else None
         peeked = broker.peek(entity, max_messages=1_000_000, subscription=first)
-        stored = [Stored(m.message_id, m.body, m.enqueued_time.timestamp()) for m in peeked]
+        stored = [
+            Stored(m.message_id, m.body, m.enqueued_time.timestamp(), m.sequence_number)
+            for m in peeked
+        ]
         by_sub: dict[str, list[str]] = {}
         if topic:
             by_sub["(topic)"] = broker.message_ids(entity)
