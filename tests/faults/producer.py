@@ -291,18 +291,21 @@ class Producer:
             from sendonce.backends import AzureServiceBusBackend, LocalBackend
             from sendonce.emulator import Emulator, FaultAction
 
-            time_ = self.time
-            emulator = Emulator(
-                db,
-                poll_interval=0.02,
-                store_factory=lambda: LocalBackend(db, clock=time_.now_dt),
-            )
-            emulator.faults.add(*(FaultAction(a) for a in self.plan["emulator_faults"]))
-            emulator.start()
-            cleanup.append(emulator.stop)
+            conn_str = self.run.get("connection_string")
+            if conn_str is None:
+                # an emulator of our own: it dies with this process, like a broker node
+                time_ = self.time
+                emulator = Emulator(
+                    db,
+                    poll_interval=0.02,
+                    store_factory=lambda: LocalBackend(db, clock=time_.now_dt),
+                )
+                emulator.faults.add(*(FaultAction(a) for a in self.plan["emulator_faults"]))
+                emulator.start()
+                cleanup.append(emulator.stop)
+                conn_str = emulator.connection_string
             transport = AzureServiceBusBackend(
-                connection_string=emulator.connection_string,
-                profiles={self.profile.name: self.profile},
+                connection_string=conn_str, profiles={self.profile.name: self.profile}
             )
         else:
             from sendonce.backends import LocalBackend

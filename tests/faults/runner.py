@@ -1,11 +1,12 @@
 """Runs one schedule: real producer processes, SIGKILLs and restarts, then reads the broker.
 
 Every producer is a separate Python process (``sys.executable``) over one
-broker file (directly, or through its own emulator with the real
-``azure-servicebus`` client). A producer either SIGKILLs itself at the call its
-schedule names, or is SIGKILLed by the runner after its n-th committed chunk;
-the runner restarts it after the scheduled delay (schedule time), as the next
-incarnation, until one finishes.
+broker file: directly, or with the real ``azure-servicebus`` client through an
+emulator, either its own (it dies with the producer) or one shared by all
+producers in the runner's process (it outlives their crashes). A producer
+either SIGKILLs itself at the call its schedule names, or is SIGKILLed by the
+runner after its n-th committed chunk; the runner restarts it after the
+scheduled delay (schedule time), as the next incarnation, until one finishes.
 """
 
 from __future__ import annotations
@@ -118,18 +119,54 @@ def run_schedule(schedule: dict[str, Any], workdir: Path, *, timeout: float = 12
     db = workdir / "broker.db"
     prepare_broker(db, schedule)
     started = time.monotonic()
-    run = {"schedule": schedule, "origin": started, "workdir": str(workdir), "db": str(db)}
+    run: dict[str, Any] = {
+        "schedule": schedule,
+        "origin": started,
+        "workdir": str(workdir),
+        "db": str(db),
+    }
+    clock = ScaledTime(schedule["clock"]["base"], started, schedule["clock"]["speed"])
+    emulator = None
+    if schedule["transport"] == "emulator" and schedule.get("emulator_shared"):
+        # one emulator for every producer: it outlives their crashes
+        from sendonce.emulator import Emulator
+
+        emulator = Emulator(
+            db, poll_interval=0.02, store_factory=lambda: LocalBackend(db, clock=clock.now_dt)
+        ).start()
+        run["connection_string"] = emulator.connection_string
     run_json = workdir / "run.json"
     run_json.write_text(json.dumps(run), encoding="utf-8")
-    clock = ScaledTime(schedule["clock"]["base"], started, schedule["clock"]["speed"])
+    try:
+        return _supervise(schedule, workdir, run_json, clock, emulator, started, timeout)
+    finally:
+        if emulator is not None:
+            emulator.stop()
+
+
+def _supervise(
+    schedule: dict[str, Any],
+    workdir: Path,
+    run_json: Path,
+    clock: ScaledTime,
+    emulator: Any,
+    started: float,
+    timeout: float,
+) -> RunResult:
+    def start(p: int, index: int) -> _Process:
+        if emulator is not None:
+            from sendonce.emulator import FaultAction
+
+            plan = schedule["producers"][p]["incarnations"][index]
+            emulator.faults.add(*(FaultAction(a) for a in plan["emulator_faults"]))
+        return _Process(run_json, p, index, clock)
+
     speed = schedule["clock"]["speed"]
     external = schedule.get("external_kill")
 
     errors: list[str] = []
     records: list[Incarnation] = []
-    running: dict[int, _Process] = {
-        p: _Process(run_json, p, 0, clock) for p in range(len(schedule["producers"]))
-    }
+    running: dict[int, _Process] = {p: start(p, 0) for p in range(len(schedule["producers"]))}
     restart_at: dict[int, tuple[float, int]] = {}
     deadline = started + timeout
     while running or restart_at:
@@ -146,7 +183,7 @@ def run_schedule(schedule: dict[str, Any], workdir: Path, *, timeout: float = 12
         for p, (when, index) in list(restart_at.items()):
             if now >= when:
                 del restart_at[p]
-                running[p] = _Process(run_json, p, index, clock)
+                running[p] = start(p, index)
         for p, proc in list(running.items()):
             rec = proc.record
             if (
@@ -183,7 +220,9 @@ def run_schedule(schedule: dict[str, Any], workdir: Path, *, timeout: float = 12
     journals = {
         p: read_journal(workdir / f"journal-{p}.jsonl") for p in range(len(schedule["producers"]))
     }
-    stored, by_sub = read_broker(db, schedule)
+    if emulator is not None:
+        emulator.stop()
+    stored, by_sub = read_broker(workdir / "broker.db", schedule)
     return RunResult(
         schedule,
         journals,

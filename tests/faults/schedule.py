@@ -158,9 +158,11 @@ def generate(seed: int, *, emulator: bool = True) -> dict[str, Any]:
                 "restart_delay_s": round(rng.uniform(0, 0.3), 3),
             }
         )
+    emulator_shared = use_emulator and rng.random() < 0.5
     return {
         "seed": seed,
         "transport": "emulator" if use_emulator else "local",
+        "emulator_shared": emulator_shared,
         "entity": entity,
         "clock": {"base": BASE_TIME, "speed": speed},
         "retry": retry,
@@ -180,7 +182,10 @@ def generate(seed: int, *, emulator: bool = True) -> dict[str, Any]:
 def summary(schedule: dict[str, Any]) -> str:
     """One line saying what a schedule exercises."""
     e = schedule["entity"]
-    traits = [schedule["transport"], e["kind"], f"window={e['window_s']}s"]
+    transport = schedule["transport"]
+    if transport == "emulator":
+        transport += "(shared)" if schedule.get("emulator_shared") else "(per-producer)"
+    traits = [transport, e["kind"], f"window={e['window_s']}s"]
     if e.get("id_cache_size"):
         traits.append("artemis-cache")
     if e["partitioned"]:
