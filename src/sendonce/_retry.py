@@ -9,9 +9,10 @@ flight when the broker may have forgotten the id.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
@@ -26,6 +27,7 @@ __all__ = ["Attempted", "RetryPolicy"]
 T = TypeVar("T")
 Clock = Callable[[], float]
 Sleep = Callable[[float], None]
+AsyncSleep = Callable[[float], Awaitable[None]]
 
 # Below this, an attempt has no realistic chance to complete: do not start it.
 MIN_ATTEMPT_TIME = 0.05
@@ -78,10 +80,12 @@ class RetryPolicy:
     """How the sender retries a send whose outcome is in doubt.
 
     Only ``TransientSendError`` is retried, always with the same message ids.
-    ``sleep`` and ``clock`` are injectable so tests never wait.
+    ``sleep`` and ``clock`` are injectable so tests never wait; ``async_sleep`` is the
+    sleep of :meth:`acall` (the ``sendonce.aio`` sender), which must not block the loop.
     """
 
     __slots__ = (
+        "async_sleep",
         "attempt_timeout",
         "clock",
         "initial_backoff",
@@ -105,6 +109,7 @@ class RetryPolicy:
         sleep: Sleep = time.sleep,
         clock: Clock = time.monotonic,
         seed: int | None = None,
+        async_sleep: AsyncSleep = asyncio.sleep,
     ) -> None:
         if not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1:
             raise ConfigurationError("max_attempts must be an int >= 1", field="max_attempts")
@@ -127,6 +132,8 @@ class RetryPolicy:
             )
         if not callable(sleep) or not callable(clock):
             raise ConfigurationError("sleep and clock must be callables", field="sleep")
+        if not callable(async_sleep):
+            raise ConfigurationError("async_sleep must be a callable", field="async_sleep")
         self.max_attempts = max_attempts
         self.initial_backoff = float(initial_backoff)
         self.max_backoff = float(max_backoff)
@@ -134,6 +141,7 @@ class RetryPolicy:
         self.attempt_timeout = float(attempt_timeout)
         self.safety_margin = safety_margin
         self.sleep = sleep
+        self.async_sleep = async_sleep
         self.clock = clock
         self.rng = random.Random(seed)
 
@@ -243,6 +251,92 @@ class RetryPolicy:
                 raise
             # An earlier attempt may have been stored before its ack was lost; a refusal of
             # the retry does not undo that, so the message is in doubt, not "not sent".
+            elapsed = timedelta(seconds=max(clock() - first, 0.0))
+            raise InDoubtError(
+                f"message {message_id!r} (partition key {partition_key!r}) is in doubt: an "
+                f"earlier attempt may have been stored, then attempt {attempts} was refused "
+                f"({type(exc).__name__}: {exc}). Resending it is safe only inside the entity's "
+                "duplicate-detection window.",
+                message_id=message_id,
+                partition_key=partition_key,
+                attempts=attempts,
+                elapsed=elapsed,
+                last_error=exc,
+            ) from exc
+        return Attempted(value, attempts, was_in_doubt)
+
+    async def acall(
+        self,
+        attempt: Callable[[float], Awaitable[T]],
+        *,
+        window: timedelta | None,
+        message_id: str | None,
+        partition_key: str | None = None,
+        started: float | None = None,
+    ) -> Attempted[T]:
+        """The asyncio mirror of :meth:`call`: ``await attempt(timeout)`` under the same rules.
+
+        Backoffs use ``async_sleep``, so other tasks run meanwhile. A cancellation of
+        the awaiting task is not a send error: it propagates unchanged (the attempt in
+        flight may or may not have been stored; see ``docs/aio.md``).
+        """
+        clock = self.clock
+        first = clock() if started is None else started
+        deadline = self.deadline(first, window)
+        in_doubt = False
+        attempts = 0
+
+        async def one_attempt() -> T:
+            nonlocal attempts, in_doubt
+            timeout = self.attempt_timeout
+            if deadline is not None:
+                timeout = min(timeout, deadline - clock())
+                if timeout < MIN_ATTEMPT_TIME:
+                    raise _DeadlinePassed()
+            attempts += 1
+            try:
+                return await attempt(timeout)
+            except TransientSendError:
+                in_doubt = True
+                raise
+
+        at_deadline = _StopAtDeadline(clock, deadline)
+        retrying = tenacity.AsyncRetrying(
+            stop=tenacity.stop_after_attempt(self.max_attempts) | at_deadline,
+            wait=_ExponentialBackoff(self.initial_backoff, self.max_backoff, self.jitter, self.rng),
+            retry=tenacity.retry_if_exception_type(TransientSendError),
+            sleep=self.async_sleep,
+            reraise=True,
+        )
+        was_in_doubt = False
+        try:
+            async for attempt_state in retrying:
+                with attempt_state:
+                    was_in_doubt = in_doubt
+                    value = await one_attempt()
+        except (TransientSendError, _DeadlinePassed) as exc:
+            last = exc if isinstance(exc, TransientSendError) else None
+            elapsed = timedelta(seconds=max(clock() - first, 0.0))
+            reason = (
+                "the duplicate-detection deadline (first attempt + window - safety margin) "
+                "would pass before another attempt could finish"
+                if at_deadline.fired or isinstance(exc, _DeadlinePassed)
+                else f"all {self.max_attempts} attempts were used"
+            )
+            raise InDoubtError(
+                f"message {message_id!r} (partition key {partition_key!r}) is in doubt after "
+                f"{attempts} attempts over {elapsed.total_seconds():.1f}s: {reason}. It may or may "
+                f"not have been stored; resending it is safe only inside the entity's "
+                f"duplicate-detection window. Last error: {last}",
+                message_id=message_id,
+                partition_key=partition_key,
+                attempts=attempts,
+                elapsed=elapsed,
+                last_error=last,
+            ) from exc
+        except SendError as exc:
+            if not in_doubt:
+                raise
             elapsed = timedelta(seconds=max(clock() - first, 0.0))
             raise InDoubtError(
                 f"message {message_id!r} (partition key {partition_key!r}) is in doubt: an "

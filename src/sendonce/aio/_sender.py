@@ -1,0 +1,281 @@
+"""The asyncio idempotent sender: the sync sender's rules, an awaited transport loop.
+
+Validation, batching by the key rules, the payload-conflict memory and the
+accounting are :class:`sendonce._sender.SenderCore`, shared with the sync
+sender; only the transfers and the retry loop (``RetryPolicy.acall``) await.
+
+Cancellation: a task cancelled while its transfer is in flight leaves the
+outcome in doubt (the broker may have stored the messages). The ids stay in
+the sender's memory, so resending them is conflict-checked, and resending them
+inside the duplicate-detection window is safe.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Literal
+
+from .._entity import EntityProfile
+from .._message import Message
+from .._retry import Attempted, RetryPolicy
+from .._sender import (
+    DEFAULT_MAX_BATCH_MESSAGES,
+    DEFAULT_MEMORY_SIZE,
+    SenderCore,
+    SendReport,
+    SendResult,
+    _results,
+)
+from ..backends._base import Ack
+from ..errors import (
+    ConfigurationError,
+    InDoubtError,
+    MessageSizeError,
+    PermanentSendError,
+    SendError,
+    ValidationError,
+)
+from ._base import AsyncBackend
+
+__all__ = ["IdempotentSender"]
+
+
+class IdempotentSender(SenderCore):
+    """Sends messages from an event loop so each business message lands exactly once.
+
+    ``backend`` is an :class:`~sendonce.aio.AsyncBackend` (not closed by the
+    sender) or a url for :func:`sendonce.aio.connect` (closed with the sender).
+    ``entity`` is an :class:`EntityProfile` or a name the backend can describe.
+    Entity resolution may do I/O, so it happens in ``async with`` (or
+    ``await sender.open()``), before the first send.
+
+    Many tasks may share one sender: its id memory is updated between awaits,
+    and the backend serialises or multiplexes the transfers.
+    """
+
+    def __init__(
+        self,
+        backend: AsyncBackend | str,
+        entity: EntityProfile | str,
+        *,
+        retry: RetryPolicy | None = None,
+        require_duplicate_detection: bool = True,
+        memory_size: int = DEFAULT_MEMORY_SIZE,
+        max_batch_messages: int = DEFAULT_MAX_BATCH_MESSAGES,
+    ) -> None:
+        if not isinstance(entity, EntityProfile) and not (isinstance(entity, str) and entity):
+            raise ConfigurationError(
+                "entity must be an EntityProfile or a non-empty entity name", field="entity"
+            )
+        self._options: dict[str, Any] = {
+            "retry": retry,
+            "require_duplicate_detection": require_duplicate_detection,
+            "memory_size": memory_size,
+            "max_batch_messages": max_batch_messages,
+        }
+        self._entity_arg = entity
+        self._opened = False
+        self._closed = False
+        if isinstance(entity, EntityProfile):
+            self._configure(entity, **self._options)  # bad options fail here, before any I/O
+            self._opened_profile: EntityProfile | None = entity
+        else:
+            self._opened_profile = None
+        if isinstance(backend, str):
+            from ._connect import connect
+
+            self._backend: AsyncBackend = connect(backend)
+            self._owns_backend = True
+        else:
+            self._backend = backend
+            self._owns_backend = False
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    @property
+    def backend(self) -> AsyncBackend:
+        return self._backend
+
+    async def open(self) -> IdempotentSender:
+        """Resolve the entity: describe it, or create/declare the given profile. Idempotent."""
+        if self._closed:
+            raise ConfigurationError("this sender is closed", field="sender")
+        if self._opened:
+            return self
+        try:
+            profile = await self._resolve(self._backend, self._entity_arg)
+            if self._opened_profile is None:
+                self._configure(profile, **self._options)
+        except BaseException:
+            await self.close()
+            raise
+        self._opened = True
+        return self
+
+    @staticmethod
+    async def _resolve(backend: AsyncBackend, entity: EntityProfile | str) -> EntityProfile:
+        if isinstance(entity, EntityProfile):
+            for name, args in (("create_entity", {"exist_ok": True}), ("declare", {})):
+                method = getattr(backend, name, None)
+                if method is not None:
+                    outcome = method(entity, **args)
+                    if inspect.isawaitable(outcome):
+                        await outcome
+            return entity
+        return await backend.describe(entity)
+
+    async def close(self) -> None:
+        """Close the backend if this sender opened it. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            if self._owns_backend:
+                await self._backend.close()
+
+    async def __aenter__(self) -> IdempotentSender:
+        return await self.open()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
+        await self.close()
+        return False
+
+    def __repr__(self) -> str:
+        name = getattr(self._entity_arg, "name", self._entity_arg)
+        return f"aio.IdempotentSender(entity={name!r}, backend={self._backend!r})"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConfigurationError("this sender is closed", field="sender")
+        if not self._opened:
+            raise ConfigurationError(
+                "this sender is not open: use `async with IdempotentSender(...) as sender` "
+                "or `await sender.open()` first",
+                field="sender",
+            )
+
+    # -- sending -------------------------------------------------------------------
+
+    async def _attempt_transfer(
+        self, batch: Sequence[Message], *, started: float | None = None
+    ) -> Attempted[list[Ack]]:
+        entity = self.profile.name
+        backend = self._backend
+        first = batch[0]
+
+        async def attempt(timeout: float) -> list[Ack]:
+            acks = await backend.send(entity, batch, timeout=timeout)
+            if len(acks) != len(batch):
+                raise PermanentSendError(
+                    f"backend returned {len(acks)} acks for {len(batch)} messages",
+                    message_id=first.message_id,
+                )
+            return acks
+
+        label = first.message_id if len(batch) == 1 else f"{first.message_id} (+{len(batch) - 1})"
+        return await self.retry.acall(
+            attempt,
+            window=self.profile.window,
+            message_id=label,
+            partition_key=first.partition_key,
+            started=started,
+        )
+
+    async def send(
+        self, message: Message, *, first_attempt: float | datetime | None = None
+    ) -> SendResult:
+        """Send one message; raises ``InDoubtError``/``PermanentSendError`` if it fails.
+
+        ``first_attempt`` resumes a message first attempted earlier, keeping its
+        original deadline (see the sync ``IdempotentSender.send``).
+        """
+        self._check_open()
+        started = self._started(first_attempt)
+        self._remember(self._plan((message,), what="message", batch=False))
+        attempted = await self._attempt_transfer([message], started=started)
+        report = SendReport()
+        self._account(report, [message], attempted, {})
+        if report.failures:
+            raise report.failures[0].error
+        return report.results[0]
+
+    async def send_many(
+        self, messages: Iterable[Message], *, first_attempt: float | datetime | None = None
+    ) -> SendReport:
+        """Send many messages in as few transfers as the entity's rules allow.
+
+        Every message is validated before any is sent; send failures are in the
+        report, one entry per message, as with the sync sender.
+        """
+        self._check_open()
+        started = self._started(first_attempt)
+        items = messages if isinstance(messages, list | tuple) else list(messages)
+        plan = self._plan(items, what="messages")
+        self._remember(plan)
+        report = SendReport()
+        failed: dict[object, SendError] = {}
+        for batch in plan.batches:
+            await self._send_batch(batch, report, failed, started)
+        self._account_repeats(items, plan, report, failed)
+        return report
+
+    async def _send_batch(
+        self,
+        batch: list[Message],
+        report: SendReport,
+        failed: dict[object, SendError],
+        started: float | None,
+    ) -> None:
+        try:
+            attempted = await self._attempt_transfer(batch, started=started)
+        except MessageSizeError:
+            if len(batch) == 1:
+                raise
+            half = len(batch) // 2  # the transport's real limit is below our estimate: split
+            await self._send_batch(batch[:half], report, failed, started)
+            await self._send_batch(batch[half:], report, failed, started)
+            return
+        except (InDoubtError, PermanentSendError) as exc:
+            self._fail(batch, exc, report, failed)
+            return
+        self._account(report, batch, attempted, failed)
+
+    async def schedule(
+        self, message: Message, at: datetime, *, first_attempt: float | datetime | None = None
+    ) -> SendResult:
+        """Schedule one message for ``at``; it shares the duplicate-detection id space."""
+        self._check_open()
+        if not isinstance(at, datetime) or at.tzinfo is None:
+            raise ValidationError(
+                f"message {getattr(message, 'message_id', None)!r}: schedule time must be a "
+                "timezone-aware datetime",
+                field="at",
+            )
+        started = self._started(first_attempt)
+        self._remember(self._plan((message,), what="message", batch=False))
+        entity = self.profile.name
+        backend = self._backend
+
+        async def attempt(timeout: float) -> list[Ack]:
+            return await backend.schedule(entity, [message], at, timeout=timeout)
+
+        attempted = await self.retry.acall(
+            attempt,
+            window=self.profile.window,
+            message_id=message.message_id,
+            partition_key=message.partition_key,
+            started=started,
+        )
+        return _results(
+            [message],
+            attempted.value,
+            attempted.attempts,
+            attempted.in_doubt_before,
+            scheduled=True,
+        )[0]

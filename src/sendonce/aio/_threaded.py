@@ -1,0 +1,131 @@
+"""``ThreadedBackend``: any sync backend, awaited, its calls run on one worker thread.
+
+Sync backends are not thread-safe, so calls must run one at a time. They run on
+a dedicated single-thread executor rather than ``asyncio.to_thread`` plus an
+``asyncio.Lock``: a cancelled caller releases an asyncio lock at once while its
+call is still running in the thread, which would let the next call in beside
+it; one worker thread serialises calls whatever happens to the awaiting tasks,
+and does not tie up the loop's default executor. A call that has not started
+when its task is cancelled never starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Literal, TypeVar
+
+from .._entity import EntityProfile
+from .._message import Message
+from ..backends._base import Ack, Backend
+from ..errors import ConfigurationError
+
+__all__ = ["ThreadedBackend"]
+
+T = TypeVar("T")
+_PROTOCOL = ("describe", "send", "schedule", "close")
+
+
+class ThreadedBackend:
+    """Adapts a sync :class:`~sendonce.backends.Backend` (``LocalBackend``,
+    ``FaultyBackend``, ...) to :class:`~sendonce.aio.AsyncBackend`.
+
+    Closing it closes the wrapped backend. Any other method of the wrapped
+    backend (``create_entity``, ``receive``, ``count``, ``message_ids``...) is
+    available as a coroutine function of the same name, run on the same thread.
+    """
+
+    def __init__(self, backend: Backend) -> None:
+        missing = [name for name in _PROTOCOL if not callable(getattr(backend, name, None))]
+        if missing:
+            raise ConfigurationError(
+                f"ThreadedBackend needs a sync Backend; {type(backend).__name__} has no "
+                f"{', '.join(missing)}",
+                field="backend",
+            )
+        if inspect.iscoroutinefunction(getattr(backend, "send", None)):
+            raise ConfigurationError(
+                f"{type(backend).__name__} is already asynchronous: use it directly",
+                field="backend",
+            )
+        self._inner = backend
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sendonce-aio")
+        self._closed = False
+
+    @property
+    def inner(self) -> Backend:
+        """The wrapped sync backend (use it only from the worker thread or after close)."""
+        return self._inner
+
+    @property
+    def supports_atomic(self) -> bool | None:
+        return getattr(self._inner, "supports_atomic", None)
+
+    async def run(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(*args, **kwargs)`` on the backend's worker thread and await it."""
+        if self._closed:
+            raise ConfigurationError("the backend is closed", field="backend")
+        loop = asyncio.get_running_loop()
+        context = contextvars.copy_context()
+        call = functools.partial(context.run, fn, *args, **kwargs)
+        return await loop.run_in_executor(self._executor, call)
+
+    # -- AsyncBackend ---------------------------------------------------------------
+
+    async def describe(self, entity: str) -> EntityProfile:
+        return await self.run(self._inner.describe, entity)
+
+    async def send(
+        self, entity: str, messages: Sequence[Message], *, timeout: float, atomic: bool = False
+    ) -> list[Ack]:
+        return await self.run(self._inner.send, entity, messages, timeout=timeout, atomic=atomic)
+
+    async def schedule(
+        self, entity: str, messages: Sequence[Message], at: datetime, *, timeout: float
+    ) -> list[Ack]:
+        return await self.run(self._inner.schedule, entity, messages, at, timeout=timeout)
+
+    async def close(self) -> None:
+        """Close the wrapped backend (after any call in flight) and stop the thread."""
+        if self._closed:
+            return
+        try:
+            await self.run(self._inner.close)
+        finally:
+            self._closed = True
+            self._executor.shutdown(wait=False)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        target = getattr(self._inner, name)  # AttributeError when the backend lacks it
+        if not callable(target):
+            return target
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            return await self.run(target, *args, **kwargs)
+
+        call.__name__ = name
+        call.__doc__ = getattr(target, "__doc__", None)
+        return call
+
+    async def __aenter__(self) -> ThreadedBackend:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
+        await self.close()
+        return False
+
+    def __repr__(self) -> str:
+        return f"ThreadedBackend({self._inner!r})"
