@@ -6,6 +6,7 @@ sleeps in 1 s steps and makes every close wait up to a second.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -311,3 +312,26 @@ def test_session_receivers(emulator: Emulator, store: LocalBackend) -> None:
         with pytest.raises(ServiceBusError), sb.get_queue_receiver("carts") as plain:
             plain.receive_messages(max_wait_time=1)
     assert store.message_ids("carts") == []
+
+
+def test_the_asyncio_client_works_too(emulator: Emulator, store: LocalBackend) -> None:
+    from azure.servicebus.aio import ServiceBusClient as AsyncServiceBusClient
+
+    async def roundtrip() -> list[str | None]:
+        sb = AsyncServiceBusClient.from_connection_string(emulator.connection_string)
+        async with sb, sb.get_queue_sender("orders", keep_alive=None) as sender:
+            await sender.send_messages(
+                [
+                    ServiceBusMessage(b"a", message_id="aio-1"),
+                    ServiceBusMessage(b"b", message_id="aio-2"),
+                ],
+                timeout=10,
+            )
+            async with sb.get_queue_receiver("orders") as receiver:
+                got = await receiver.receive_messages(max_message_count=2, max_wait_time=5)
+                for m in got:
+                    await receiver.complete_message(m)
+                return [m.message_id for m in got]
+
+    assert asyncio.run(roundtrip()) == ["aio-1", "aio-2"]
+    assert store.message_ids("orders") == []
