@@ -523,3 +523,15 @@ def test_unencodable_text_raises_message_id_error(overflow: Any) -> None:
         with pytest.raises(MessageIdError) as ei:
             t.build({"a": value})
         assert ei.value.field == "a"
+
+
+@pytest.mark.xfail(
+    strict=True, reason="BUG B13: template literal text is not checked for lone surrogates"
+)
+@pytest.mark.parametrize(
+    "text", ["{a}\ud800x", "\udcff{a}", "{a}.\ud800{b}"], ids=["tail", "head", "sep"]
+)
+def test_template_with_unencodable_literal_is_rejected(text: str) -> None:
+    with pytest.raises(MessageIdError) as ei:
+        MessageIdTemplate(text)
+    assert ei.value.field == "template"
