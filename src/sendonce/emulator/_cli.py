@@ -32,7 +32,7 @@ __all__ = ["emulator"]
     "--host",
     default="127.0.0.1",
     show_default=True,
-    help="Loopback address to bind (127.0.0.1, ::1 or localhost).",
+    help="IPv4 loopback address to bind (127.0.0.1 or localhost).",
 )
 def emulator(db: str, port: int, host: str) -> None:
     """Serve a local broker file over AMQP for the azure-servicebus client.

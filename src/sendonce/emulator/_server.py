@@ -164,8 +164,8 @@ class Emulator:
     ) -> None:
         if not _is_loopback(host):
             raise ConfigurationError(
-                f"host {host!r} is not a loopback address: the emulator accepts any key, so it "
-                "only listens on 127.0.0.1, ::1 or localhost",
+                f"host {host!r} is not an IPv4 loopback address: the emulator accepts any key, "
+                "so it only listens on 127.0.0.1 (or another 127.x address, or localhost)",
                 field="host",
             )
         if not isinstance(port, int) or not 0 <= port <= 65535:
@@ -199,9 +199,8 @@ class Emulator:
     @property
     def connection_string(self) -> str:
         """A connection string for the real client (any key is accepted)."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
         return (
-            f"Endpoint=sb://{host}:{self.port};SharedAccessKeyName=RootManageSharedAccessKey;"
+            f"Endpoint=sb://{self.host}:{self.port};SharedAccessKeyName=RootManageSharedAccessKey;"
             "SharedAccessKey=SAS_KEY_VALUE;UseDevelopmentEmulator=true;"
         )
 
@@ -300,12 +299,14 @@ class Emulator:
 
 
 def _is_loopback(host: str) -> bool:
+    """An IPv4 loopback address (proton's listener is IPv4 only)."""
     if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False
+    return address.version == 4 and address.is_loopback
 
 
 class _Tick(Handler):

@@ -39,7 +39,7 @@ def test_stops_with_the_context_and_frees_the_port(broker_path: Path) -> None:
 
 
 def test_binds_loopback_only(broker_path: Path) -> None:
-    for host in ("0.0.0.0", "192.168.1.10", "example.com"):
+    for host in ("0.0.0.0", "192.168.1.10", "example.com", "::1"):
         with pytest.raises(ConfigurationError, match="loopback"):
             Emulator(broker_path, host=host)
     with pytest.raises(ConfigurationError, match="port"):
