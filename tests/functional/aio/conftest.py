@@ -1,0 +1,57 @@
+"""Fixtures for the asyncio sender suite: a real broker file, a clock with an async sleep."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sendonce import RetryPolicy
+from sendonce.backends.local import LocalBackend
+
+
+class FakeTime:
+    """A clock plus sync and async sleeps for RetryPolicy: sleeping advances the clock."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        raise AssertionError("the async sender must not call the blocking sleep")
+
+    async def async_sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def fake_time() -> FakeTime:
+    return FakeTime()
+
+
+@pytest.fixture
+def retry(fake_time: FakeTime) -> RetryPolicy:
+    return RetryPolicy(
+        sleep=fake_time.sleep,
+        async_sleep=fake_time.async_sleep,
+        clock=fake_time.clock,
+        jitter=False,
+        attempt_timeout=5.0,
+    )
+
+
+@pytest.fixture
+def broker_path(tmp_path: Path) -> Path:
+    return tmp_path / "broker.db"
+
+
+@pytest.fixture
+def store(broker_path: Path) -> Iterator[LocalBackend]:
+    """The broker file opened directly, to read what arrived (a second connection)."""
+    with LocalBackend(broker_path) as backend:
+        yield backend
