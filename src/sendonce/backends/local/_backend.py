@@ -28,7 +28,14 @@ from ...errors import (
 from .._base import Ack
 from ._lock import OpenerLock
 from ._received import ROW_COLUMNS, ReceivedMessage, encode_extra, received_from_row
-from ._store import Durability, mark_clean, open_store, to_us, write_transaction
+from ._store import (
+    Durability,
+    close_store,
+    mark_clean,
+    open_store,
+    to_us,
+    write_transaction,
+)
 
 __all__ = ["LocalBackend", "LockLostError"]
 
@@ -233,7 +240,7 @@ class LocalBackend:
                     self._write(lambda c: mark_clean(c, True), timeout=self._busy_timeout)
             self._conn = None
             if conn is not None:
-                conn.close()
+                close_store(conn)
             self._opener.close()
 
     def _now(self) -> int:

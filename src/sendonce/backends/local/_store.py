@@ -28,6 +28,7 @@ __all__ = [
     "BrokerFileError",
     "Durability",
     "from_us",
+    "close_store",
     "is_busy",
     "mark_clean",
     "open_store",
@@ -162,6 +163,12 @@ def _connect(path: str, durability: Durability, busy_timeout: float) -> sqlite3.
     conn.execute("PRAGMA wal_autocheckpoint=4000")
     conn.execute("PRAGMA temp_store=MEMORY")
     return conn
+
+
+def close_store(conn: sqlite3.Connection) -> None:
+    """Close a connection opened by :func:`open_store`."""
+    _busy_ms.pop(id(conn), None)
+    conn.close()
 
 
 def _create(path: str) -> None:
