@@ -17,10 +17,13 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import IO, Any, Literal
 
 import click
 
+from ._cli_broker import parse_duration
+from ._entity import EntityProfile
 from ._message import Message, MessageSpec
 from ._sender import IdempotentSender, SendReport
 from .errors import SendOnceError, ValidationError, redact
@@ -88,6 +91,15 @@ def _open_input(path: str) -> Iterator[IO[str]]:
         yield stream
 
 
+def _window(ctx: click.Context, param: click.Parameter, value: str | None) -> timedelta | None:
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+
+
 def _format_of(path: str, fmt: str | None) -> Format:
     if fmt is not None:
         return "csv" if fmt == "csv" else "jsonl"
@@ -135,6 +147,16 @@ def _fail_invalid(problems: list[str], total_bad: int) -> None:
     help="Messages handed to the sender per call.",
 )
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
+@click.option(
+    "--window",
+    callback=_window,
+    help="Declare the entity's duplicate-detection window (e.g. 10m) instead of reading it "
+    "from the backend; with --partitioned / --sessions. For backends that cannot describe "
+    "entities (the Service Bus emulator). A local broker creates a missing entity with it "
+    "and refuses a differing one.",
+)
+@click.option("--partitioned", is_flag=True, help="With --window: the entity is partitioned.")
+@click.option("--sessions", is_flag=True, help="With --window: the entity requires sessions.")
 def publish(
     file: str,
     url: str,
@@ -146,6 +168,9 @@ def publish(
     fmt: str | None,
     chunk_size: int,
     progress: bool,
+    window: timedelta | None,
+    partitioned: bool,
+    sessions: bool,
 ) -> None:
     """Publish each record of FILE (JSON Lines or CSV) exactly once.
 
@@ -186,7 +211,17 @@ def publish(
         _fail_invalid(problems, bad)
 
     try:
-        sender = IdempotentSender(url, entity)
+        target: EntityProfile | str = entity
+        if window is not None:
+            target = EntityProfile(
+                entity,
+                duplicate_detection_window=window,
+                partitioned=partitioned,
+                sessions=sessions,
+            )
+        elif partitioned or sessions:
+            raise click.UsageError("--partitioned and --sessions declare a profile: add --window")
+        sender = IdempotentSender(url, target)
     except SendOnceError as exc:
         raise click.ClickException(redact(str(exc))) from None
     with sender:

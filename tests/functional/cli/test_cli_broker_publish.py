@@ -238,3 +238,51 @@ def test_broker_create_errors(tmp_path):
     assert missing.exit_code == 2
     unknown = run("broker", "peek", db, "--entity", "nope")
     assert unknown.exit_code == 1 and "nope" in unknown.output
+
+
+def test_declared_profile_creates_or_must_match(tmp_path, db):
+    source = write(tmp_path, "o.jsonl", jsonl({"order_id": 1, "year": 2026}))
+    fresh = str(tmp_path / "fresh.db")
+    created = run(
+        "publish",
+        source,
+        "--to",
+        f"local://{fresh}",
+        "--entity",
+        "new",
+        "--id",
+        ID,
+        "--window",
+        "5m",
+        "--no-progress",
+    )
+    assert created.exit_code == 0, created.output
+    with LocalBackend(fresh) as backend:
+        assert backend.describe("new").duplicate_detection_window.total_seconds() == 300
+    # "orders" exists with a 1 h window: declaring another one is refused, nothing sent.
+    clash = run(
+        "publish",
+        source,
+        "--to",
+        f"local://{db}",
+        "--entity",
+        "orders",
+        "--id",
+        ID,
+        "--window",
+        "5m",
+    )
+    assert clash.exit_code == 1 and "duplicate_detection_window" in clash.output
+    assert stored(db) == []
+    lonely = run(
+        "publish",
+        source,
+        "--to",
+        f"local://{db}",
+        "--entity",
+        "orders",
+        "--id",
+        ID,
+        "--partitioned",
+    )
+    assert lonely.exit_code == 2 and "--window" in lonely.output
