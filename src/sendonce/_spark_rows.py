@@ -180,8 +180,45 @@ class _ColumnTemplate:
             self.steps.append((name, kinds.get(name, "any"), chars, _escape_table(chars)))
         self.trusted = True
 
-    def build(self, columns: dict[str, list[Any]], rows: int) -> list[str]:
-        """Ids for ``rows`` rows; every id field must be non-null in every row."""
+    def build(
+        self, columns: dict[str, list[Any]], rows: int, failed: dict[int, ValidationError]
+    ) -> list[str]:
+        """Ids for ``rows`` rows (non-null id fields); a row refused goes to ``failed``, id ""."""
+        ids: list[str] | None = None
+        if self.trusted:
+            try:
+                ids = self._columns(columns)
+            except ValidationError:
+                ids = None  # some value has no canonical text: find which, row by row
+        if ids is None:
+            return self._rows(columns, rows, failed)
+        limit = self.template.max_length
+        for i, message_id in enumerate(ids):
+            if len(message_id) > limit or not message_id:
+                try:
+                    ids[i] = self.template.build(_row(columns, i))
+                except ValidationError as exc:
+                    failed.setdefault(i, exc)
+                    ids[i] = ""
+        check = next((i for i in range(rows) if i not in failed), None)
+        if check is not None and self.template.build(_row(columns, check)) != ids[check]:
+            self.trusted = False  # pragma: no cover - a safety net
+            return self._rows(columns, rows, failed)  # pragma: no cover
+        return ids
+
+    def _rows(
+        self, columns: dict[str, list[Any]], rows: int, failed: dict[int, ValidationError]
+    ) -> list[str]:
+        out: list[str] = []
+        for i in range(rows):
+            try:
+                out.append(self.template.build(_row(columns, i)))
+            except ValidationError as exc:
+                failed.setdefault(i, exc)
+                out.append("")
+        return out
+
+    def _columns(self, columns: dict[str, list[Any]]) -> list[str]:
         ids: list[str] | None = None
         for (name, kind, chars, table), tail in zip(self.steps, self.tails, strict=True):
             values = columns[name]
@@ -206,16 +243,6 @@ class _ColumnTemplate:
             else:
                 ids = [a + t for a, t in zip(ids, texts, strict=True)]
         assert ids is not None
-        limit = self.template.max_length
-        for i, message_id in enumerate(ids):
-            if len(message_id) > limit or not message_id:
-                ids[i] = self.template.build(_row(columns, i))
-        if rows and self.trusted:
-            first = _row(columns, 0)
-            if self.template.build(first) != ids[0]:  # pragma: no cover - a safety net
-                self.trusted = False
-        if not self.trusted:  # pragma: no cover - a safety net
-            return [self.template.build(_row(columns, i)) for i in range(rows)]
         return ids
 
 
@@ -261,7 +288,7 @@ class _JsonColumns:
     def __init__(self) -> None:
         self.trusted = True
 
-    def build(self, columns: dict[str, list[Any]], rows: int) -> list[bytes] | None:
+    def build(self, columns: dict[str, list[Any]], rows: int) -> list[bytes | str | None] | None:
         if not self.trusted:
             return None
         names = sorted(columns)
@@ -279,7 +306,9 @@ class _JsonColumns:
         template = (
             "{" + ",".join(encode_basestring(n).replace("%", "%%") + ":%s" for n in names) + "}"
         )
-        bodies = [(template % values).encode("utf-8") for values in zip(*texts, strict=True)]
+        bodies: list[bytes | str | None] = [
+            (template % values).encode("utf-8") for values in zip(*texts, strict=True)
+        ]
         return bodies
 
 
@@ -326,12 +355,15 @@ class BatchEncoder:
             rows = len(keep)
         if not rows:
             return Encoded([], errors)
-        ids = self.id.build(columns, rows)
-        pks = None if self.pk is None else self.pk.build(columns, rows)
-        sids = None if self.sid is None else self.sid.build(columns, rows)
+        failed: dict[int, ValidationError] = {}
+        ids = self.id.build(columns, rows, failed)
+        pks = None if self.pk is None else self.pk.build(columns, rows, failed)
+        sids = None if self.sid is None else self.sid.build(columns, rows, failed)
         if sids is not None and pks is None:
             pks = sids
-        bodies = self._bodies(columns, rows, ids, errors)
+        for i, exc in sorted(failed.items()):
+            errors.append((ids[i] or self._describe(columns, i), exc))
+        bodies = self._bodies(columns, rows, ids, errors, failed)
         spec = self.spec
         subject, content_type, props = spec.subject, spec.content_type, spec.application_properties
         messages: list[Message] = []
@@ -391,12 +423,18 @@ class BatchEncoder:
         rows: int,
         ids: list[str],
         errors: list[tuple[str, ValidationError]],
+        failed: dict[int, ValidationError],
     ) -> Sequence[bytes | str | None]:
-        """Every row's body; None (with an entry in ``errors``) for a row the spec refused."""
+        """Every row's body; None for a row refused (its error is in ``errors``)."""
         body = self.spec.body
         if isinstance(body, str):
             values = columns[body]
-            return [bytes(v) if isinstance(v, bytearray | memoryview) else v for v in values]
+            out_field: list[bytes | str | None] = [
+                bytes(v) if isinstance(v, bytearray | memoryview) else v for v in values
+            ]
+            for i in failed:
+                out_field[i] = None
+            return out_field
         body_of = self.spec.body_of
         if self.json is not None:
             fast = self.json.build(columns, rows)
@@ -404,9 +442,14 @@ class BatchEncoder:
                 if rows and fast[0] != body_of(_row(columns, 0)):  # pragma: no cover - safety net
                     self.json.trusted = False
                 else:
+                    for i in failed:
+                        fast[i] = None
                     return fast
         out: list[bytes | str | None] = []
         for i in range(rows):
+            if i in failed:
+                out.append(None)
+                continue
             try:
                 out.append(body_of(_row(columns, i)))
             except ValidationError as exc:

@@ -14,6 +14,7 @@ from sendonce.backends.local import LocalBackend
 from sendonce.spark import (
     ConflictingRowsError,
     PartitionResult,
+    PublishFailedError,
     SchemaError,
     publish,
 )
@@ -175,3 +176,28 @@ def test_a_callable_body_is_checked_for_conflicts_on_the_executors(
     fine = MessageSpec("c-{customer}", body=lambda r: f"customer {r['customer']}")
     report = publish(df, url, ENTITY, fine)
     assert report.delivered == 30 and sorted(ids_on(path)) == [f"c-customer-{i}" for i in range(7)]
+
+
+def test_rows_that_fail_in_a_task_are_counted_and_named_not_retried(
+    spark: Any, broker: tuple[str, Path]
+) -> None:
+    """An over-long id is only found on the executor: reported, the other rows are sent."""
+    url, path = broker
+    df = orders(spark, 20, 2).selectExpr(
+        "order_id", "case when order_id = 5 then repeat('x', 200) else customer end as customer"
+    )
+    report = publish(df, url, ENTITY, MessageSpec("{order_id}/{customer}", body="customer"))
+    assert (report.rows, report.sent, report.failed) == (20, 19, 1)
+    assert report.attempts == {0: 1, 1: 1}  # a content error does not make Spark retry
+    [failure] = report.failures
+    assert failure.error == "MessageIdError" and "128" in failure.detail
+    with pytest.raises(PublishFailedError, match="1 of 20 row"):
+        report.raise_for_failures()
+    assert len(ids_on(path)) == 19
+
+
+def test_an_empty_dataframe_publishes_nothing(spark: Any, broker: tuple[str, Path]) -> None:
+    url, path = broker
+    report = publish(orders(spark, 0, 2), url, ENTITY, SPEC)
+    assert (report.rows, report.sent, report.failed) == (0, 0, 0)
+    assert ids_on(path) == []

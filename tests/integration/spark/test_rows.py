@@ -119,3 +119,16 @@ def test_naive_timestamps_from_rows_read_as_the_worker_local_time() -> None:
     assert arrow.messages == rows.messages
     assert arrow.messages[0].message_id == "2024-03-10T16:00:00Z/2024-01-02"
     assert Decimal  # the decimal path is covered by the property test
+
+
+def test_ids_the_template_refuses_fail_their_row_only() -> None:
+    spec = MessageSpec("{a}/{b}", body="c")
+    plan = ColumnPlan(("a", "b", "c"), (None, None, None), (("a", "str"),), False)
+    columns: dict[str, list[Any]] = {
+        "a": ["x" * 200, "ok", "fine"],
+        "b": [1, datetime(2024, 1, 1), 3],  # a naive datetime has no canonical text
+        "c": ["p", "q", "r"],
+    }
+    encoded = encode_columns(BatchEncoder(spec, plan), columns, 3)
+    assert [m.message_id for m in encoded.messages] == ["fine/3"]
+    assert sorted(type(e).__name__ for _, e in encoded.errors) == ["MessageIdError"] * 2
