@@ -28,7 +28,17 @@ from ._ids import ESCAPE, MessageIdTemplate, canonical_text
 from ._message import Message, MessageSpec, canonical_json
 from .errors import MessageIdError, ValidationError
 
-__all__ = ["ColumnPlan", "Encoded", "Shape", "encode_columns", "normalizer"]
+__all__ = [
+    "BatchEncoder",
+    "ColumnPlan",
+    "Encoded",
+    "IdKind",
+    "Shape",
+    "columns_of_rows",
+    "encode_columns",
+    "normalize_columns",
+    "normalizer",
+]
 
 Shape = tuple[Any, ...] | None
 """How a column's values must be normalised: None (as they come), ("ts",), ("struct",
