@@ -1,0 +1,861 @@
+"""Service Bus behaviour on proton events: links, transfers, $cbs, $management, receivers.
+
+One ``_Handler`` serves every connection of one emulator, on the reactor
+thread, storing and reading through that thread's ``LocalBackend``. Faults
+from the emulator's script are applied here, one per incoming transfer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import socket
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from proton import Condition, Delivery, Endpoint, Handler, Link, Message, Terminus, symbol
+
+from ..errors import (
+    MessageSizeError,
+    PermanentSendError,
+    SendError,
+    SendOnceError,
+    TransientSendError,
+    ValidationError,
+)
+from . import _codec
+from ._faults import FaultAction
+
+if TYPE_CHECKING:
+    from ._server import Emulator
+
+__all__ = ["EmulatorHandler", "Tick"]
+
+_log = logging.getLogger("sendonce.emulator")
+
+SERVER_BUSY = "com.microsoft:server-busy"
+UNAUTHORIZED = "amqp:unauthorized-access"
+NOT_FOUND = "amqp:not-found"
+NOT_IMPLEMENTED = "amqp:not-implemented"
+DETACH_FORCED = "amqp:link:detach-forced"
+MESSAGE_SIZE = "amqp:link:message-size-exceeded"
+ARGUMENT_ERROR = "com.microsoft:argument-error"
+DECODE_ERROR = "amqp:decode-error"
+INTERNAL_ERROR = "amqp:internal-error"
+LOCK_LOST = "com.microsoft:message-lock-lost"
+SESSION_LOCK_LOST = "com.microsoft:session-lock-lost"
+SESSION_CANNOT_BE_LOCKED = "com.microsoft:session-cannot-be-locked"
+TIMEOUT = "com.microsoft:timeout"
+SESSION_FILTER = symbol("com.microsoft:session-filter")
+SESSION_LOCKED_UNTIL = symbol("com.microsoft:locked-until-utc")
+_DOTNET_EPOCH_TICKS = 621355968000000000  # 0001-01-01 to 1970-01-01 in 100 ns ticks
+
+_STORE_TIMEOUT = 30.0
+_RECEIVE_CREDIT = 200
+_SUBSCRIPTIONS = "/subscriptions/"
+
+
+_F = TypeVar("_F", bound=Callable[..., None])
+
+
+def _guarded(method: _F) -> _F:
+    """Log a handler failure and drop only the connection it came from.
+
+    An exception escaping a proton handler would stop the whole reactor (and
+    every other client's connection with it).
+    """
+
+    @functools.wraps(method)
+    def wrapper(self: Any, event: Any) -> None:
+        try:
+            method(self, event)
+        except Exception:
+            _log.exception("emulator failed handling %s", getattr(event, "type", event))
+            connection = getattr(event, "connection", None)
+            if connection is not None:
+                EmulatorHandler._hard_close(connection)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _condition(name: str, description: str) -> Condition:
+    # The client crashes on an error without an info map: always send one.
+    return Condition(name, description, {symbol("com.microsoft:tracking-id"): str(uuid.uuid4())})
+
+
+def _strip_address(address: str | None) -> str:
+    """The node path of a link address (``amqps://host:port/orders`` -> ``orders``)."""
+    text = address or ""
+    if "://" in text:
+        text = text.split("://", 1)[1]
+        text = text.split("/", 1)[1] if "/" in text else ""
+    return text.strip("/")
+
+
+@dataclass
+class _Node:
+    """What a link is attached to."""
+
+    kind: str  # "entity" | "management" | "cbs"
+    entity: str = ""
+    subscription: str | None = None
+    session_id: str | None = None  # a session receiver's locked session
+
+
+@dataclass(eq=False)
+class _Locked:
+    entity: str
+    subscription: str | None
+    lock_token: str
+    key: uuid.UUID  # the lock token as the client reads it from the delivery tag
+
+
+@dataclass
+class _ConnState:
+    connection: Any
+    outbox: dict[Any, list[bytes]] = field(default_factory=dict)
+
+
+def _parse_node(path: str) -> _Node:
+    if path == "$cbs":
+        return _Node("cbs")
+    if path.endswith("/$management") or path == "$management":
+        entity = path[: -len("$management")].rstrip("/")
+        base = _parse_node(entity) if entity else _Node("entity")
+        return _Node("management", base.entity, base.subscription)
+    lowered = path.lower()
+    if _SUBSCRIPTIONS in lowered:
+        i = lowered.index(_SUBSCRIPTIONS)
+        return _Node("entity", path[:i], path[i + len(_SUBSCRIPTIONS) :])
+    return _Node("entity", path)
+
+
+class Tick(Handler):
+    """The periodic timer: polls the store for receivers and honours the stop flag."""
+
+    def __init__(self, handler: EmulatorHandler) -> None:
+        self.handler = handler
+
+    def on_timer_task(self, event: Any) -> None:
+        h = self.handler
+        if h.emulator._stop.is_set():
+            h.shutdown(event.container)
+            return
+        try:
+            h.poll()
+        except Exception:
+            _log.exception("emulator poll failed")
+        event.container.schedule(h.emulator.poll_interval, self)
+
+
+class EmulatorHandler(Handler):
+    """Proton events -> Service Bus behaviour."""
+
+    def __init__(self, emulator: Emulator, store: Any) -> None:
+        self.emulator = emulator
+        self.store = store
+        self.acceptor: Any = None
+        self.connections: dict[Any, _ConnState] = {}
+        self.nodes: dict[Any, _Node] = {}
+        self.locked: dict[Any, _Locked] = {}
+        self.tokens: dict[uuid.UUID, _Locked] = {}
+        self.senders: list[Any] = []  # links delivering to clients' receivers
+        # Session receivers: who holds which session, and the session states (in memory).
+        self.session_locks: dict[tuple[str, str | None, str], Any] = {}
+        self.session_states: dict[tuple[str, str | None, str], bytes | None] = {}
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    @_guarded
+    def on_connection_bound(self, event: Any) -> None:
+        sasl = event.transport.sasl()
+        sasl.allowed_mechs("ANONYMOUS")
+        self.connections[event.connection] = _ConnState(event.connection)
+
+    @_guarded
+    def on_connection_remote_open(self, event: Any) -> None:
+        conn = event.connection
+        conn.container = "sendonce-emulator"
+        if conn.state & Endpoint.LOCAL_UNINIT:
+            conn.open()
+
+    def on_session_remote_open(self, event: Any) -> None:
+        if event.session.state & Endpoint.LOCAL_UNINIT:
+            event.session.open()
+
+    def on_session_remote_close(self, event: Any) -> None:
+        if not event.session.state & Endpoint.LOCAL_CLOSED:
+            event.session.close()
+
+    def on_connection_remote_close(self, event: Any) -> None:
+        if not event.connection.state & Endpoint.LOCAL_CLOSED:
+            event.connection.close()
+        self._forget(event.connection)
+
+    def on_transport_closed(self, event: Any) -> None:
+        if event.connection is not None:
+            self._forget(event.connection)
+
+    def _forget(self, connection: Any) -> None:
+        self.connections.pop(connection, None)
+        for link in [k for k in self.nodes if k.connection == connection]:
+            self.nodes.pop(link, None)
+        self.senders = [s for s in self.senders if s.connection != connection]
+        for key in [k for k, v in self.session_locks.items() if v.connection == connection]:
+            self.session_locks.pop(key, None)
+        for dlv in [d for d in self.locked if d.link.connection == connection]:
+            self.locked.pop(dlv, None)
+
+    @_guarded
+    def on_link_remote_open(self, event: Any) -> None:
+        link = event.link
+        if link.is_receiver:
+            path = _strip_address(link.remote_target.address)
+        else:
+            path = _strip_address(link.remote_source.address)
+        node = _parse_node(path)
+        if node.kind == "entity":
+            refusal = self._check_entity(node, receiving=link.is_sender)
+            if refusal is None and link.is_sender:
+                refusal = self._lock_session(link, node)
+            if refusal is not None:
+                # As Service Bus does: an attach with a null terminus, then a detach
+                # with the error (the client fails the open on the null terminus).
+                link.source.type = Terminus.UNSPECIFIED
+                link.target.type = Terminus.UNSPECIFIED
+                link.open()
+                link.condition = _condition(*refusal)
+                link.close()
+                return
+        link.source.copy(link.remote_source)
+        link.target.copy(link.remote_target)
+        if node.session_id is not None:
+            link.source.filter.clear()
+            link.source.filter.put_dict({SESSION_FILTER: node.session_id})
+        link.snd_settle_mode = link.remote_snd_settle_mode
+        link.rcv_settle_mode = link.remote_rcv_settle_mode
+        if link.is_receiver:
+            link.max_message_size = self._max_size(node)
+        link.open()
+        self.nodes[link] = node
+        if link.is_receiver:
+            link.flow(_RECEIVE_CREDIT)
+        elif node.kind == "entity":
+            self.senders.append(link)
+
+    def _check_entity(self, node: _Node, *, receiving: bool) -> tuple[str, str] | None:
+        if not node.entity:
+            return NOT_FOUND, "no entity named in the link address"
+        if "$" in node.entity or (node.subscription and "$" in node.subscription):
+            return NOT_FOUND, f"{node.entity!r}: dead-letter and system queues are not emulated"
+        try:
+            profile = self.store.describe(node.entity)
+        except Exception:
+            return NOT_FOUND, f"the messaging entity {node.entity!r} could not be found"
+        if not receiving and node.subscription is not None:
+            return NOT_FOUND, "cannot send to a subscription"
+        if getattr(profile, "kind", "queue") == "topic" and receiving and not node.subscription:
+            return NOT_FOUND, (
+                f"{node.entity!r} is a topic: receive from {node.entity}/Subscriptions/<name>"
+            )
+        return None
+
+    def _lock_session(self, link: Any, node: _Node) -> tuple[str, str] | None:
+        """Give a session receiver its session (the one asked for, or the next available).
+
+        Returns an error (condition, description) when it cannot be locked.
+        """
+        filters = _terminus_map(link.remote_source.filter)
+        sessionful = bool(getattr(self.store.describe(node.entity), "sessions", False))
+        if str(SESSION_FILTER) not in filters:
+            if sessionful:
+                return ARGUMENT_ERROR, (
+                    f"{node.entity!r} requires sessions: open a session receiver"
+                )
+            return None
+        wanted = filters[str(SESSION_FILTER)]
+        session_id = _text(wanted) if wanted is not None else self._next_session(node)
+        if session_id is None:
+            return TIMEOUT, f"no session of {node.entity!r} has messages available"
+        key = (node.entity, node.subscription, session_id)
+        holder = self.session_locks.get(key)
+        if holder is not None and holder != link:
+            return SESSION_CANNOT_BE_LOCKED, f"session {session_id!r} is locked by another receiver"
+        self.session_locks[key] = link
+        node.session_id = session_id
+        until = datetime.now(UTC) + self.emulator.lock_duration
+        ticks = _DOTNET_EPOCH_TICKS + int(until.timestamp() * 10_000_000)
+        link.properties = {SESSION_LOCKED_UNTIL: ticks}
+        return None
+
+    def _next_session(self, node: _Node) -> str | None:
+        """A session with an available message that no receiver holds."""
+        now = datetime.now(UTC)
+        held = {k[2] for k in self.session_locks if k[:2] == (node.entity, node.subscription)}
+        for m in self.store.peek(node.entity, max_messages=500, subscription=node.subscription):
+            sid = m.session_id
+            if sid is None or sid in held:
+                continue
+            if m.locked_until is not None and m.locked_until > now:
+                continue
+            if m.scheduled_enqueue_time is not None and m.scheduled_enqueue_time > now:
+                continue
+            return str(sid)
+        return None
+
+    def _max_size(self, node: _Node) -> int:
+        if node.kind != "entity":
+            return 0
+        try:
+            return int(self.store.describe(node.entity).max_message_size)
+        except Exception:
+            return 256 * 1024
+
+    @_guarded
+    def on_link_remote_close(self, event: Any) -> None:
+        link = event.link
+        if not link.state & Endpoint.LOCAL_CLOSED:
+            link.close()
+        node = self.nodes.pop(link, None)
+        if link in self.senders:
+            self.senders.remove(link)
+        if node is not None and node.session_id is not None:
+            self.session_locks.pop((node.entity, node.subscription, node.session_id), None)
+
+    @_guarded
+    def on_link_flow(self, event: Any) -> None:
+        link = event.link
+        if link.is_sender:
+            self._flush_outbox(link)
+            if link in self.senders:
+                self._pump(link)
+
+    def close_all(self) -> None:
+        for state in list(self.connections.values()):
+            self._hard_close(state.connection, release=True)
+        self.connections.clear()
+
+    def shutdown(self, container: Any) -> None:
+        if self.acceptor is not None:
+            self.acceptor.close()
+        self.close_all()
+        container.stop()
+
+    @staticmethod
+    def _hard_close(connection: Any, *, release: bool = False) -> None:
+        """Drop the TCP connection at once: no close frame, no pending output.
+
+        ``release`` also closes the socket (at shutdown, when the reactor will
+        not run again to do it).
+        """
+        transport = connection.transport
+        selectable = getattr(transport, "_selectable", None) if transport else None
+        sock = getattr(selectable, "_delegate", None)
+        if isinstance(sock, socket.socket):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            if release:
+                sock.close()
+        if transport is not None:
+            transport.close_head()
+            transport.close_tail()
+
+    # -- incoming transfers ---------------------------------------------------------------
+
+    @_guarded
+    def on_delivery(self, event: Any) -> None:
+        dlv = event.delivery
+        link = event.link
+        if link.is_receiver:
+            if not dlv.readable or dlv.partial:
+                return
+            payload = link.recv(dlv.pending) or b""
+            payload = bytes(payload)
+            link.advance()
+            if link.credit < _RECEIVE_CREDIT // 2:
+                link.flow(_RECEIVE_CREDIT - link.credit)
+            node = self.nodes.get(link)
+            if node is None:
+                self._settle(dlv, Delivery.REJECTED, _condition(NOT_FOUND, "link not attached"))
+            elif node.kind == "cbs":
+                self._on_cbs(link, dlv, payload)
+            elif node.kind == "management":
+                self._on_management(link, dlv, node, payload)
+            else:
+                self._on_transfer(link, dlv, node, payload)
+        elif dlv.updated:
+            self._on_settlement(dlv)
+
+    @staticmethod
+    def _settle(dlv: Any, outcome: Any, condition: Condition | None = None) -> None:
+        if condition is not None:
+            dlv.local.condition = condition
+        dlv.update(outcome)
+        dlv.settle()
+
+    def _on_transfer(self, link: Any, dlv: Any, node: _Node, payload: bytes) -> None:
+        entity = node.entity
+        self.emulator._count(entity)
+        action = self.emulator.faults.take(entity, "send")
+        if action is FaultAction.SERVER_BUSY:
+            self._settle(dlv, Delivery.REJECTED, _condition(SERVER_BUSY, "server busy (injected)"))
+            return
+        if action is FaultAction.UNAUTHORIZED:
+            refusal = _condition(UNAUTHORIZED, "unauthorized (injected)")
+            self._settle(dlv, Delivery.REJECTED, refusal)
+            return
+        if action is FaultAction.DROP_BEFORE_COMMIT:
+            self._hard_close(link.connection)
+            return
+        try:
+            decoded = [_codec.to_message(raw) for raw in _codec.unbatch(payload)]
+        except ValidationError as exc:  # e.g. a message id over 128 characters
+            self._settle(dlv, Delivery.REJECTED, _condition(ARGUMENT_ERROR, _describe(exc)))
+            return
+        except (_codec.CodecError, IndexError, ValueError) as exc:
+            self._settle(dlv, Delivery.REJECTED, _condition(DECODE_ERROR, _describe(exc)))
+            return
+        try:
+            self.store.send(
+                entity,
+                [d.message for d in decoded],
+                timeout=_STORE_TIMEOUT,
+                raw=[d.raw for d in decoded],
+            )
+        except Exception as exc:
+            self._settle(dlv, Delivery.REJECTED, _store_condition(exc))
+            return
+        self._after_commit(link, dlv, action)
+
+    def _after_commit(self, link: Any, dlv: Any, action: FaultAction) -> None:
+        if action is FaultAction.WITHHOLD:
+            return  # stored, and the client never hears of it
+        if action is FaultAction.DROP_AFTER_COMMIT:
+            self._hard_close(link.connection)
+            return
+        if action is FaultAction.DETACH_AFTER_COMMIT:
+            link.condition = _condition(DETACH_FORCED, "link detached (injected)")
+            link.close()
+            self.nodes.pop(link, None)
+            return
+        self._settle(dlv, Delivery.ACCEPTED)
+
+    # -- $cbs and $management -------------------------------------------------------------
+
+    def _request(self, dlv: Any, payload: bytes) -> Message | None:
+        request = Message()
+        try:
+            request.decode(payload)
+        except Exception as exc:
+            self._settle(dlv, Delivery.REJECTED, _condition(DECODE_ERROR, _describe(exc)))
+            return None
+        self._settle(dlv, Delivery.ACCEPTED)
+        return request
+
+    def _on_cbs(self, link: Any, dlv: Any, payload: bytes) -> None:
+        request = self._request(dlv, payload)
+        if request is None:
+            return
+        self._reply(
+            link,
+            request,
+            {"status-code": 200, "status-description": "OK"},
+            None,
+        )
+
+    def _reply(
+        self,
+        link: Any,
+        request: Message,
+        properties: dict[str, Any],
+        body: Any,
+    ) -> None:
+        reply = Message()
+        reply.correlation_id = request.id
+        reply.properties = properties  # type: ignore[assignment]
+        if body is not None:
+            reply.body = body
+        encoded = bytes(reply.encode())
+        target = self._reply_link(link, request.reply_to)
+        if target is None:
+            _log.warning("no reply link for %r", request.reply_to)
+            return
+        state = self.connections.get(link.connection)
+        if state is None:
+            return
+        state.outbox.setdefault(target, []).append(encoded)
+        self._flush_outbox(target)
+
+    def _reply_link(self, link: Any, reply_to: str | None) -> Any:
+        source = _strip_address(link.remote_target.address)
+        fallback = None
+        other = link.connection.link_head(Endpoint.LOCAL_ACTIVE)
+        while other is not None:
+            if other.is_sender:
+                if reply_to and other.remote_target.address == reply_to:
+                    return other
+                if _strip_address(other.remote_source.address) == source:
+                    fallback = other
+            other = other.next(Endpoint.LOCAL_ACTIVE)
+        return fallback
+
+    def _flush_outbox(self, link: Any) -> None:
+        state = self.connections.get(link.connection)
+        if state is None:
+            return
+        queue = state.outbox.get(link)
+        while queue and link.credit > 0:
+            encoded = queue.pop(0)
+            dlv = link.delivery(uuid.uuid4().bytes)
+            link.stream(encoded)
+            link.advance()
+            dlv.settle()
+
+    def _on_management(self, link: Any, dlv: Any, node: _Node, payload: bytes) -> None:
+        request = self._request(dlv, payload)
+        if request is None:
+            return
+        request_props: dict[Any, Any] = dict(request.properties or {})
+        props = {str(k): v for k, v in request_props.items()}
+        operation = str(props.get("operation", ""))
+        body = _codec._copy(request.body)
+        try:
+            status, reply_body = self._operate(link, node, operation, body)
+        except _Fault as fault:
+            if fault.action is FaultAction.SERVER_BUSY:
+                status, reply_body = (503, SERVER_BUSY), None
+            elif fault.action is FaultAction.UNAUTHORIZED:
+                status, reply_body = (401, UNAUTHORIZED), None
+            else:
+                return  # dropped, detached or withheld: no reply
+        except _MgmtError as err:
+            status, reply_body = (err.status, err.condition), None
+            description = err.description
+        else:
+            description = "OK"
+        code, condition = status
+        properties: dict[str, Any] = {"statusCode": code, "statusDescription": description}
+        if condition:
+            properties["errorCondition"] = symbol(condition)
+            if description == "OK":
+                properties["statusDescription"] = condition
+        self._reply(link, request, properties, reply_body)
+
+    def _operate(
+        self, link: Any, node: _Node, operation: str, body: Any
+    ) -> tuple[tuple[int, str | None], Any]:
+        body = body if isinstance(body, dict) else {}
+        body = {str(k): v for k, v in body.items()}
+        if operation == "com.microsoft:schedule-message":
+            return (200, None), {"sequence-numbers": self._schedule(link, node, body)}
+        if operation == "com.microsoft:cancel-scheduled-message":
+            seqs = [int(s) for s in body.get("sequence-numbers") or []]
+            try:
+                self.store.cancel_scheduled(node.entity, seqs)
+            except Exception as exc:
+                raise _MgmtError(404, NOT_FOUND, _describe(exc)) from exc
+            return (200, None), {}
+        if operation == "com.microsoft:update-disposition":
+            return self._update_disposition(node, body), {}
+        if operation == "com.microsoft:renew-lock":
+            return (200, None), {"expirations": self._renew(body)}
+        if operation == "com.microsoft:peek-message":
+            return self._peek(node, body)
+        if operation in (
+            "com.microsoft:renew-session-lock",
+            "com.microsoft:get-session-state",
+            "com.microsoft:set-session-state",
+        ):
+            return self._session_operation(node, operation, body)
+        raise _MgmtError(501, NOT_IMPLEMENTED, f"{operation!r} is not emulated")
+
+    def _schedule(self, link: Any, node: _Node, body: dict[str, Any]) -> list[int]:
+        entity = node.entity
+        self.emulator._count(entity)
+        action = self.emulator.faults.take(entity, "schedule")
+        if action in (FaultAction.SERVER_BUSY, FaultAction.UNAUTHORIZED):
+            raise _Fault(action)
+        if action is FaultAction.DROP_BEFORE_COMMIT:
+            self._hard_close(link.connection)
+            raise _Fault(action)
+        items = body.get("messages") or []
+        try:
+            decoded = [
+                _codec.to_message(bytes(dict(item)["message"]) if isinstance(item, dict) else b"")
+                for item in items
+            ]
+        except Exception as exc:
+            raise _MgmtError(400, DECODE_ERROR, _describe(exc)) from exc
+        if not decoded:
+            return []
+        at = decoded[0].message.scheduled_enqueue_time
+        if at is None:
+            raise _MgmtError(400, ARGUMENT_ERROR, "x-opt-scheduled-enqueue-time is missing")
+        try:
+            acks = self.store.schedule(
+                entity,
+                [d.message for d in decoded],
+                at,
+                timeout=_STORE_TIMEOUT,
+                raw=[d.raw for d in decoded],
+            )
+        except Exception as exc:
+            cond = _store_condition(exc)
+            raise _MgmtError(
+                503 if cond.name == SERVER_BUSY else 400, cond.name, cond.description or ""
+            ) from exc
+        seqs = [int(a.sequence_number) if a.sequence_number is not None else -1 for a in acks]
+        if action is not FaultAction.NONE:
+            self._after_commit_mgmt(link, action)
+            raise _Fault(action)
+        return seqs
+
+    def _after_commit_mgmt(self, link: Any, action: FaultAction) -> None:
+        if action is FaultAction.DROP_AFTER_COMMIT:
+            self._hard_close(link.connection)
+        elif action is FaultAction.DETACH_AFTER_COMMIT:
+            link.condition = _condition(DETACH_FORCED, "link detached (injected)")
+            link.close()
+            self.nodes.pop(link, None)
+
+    def _update_disposition(self, node: _Node, body: dict[str, Any]) -> tuple[int, str | None]:
+        status = str(body.get("disposition-status", ""))
+        settled: set[uuid.UUID] = set()
+        for token in body.get("lock-tokens") or []:
+            locked = self.tokens.pop(_as_uuid(token), None)
+            if locked is None:
+                raise _MgmtError(410, LOCK_LOST, "the lock on the message is lost")
+            try:
+                if status in ("completed", "suspended"):
+                    self.store.complete(
+                        locked.entity, locked.lock_token, subscription=locked.subscription
+                    )
+                else:
+                    self.store.abandon(
+                        locked.entity, locked.lock_token, subscription=locked.subscription
+                    )
+            except Exception as exc:
+                raise _MgmtError(410, LOCK_LOST, _describe(exc)) from exc
+            settled.add(locked.key)
+        for dlv, locked in list(self.locked.items()):
+            if locked.key in settled:
+                self.locked.pop(dlv, None)
+                dlv.settle()
+        return (200, None)
+
+    def _renew(self, body: dict[str, Any]) -> list[Any]:
+        expirations = []
+        for token in body.get("lock-tokens") or []:
+            locked = self.tokens.get(_as_uuid(token))
+            if locked is None:
+                raise _MgmtError(410, LOCK_LOST, "the lock on the message is lost")
+            try:
+                until = self.store.renew_lock(
+                    locked.entity,
+                    locked.lock_token,
+                    subscription=locked.subscription,
+                    lock_duration=self.emulator.lock_duration,
+                )
+            except Exception as exc:
+                raise _MgmtError(410, LOCK_LOST, _describe(exc)) from exc
+            expirations.append(_codec._ms(until))
+        return expirations
+
+    def _session_operation(
+        self, node: _Node, operation: str, body: dict[str, Any]
+    ) -> tuple[tuple[int, str | None], Any]:
+        session_id = _text(body.get("session-id"))
+        key = (node.entity, node.subscription, session_id or "")
+        if session_id is None or key not in self.session_locks:
+            raise _MgmtError(410, SESSION_LOCK_LOST, f"session {session_id!r} is not locked")
+        if operation.endswith("renew-session-lock"):
+            until = datetime.now(UTC) + self.emulator.lock_duration
+            return (200, None), {"expiration": _codec._ms(until)}
+        if operation.endswith("get-session-state"):
+            return (200, None), {"session-state": self.session_states.get(key)}
+        state = body.get("session-state")
+        self.session_states[key] = bytes(state) if state is not None else None
+        return (200, None), {}
+
+    def _peek(self, node: _Node, body: dict[str, Any]) -> tuple[tuple[int, str | None], Any]:
+        count = int(body.get("message-count") or 1)
+        start = body.get("from-sequence-number")
+        messages = self.store.peek(
+            node.entity,
+            max_messages=count,
+            subscription=node.subscription,
+            from_sequence_number=int(start) if start is not None else None,
+        )
+        if not messages:
+            return (204, None), None
+        return (200, None), {
+            "messages": [{"message": self._encode_received(m, peek_lock=False)} for m in messages]
+        }
+
+    # -- delivering to receivers ----------------------------------------------------------
+
+    def poll(self) -> None:
+        for link in list(self.senders):
+            if link.credit > 0:
+                self._pump(link)
+
+    def _pump(self, link: Any) -> None:
+        node = self.nodes.get(link)
+        if node is None or not link.state & Endpoint.LOCAL_ACTIVE:
+            return
+        peek_lock = link.remote_snd_settle_mode != Link.SND_SETTLED
+        while link.credit > 0:
+            try:
+                # A read first: an empty poll must not take the broker's write lock.
+                if self.store.count(node.entity, subscription=node.subscription) == 0:
+                    break
+                messages = self.store.receive(
+                    node.entity,
+                    max_messages=min(link.credit, 100),
+                    subscription=node.subscription,
+                    session_id=node.session_id,
+                    mode="peek_lock" if peek_lock else "receive_and_delete",
+                    lock_duration=self.emulator.lock_duration,
+                )
+            except Exception:
+                _log.exception("receive from %r failed", node.entity)
+                return
+            if not messages:
+                break
+            for m in messages:
+                encoded = self._encode_received(m, peek_lock=peek_lock)
+                token = getattr(m, "lock_token", None)
+                tag = _codec.lock_token_tag(token) if peek_lock and token else uuid.uuid4().bytes
+                dlv = link.delivery(tag)
+                link.stream(encoded)
+                link.advance()
+                if peek_lock and token:
+                    key = uuid.UUID(bytes_le=tag)
+                    locked = _Locked(node.entity, node.subscription, str(token), key)
+                    self.locked[dlv] = locked
+                    self.tokens[key] = locked
+                else:
+                    dlv.settle()
+        if link.drain_mode and link.credit > 0:
+            link.drained()
+
+    def _encode_received(self, m: Any, *, peek_lock: bool) -> bytes:
+        raw = getattr(m, "raw", None)
+        if not raw:
+            raw = _codec.encode_fields(
+                message_id=m.message_id,
+                body=m.body,
+                subject=m.subject,
+                content_type=m.content_type,
+                correlation_id=m.correlation_id,
+                session_id=m.session_id,
+                application_properties=m.application_properties,
+                time_to_live=m.time_to_live,
+            )
+        count = getattr(m, "delivery_count", None)
+        return _codec.restamp(
+            raw,
+            sequence_number=m.sequence_number,
+            enqueued_time=m.enqueued_time,
+            locked_until=m.locked_until if peek_lock else None,
+            partition_key=m.partition_key,
+            delivery_count=max(0, int(count) - 1) if count else None,
+        )
+
+    def _on_settlement(self, dlv: Any) -> None:
+        locked = self.locked.pop(dlv, None)
+        state = dlv.remote_state
+        if locked is None:
+            if dlv.settled:
+                dlv.settle()
+            return
+        self.tokens.pop(locked.key, None)
+        try:
+            if state in (Delivery.ACCEPTED, Delivery.REJECTED):
+                # Dead-lettering is not emulated: a rejected message is removed.
+                self.store.complete(
+                    locked.entity, locked.lock_token, subscription=locked.subscription
+                )
+            else:
+                self.store.abandon(
+                    locked.entity, locked.lock_token, subscription=locked.subscription
+                )
+        except Exception as exc:
+            self._settle(dlv, Delivery.REJECTED, _condition(LOCK_LOST, _describe(exc)))
+            return
+        echo = (
+            state
+            if state in (Delivery.ACCEPTED, Delivery.REJECTED, Delivery.MODIFIED, Delivery.RELEASED)
+            else Delivery.ACCEPTED
+        )
+        self._settle(dlv, echo)
+
+
+class _Fault(Exception):
+    def __init__(self, action: FaultAction) -> None:
+        super().__init__(action.value)
+        self.action = action
+
+
+class _MgmtError(Exception):
+    def __init__(self, status: int, condition: str, description: str) -> None:
+        super().__init__(description)
+        self.status = status
+        self.condition = condition
+        self.description = description
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    return str(value)
+
+
+def _terminus_map(data: Any) -> dict[str, Any]:
+    """A terminus filter map with str keys (empty when absent)."""
+    if data is None:
+        return {}
+    data.rewind()
+    if not data.next():
+        return {}
+    value = _codec._copy(data.get_object())
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): (v.value if hasattr(v, "descriptor") else v) for k, v in value.items()}
+
+
+def _as_uuid(value: Any) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    if isinstance(value, bytes | bytearray) and len(value) == 16:
+        return uuid.UUID(bytes=bytes(value))
+    return uuid.UUID(str(value))
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text[:500]
+
+
+def _store_condition(exc: BaseException) -> Condition:
+    """The AMQP error condition Service Bus would use for a store failure."""
+    named = getattr(exc, "condition", None)
+    if isinstance(exc, SendError) and isinstance(named, str) and named:
+        return _condition(named, _describe(exc))
+    if isinstance(exc, MessageSizeError):
+        return _condition(MESSAGE_SIZE, _describe(exc))
+    if isinstance(exc, ValidationError):
+        return _condition(ARGUMENT_ERROR, _describe(exc))
+    if isinstance(exc, TransientSendError):
+        return _condition(SERVER_BUSY, _describe(exc))
+    if isinstance(exc, PermanentSendError):
+        return _condition(NOT_FOUND, _describe(exc))
+    if isinstance(exc, SendOnceError):
+        return _condition(INTERNAL_ERROR, _describe(exc))
+    return _condition(INTERNAL_ERROR, f"{type(exc).__name__}: {_describe(exc)}")
