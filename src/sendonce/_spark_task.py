@@ -226,13 +226,22 @@ class TaskJob:
         import pyarrow as pa
 
         names = self.plan.columns
+        # Timestamps come in the session time zone; UTC ones convert to Python faster.
+        utc = {
+            name for name, shape in zip(names, self.plan.shapes, strict=True) if shape == ("ts",)
+        }
+        as_utc = pa.timestamp("us", tz="UTC")
+
+        def column(batch: Any, name: str) -> list[Any]:
+            values = batch.column(name)
+            if name in utc and values.type != as_utc:
+                values = values.cast(as_utc)
+            result: list[Any] = values.to_pylist()
+            return result
 
         def columns() -> Iterator[tuple[dict[str, list[Any]], int]]:
             for batch in batches:
-                yield (
-                    {name: batch.column(name).to_pylist() for name in names},
-                    batch.num_rows,
-                )
+                yield ({name: column(batch, name) for name in names}, batch.num_rows)
 
         result = self.run(columns())
         yield pa.RecordBatch.from_pylist([_result_row(result)], schema=_result_arrow_schema())
