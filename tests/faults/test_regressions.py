@@ -67,7 +67,6 @@ BUG3 = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason=BUG3)
 def test_bug3_ignored_group_does_not_report_lost_members_as_duplicates(tmp_path: Path) -> None:
     profile = EntityProfile("q", id_cache_size=1000)
     msgs = {n: Message(f"body {n}", message_id=f"m{n}") for n in range(1, 6)}
@@ -90,7 +89,6 @@ def test_bug3_ignored_group_does_not_report_lost_members_as_duplicates(tmp_path:
         assert claimed <= {"m3"}, f"{sorted(claimed - {'m3'})} reported as stored, never stored"
 
 
-@pytest.mark.xfail(strict=True, reason=BUG3)
 def test_bug3_seed_44_replays(tmp_path: Path) -> None:
     """Found by seed 44: two producers' transactional groups overlap on an Artemis entity."""
     outcome = run_seed(44, tmp_path)

@@ -356,7 +356,13 @@ def test_transaction_commits_all_or_nothing(broker: LocalBackend, retry: RetryPo
         assert tx.report is not None and tx.report.sent == 2
         with sender.transaction() as tx:
             tx.send_many([msg(3), msg(2)])  # order-2 is a duplicate: the whole group is ignored
-        assert tx.report is not None and tx.report.duplicates == 2
+        assert tx.report is not None
+        assert (tx.report.duplicates, tx.report.failed) == (1, 1)
+        lost = tx.report.failures[0]
+        assert lost.message_id == "order-3"  # not stored: a failure, never a silent "duplicate"
+        assert isinstance(lost.error, PermanentSendError)
+        assert lost.error.condition == "sendonce:group-ignored"
+        assert "order-2" in str(lost.error)
         with pytest.raises(ConfigurationError), sender.transaction():
             sender.send(msg(4))  # inside a transaction, sends go through tx.send
         with pytest.raises(RuntimeError), sender.transaction() as tx:

@@ -138,13 +138,7 @@ def test_errors_never_show_a_secret(cls: type[SendOnceError], shape: str) -> Non
 
 
 PICKLE_CASES = [
-    pytest.param(
-        c,
-        id=c.__name__,
-        marks=[pytest.mark.xfail(strict=True, reason="BUG B9: BrokerFileError cannot be unpickled")]
-        if c.__name__ == "BrokerFileError"
-        else [],
-    )
+    pytest.param(c, id=c.__name__)
     for c in ERROR_CLASSES
 ]
 

@@ -56,6 +56,7 @@ class LockLostError(SendOnceError):
 
 
 _DUPLICATE = Ack("duplicate")
+_IGNORED = Ack("ignored")
 
 
 def _ack_maker() -> Callable[[int], Ack]:
@@ -87,6 +88,10 @@ _accepted = _ack_maker()
 
 class _GroupRejected(Exception):
     """Internal: a transactional group met a duplicate and is rolled back whole."""
+
+    def __init__(self, accepted: list[bool]) -> None:
+        super().__init__("group rejected")
+        self.accepted = accepted
 
 
 def _utc_now() -> datetime:
@@ -395,8 +400,10 @@ class LocalBackend:
 
         try:
             return self._write(work, timeout=seconds)
-        except _GroupRejected:
-            return [_DUPLICATE for _ in messages]
+        except _GroupRejected as rejected:
+            # Only the members the broker already holds are duplicates; the others were
+            # dropped with the group and are stored nowhere: they must not look delivered.
+            return [_DUPLICATE if not new else _IGNORED for new in rejected.accepted]
 
     def _store_in(
         self,
@@ -421,7 +428,7 @@ class LocalBackend:
             accepted = [True] * n
         all_new = all(accepted)
         if atomic and not all_new:
-            raise _GroupRejected
+            raise _GroupRejected(accepted)
         if profile.kind == "topic":
             subs = [r[0] for r in conn.execute(_SUBSCRIPTIONS, (eid,))]
         else:

@@ -111,6 +111,10 @@ class BrokerFileError(ConfigurationError):
             field="path",
         )
         self.path = path
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[type[BrokerFileError], tuple[str, str]]:
+        return (type(self), (self.path, self.reason))
 
 
 def to_us(moment: datetime) -> int:
