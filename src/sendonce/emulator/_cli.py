@@ -58,11 +58,14 @@ def emulator(db: str, port: int, host: str) -> None:
     click.echo(f"serving {db} on {server.host}:{server.port}")
     click.echo(server.connection_string)
     try:
-        while not stopped.wait(0.5):
+        while server.running and not stopped.wait(0.5):
             pass
     except KeyboardInterrupt:
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
+        died = not server.running and not stopped.is_set()
         server.stop()
         click.echo("stopped")
+    if died:
+        raise click.ClickException("the emulator stopped unexpectedly (see the log)")

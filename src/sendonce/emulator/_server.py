@@ -118,13 +118,10 @@ class Emulator:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def serve_forever(self) -> None:
-        """Block until :meth:`stop` is called from another thread or the thread dies."""
-        if self._thread is None:
-            self.start()
-        assert self._thread is not None
-        while self._thread.is_alive():
-            self._thread.join(0.5)
+    @property
+    def running(self) -> bool:
+        """Whether the server thread is serving (false before start and after stop)."""
+        return self._thread is not None and self._thread.is_alive()
 
     def __enter__(self) -> Emulator:
         return self.start()

@@ -31,8 +31,8 @@ def test_stops_with_the_context_and_frees_the_port(broker_path: Path) -> None:
         port = emu.port
         with socket.create_connection(("127.0.0.1", port), timeout=5):
             pass
-        thread = emu._thread
-    assert thread is not None and not thread.is_alive()
+        assert emu.running
+    assert not emu.running
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
         pass
     emu.stop()  # idempotent
