@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._base import AsyncBackend
 from ._connect import connect
-from ._sender import IdempotentSender
+from ._sender import IdempotentSender, Transaction
 from ._threaded import ThreadedBackend
 
 if TYPE_CHECKING:
@@ -26,6 +26,7 @@ __all__ = [
     "AzureServiceBusBackend",
     "IdempotentSender",
     "ThreadedBackend",
+    "Transaction",
     "connect",
 ]
 

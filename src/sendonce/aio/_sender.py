@@ -13,7 +13,8 @@ inside the duplicate-detection window is safe.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Literal
@@ -40,7 +41,7 @@ from ..errors import (
 )
 from ._base import AsyncBackend
 
-__all__ = ["IdempotentSender"]
+__all__ = ["IdempotentSender", "Transaction"]
 
 
 class IdempotentSender(SenderCore):
@@ -163,14 +164,14 @@ class IdempotentSender(SenderCore):
     # -- sending -------------------------------------------------------------------
 
     async def _attempt_transfer(
-        self, batch: Sequence[Message], *, started: float | None = None
+        self, batch: Sequence[Message], *, atomic: bool = False, started: float | None = None
     ) -> Attempted[list[Ack]]:
         entity = self.profile.name
         backend = self._backend
         first = batch[0]
 
         async def attempt(timeout: float) -> list[Ack]:
-            acks = await backend.send(entity, batch, timeout=timeout)
+            acks = await backend.send(entity, batch, timeout=timeout, atomic=atomic)
             if len(acks) != len(batch):
                 raise PermanentSendError(
                     f"backend returned {len(acks)} acks for {len(batch)} messages",
@@ -279,3 +280,57 @@ class IdempotentSender(SenderCore):
             attempted.in_doubt_before,
             scheduled=True,
         )[0]
+
+    # -- transactions ----------------------------------------------------------------
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Transaction]:
+        """Send a group all or nothing (local broker, Artemis semantics).
+
+        ``async with sender.transaction() as tx: tx.send(a); tx.send(b)`` commits
+        on exit as one atomic transfer; the ``tx`` methods only validate and
+        collect. Other tasks may keep sending through the sender meanwhile.
+        Service Bus has no transactions in the Python client: ``ConfigurationError``.
+        """
+        self._check_open()
+        if getattr(self._backend, "supports_atomic", None) is False:
+            raise ConfigurationError(
+                f"backend {type(self._backend).__name__} cannot send all-or-nothing groups "
+                "(Service Bus has no transactions in the Python client)",
+                field="transaction",
+            )
+        tx = Transaction(self)
+        yield tx  # an exception in the block discards the group: nothing is sent
+        tx.report = await self._send_atomic(tx.messages)
+
+    async def _send_atomic(self, messages: list[Message]) -> SendReport:
+        self._check_open()
+        self._remember(self._plan(messages, what="transaction", batch=False))
+        report = SendReport()
+        if messages:
+            attempted = await self._attempt_transfer(messages, atomic=True)
+            self._account(report, messages, attempted, {})
+        return report
+
+
+class Transaction:
+    """A group of messages committed all or nothing when its ``async with`` block exits.
+
+    ``report`` holds the outcome once committed: members of a group the broker
+    ignored (another member was a duplicate) are failures in it.
+    """
+
+    def __init__(self, sender: IdempotentSender) -> None:
+        self._sender = sender
+        self.messages: list[Message] = []
+        self.report: SendReport | None = None
+
+    def send(self, message: Message) -> None:
+        """Validate ``message`` and add it to the group (sent on commit)."""
+        self._sender._plan((message,), what="message", batch=False)
+        self.messages.append(message)
+
+    def send_many(self, messages: Iterable[Message]) -> None:
+        batch = list(messages)
+        self._sender._plan(batch, what="messages", batch=False)
+        self.messages.extend(batch)

@@ -404,3 +404,43 @@ def test_threaded_backend_refuses_what_is_not_a_sync_backend(broker_path: Path) 
     with pytest.raises(ConfigurationError, match="already asynchronous"):
         ThreadedBackend(inner)  # type: ignore[arg-type]
     asyncio.run(inner.close())
+
+
+# -- transactions ----------------------------------------------------------------------
+
+
+def test_transaction_commits_all_or_nothing(
+    broker_path: Path, store: LocalBackend, retry: RetryPolicy
+) -> None:
+    profile = EntityProfile("artemis", id_cache_size=100)
+
+    async def main() -> None:
+        backend, inner = faulty(broker_path, [Fault.NONE, Fault.AFTER_COMMIT])
+        async with backend, IdempotentSender(backend, profile, retry=retry) as sender:
+            async with sender.transaction() as tx:
+                tx.send(msg(1))
+                tx.send(msg(2))
+                # another task may send meanwhile; the group is not sent yet
+                assert (await sender.send(msg(9))).outcome == "sent"
+                assert await backend.message_ids("artemis") == ["order-9"]
+            # the group's commit lost its ack; the resend found both ids: our own group landed
+            assert tx.report is not None and tx.report.sent == 2
+            assert [c.message_ids for c in inner.calls[1:]] == [("order-1", "order-2")] * 2
+            async with sender.transaction() as tx:
+                tx.send_many([msg(3), msg(2)])  # order-2 is a duplicate: the group is ignored
+            assert tx.report is not None
+            assert (tx.report.duplicates, tx.report.failed) == (1, 1)
+            lost = tx.report.failures[0]
+            assert lost.message_id == "order-3"
+            assert isinstance(lost.error, PermanentSendError)
+            assert lost.error.condition == "sendonce:group-ignored"
+            with pytest.raises(RuntimeError):
+                async with sender.transaction() as tx:
+                    tx.send(msg(5))
+                    raise RuntimeError("application failed mid-group")
+            with pytest.raises(PayloadConflictError):
+                async with sender.transaction() as tx:
+                    tx.send(msg(1, "another body"))
+
+    asyncio.run(main())
+    assert sorted(store.message_ids("artemis")) == ["order-1", "order-2", "order-9"]

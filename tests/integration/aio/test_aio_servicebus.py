@@ -267,3 +267,17 @@ def test_emulator_needs_explicit_profiles(emulator: Emulator) -> None:
                 await backend.send("orders", orders(2), timeout=1, atomic=True)
 
     asyncio.run(main())
+
+
+def test_transactions_are_refused_on_service_bus(emulator: Emulator, retry: RetryPolicy) -> None:
+    async def main() -> None:
+        async with (
+            backend_for(emulator) as backend,
+            IdempotentSender(backend, ORDERS, retry=retry) as sender,
+        ):
+            with pytest.raises(ConfigurationError, match="no transactions") as info:
+                async with sender.transaction():
+                    pass
+            assert info.value.field == "transaction"
+
+    asyncio.run(main())
