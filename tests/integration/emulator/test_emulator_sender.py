@@ -7,6 +7,7 @@ must raise InDoubtError naming the message.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -177,3 +178,30 @@ def test_connect_url_and_local_backend_share_the_id_space(
         assert store.message_ids("orders") == ids
         again = store.send("orders", [Message("v", message_id=i) for i in ids[6:]], timeout=5)
     assert [a.outcome for a in again] == ["duplicate"] * 4
+
+
+def test_concurrent_producers_with_overlapping_ids_store_each_once(
+    emulator: Emulator, store: LocalBackend
+) -> None:
+    """Two producers (as two Spark task attempts would) send the same ids at once."""
+    ids = [f"dup-{i}" for i in range(40)]
+    errors: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            backend = AzureServiceBusBackend.from_connection_string(
+                emulator.connection_string, profiles={"orders": ORDERS}
+            )
+            with backend, IdempotentSender(backend, "orders") as sender:
+                for i in ids:
+                    sender.send(Message("same body", message_id=i))
+        except BaseException as exc:  # reported to the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=produce) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    assert store.message_ids("orders") == ids
