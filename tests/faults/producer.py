@@ -243,7 +243,7 @@ class Producer:
         self.plan = self.spec["incarnations"][incarnation]
         self.entity = schedule["entity"]
         self.profile = profile_of(self.entity)
-        self.time = ScaledTime(schedule["clock"]["base"], run["origin"], schedule["clock"]["speed"])
+        self.time = ScaledTime(run["base"], run["origin"], schedule["clock"]["speed"])
         retry = schedule["retry"]
         self.margin = float(retry["safety_margin_s"])
         window = self.profile.window
@@ -288,18 +288,15 @@ class Producer:
         cleanup: list[Callable[[], None]] = []
         transport: Any
         if self.schedule["transport"] == "emulator":
-            from sendonce.backends import AzureServiceBusBackend, LocalBackend
+            from sendonce.backends import AzureServiceBusBackend
             from sendonce.emulator import Emulator, FaultAction
 
             conn_str = self.run.get("connection_string")
             if conn_str is None:
-                # an emulator of our own: it dies with this process, like a broker node
-                time_ = self.time
-                emulator = Emulator(
-                    db,
-                    poll_interval=0.02,
-                    store_factory=lambda: LocalBackend(db, clock=time_.now_dt),
-                )
+                # an emulator of our own: it dies with this process, like a broker node.
+                # Its broker runs on the wall clock: emulator runs use speed 1 and a
+                # wall-clock base, so it agrees with ours.
+                emulator = Emulator(db, poll_interval=0.02)
                 emulator.faults.add(*(FaultAction(a) for a in self.plan["emulator_faults"]))
                 emulator.start()
                 cleanup.append(emulator.stop)

@@ -61,6 +61,7 @@ class RunResult:
     by_subscription: dict[str, list[str]]
     errors: list[str]
     elapsed: float
+    base: float  # schedule time 0 (epoch seconds)
 
 
 class _Process:
@@ -119,21 +120,23 @@ def run_schedule(schedule: dict[str, Any], workdir: Path, *, timeout: float = 12
     db = workdir / "broker.db"
     prepare_broker(db, schedule)
     started = time.monotonic()
+    # The emulator's broker keeps the wall clock (emulator schedules run at speed 1):
+    # schedule time then starts from the wall clock, so both agree.
+    base = time.time() if schedule["transport"] == "emulator" else schedule["clock"]["base"]
     run: dict[str, Any] = {
         "schedule": schedule,
         "origin": started,
+        "base": base,
         "workdir": str(workdir),
         "db": str(db),
     }
-    clock = ScaledTime(schedule["clock"]["base"], started, schedule["clock"]["speed"])
+    clock = ScaledTime(base, started, schedule["clock"]["speed"])
     emulator = None
     if schedule["transport"] == "emulator" and schedule.get("emulator_shared"):
         # one emulator for every producer: it outlives their crashes
         from sendonce.emulator import Emulator
 
-        emulator = Emulator(
-            db, poll_interval=0.02, store_factory=lambda: LocalBackend(db, clock=clock.now_dt)
-        ).start()
+        emulator = Emulator(db, poll_interval=0.02).start()
         run["connection_string"] = emulator.connection_string
     run_json = workdir / "run.json"
     run_json.write_text(json.dumps(run), encoding="utf-8")
@@ -231,6 +234,7 @@ def _supervise(
         by_sub,
         errors,
         time.monotonic() - started,
+        clock.base,
     )
 
 

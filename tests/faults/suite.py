@@ -99,8 +99,8 @@ class Outcome:
                 else f"exit {rec.returncode}"
             )
             lines.append(
-                f"  producer {rec.producer}.{rec.index}: t={rec.started - s['clock']['base']:.2f}"
-                f"..{(rec.ended or 0) - s['clock']['base']:.2f} {how}"
+                f"  producer {rec.producer}.{rec.index}: t={rec.started - self.result.base:.2f}"
+                f"..{(rec.ended or 0) - self.result.base:.2f} {how}"
             )
         for error in self.result.errors:
             lines.append(f"  RUN ERROR: {error}")
