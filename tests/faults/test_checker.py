@@ -149,9 +149,11 @@ def test_subscriptions_must_match_the_topic() -> None:
 
 def test_reported_sequence_numbers_must_be_the_stored_copies() -> None:
     journal = [attempt("0.0", [1, 2]), {**done("0.0", sent=[1, 2]), "seq": [[1, 7], [2, 8]]}]
-    ok = check(schedule([1, 2]), {0: journal}, copies(1, 2), sequences={"order-1": 7, "order-2": 8})
+    ok = check(
+        schedule([1, 2]), {0: journal}, copies(1, 2), sequences={"order-1": {7}, "order-2": {8}}
+    )
     assert ok.ok, ok.violations
     wrong = check(
-        schedule([1, 2]), {0: journal}, copies(1, 2), sequences={"order-1": 7, "order-2": 9}
+        schedule([1, 2]), {0: journal}, copies(1, 2), sequences={"order-1": {7}, "order-2": {9}}
     )
     assert kinds(wrong) == ["sequence"]
