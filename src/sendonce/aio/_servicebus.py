@@ -4,7 +4,7 @@ The asyncio twin of :class:`sendonce.backends.AzureServiceBusBackend`, sharing
 its error mapping (``_servicebus_errors``), message conversion
 (``_servicebus_convert``) and profile reading. The client's own retries are off
 (``retry_total=0``); every call is bounded: the client gets ``timeout=`` and the
-whole call, link opening included, runs under ``asyncio.wait_for``. (The sync
+whole call, link opening included, runs under ``asyncio.timeout``. (The sync
 backend needs a helper thread to bound link opening; here cancelling the
 awaiting coroutine is enough.)
 
@@ -341,7 +341,8 @@ class AzureServiceBusBackend:
             return timeout
         started = time.monotonic()
         try:
-            await asyncio.wait_for(sender.create_message_batch(), timeout)
+            async with asyncio.timeout(timeout):
+                await sender.create_message_batch()
         except TimeoutError:
             self._discard_sender(entity, "opening the link timed out")
             raise TransientSendError(
@@ -386,7 +387,8 @@ class AzureServiceBusBackend:
                 started = time.monotonic()
                 left = await self._open_link(entity, sender, timeout, messages)
                 remaining = max(timeout - (time.monotonic() - started), _MIN_TRANSFER_TIME)
-                return await asyncio.wait_for(transfer(sender, left), remaining)
+                async with asyncio.timeout(remaining):
+                    return await transfer(sender, left)
             except (ValidationError, TransientSendError):
                 raise
             except TimeoutError:
