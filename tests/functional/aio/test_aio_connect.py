@@ -7,7 +7,7 @@ import pickle
 from pathlib import Path
 
 import pytest
-from conftest import FakeTime
+from _aio_helpers import FakeTime
 
 from sendonce import (
     ConfigurationError,

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FakeTime
+from _aio_helpers import FakeTime
 
 from sendonce import (
     ConfigurationError,

@@ -3,33 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from _aio_sb_helpers import EVENTS, ORDERS, SHORT, FakeTime
 
-from sendonce import EntityProfile, RetryPolicy
+from sendonce import RetryPolicy
 from sendonce.backends.local import LocalBackend
 from sendonce.emulator import Emulator
-
-ORDERS = EntityProfile("orders")
-EVENTS = EntityProfile("events", kind="topic")
-SHORT = EntityProfile("short", duplicate_detection_window=timedelta(seconds=20))
-
-
-class FakeTime:
-    """A clock and an async sleep for RetryPolicy: sleeping advances the clock, nothing waits."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.slept: list[float] = []
-
-    def clock(self) -> float:
-        return self.now
-
-    async def async_sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += seconds
 
 
 @pytest.fixture

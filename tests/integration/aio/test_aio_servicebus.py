@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from conftest import EVENTS, ORDERS, SHORT, FakeTime
+from _aio_sb_helpers import EVENTS, ORDERS, SHORT, FakeTime
 
 from sendonce import (
     ConfigurationError,
