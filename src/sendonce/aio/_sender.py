@@ -91,6 +91,14 @@ class IdempotentSender(SenderCore):
             self._backend: AsyncBackend = connect(backend)
             self._owns_backend = True
         else:
+            if callable(getattr(backend, "__enter__", None)) and not inspect.iscoroutinefunction(
+                getattr(backend, "send", None)
+            ):
+                raise ConfigurationError(
+                    f"{type(backend).__name__} is a sync backend: wrap it for the event loop, "
+                    "sendonce.aio.ThreadedBackend(backend), or use sendonce.IdempotentSender",
+                    field="backend",
+                )
             self._backend = backend
             self._owns_backend = False
 

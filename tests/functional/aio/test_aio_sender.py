@@ -394,6 +394,9 @@ def test_bad_options_fail_before_any_io(broker_path: Path) -> None:
     with pytest.raises(ConfigurationError) as info:
         IdempotentSender(backend, ORDERS, retry="fast")  # type: ignore[arg-type]
     assert info.value.field == "retry"
+    with pytest.raises(ConfigurationError, match="ThreadedBackend") as info:
+        IdempotentSender(backend.inner, ORDERS)  # type: ignore[arg-type]
+    assert info.value.field == "backend"
     asyncio.run(backend.close())
 
 
