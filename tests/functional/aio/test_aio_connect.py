@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,50 @@ def test_policy_with_async_sleep_pickles_and_checks_it() -> None:
     with pytest.raises(ConfigurationError) as info:
         RetryPolicy(async_sleep=1.0)  # type: ignore[arg-type]
     assert info.value.field == "async_sleep"
+
+
+class _FakeAdmin:
+    """Stands in for the async administration REST API (no real peer in tests)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.closed = False
+
+    async def get_queue(self, name: str, **bounds: object) -> object:
+        from azure.core.exceptions import ResourceNotFoundError
+
+        self.calls.append(("queue", name))
+        raise ResourceNotFoundError("no such queue")
+
+    async def get_topic(self, name: str, **bounds: object) -> object:
+        from types import SimpleNamespace
+
+        self.calls.append(("topic", name))
+        return SimpleNamespace(
+            duplicate_detection_history_time_window=timedelta(minutes=3),
+            requires_duplicate_detection=True,
+            enable_partitioning=True,
+            max_message_size_in_kilobytes=1024,
+        )
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def test_describe_reads_the_administration_api_once() -> None:
+    admin = _FakeAdmin()
+
+    async def main() -> EntityProfile:
+        async with AzureServiceBusBackend.from_connection_string(
+            CONN, admin_client=admin
+        ) as backend:
+            first = await backend.describe("events")
+            assert await backend.describe("events") is first  # cached
+            return first
+
+    profile = asyncio.run(main())
+    assert admin.calls == [("queue", "events"), ("topic", "events")]
+    assert admin.closed
+    assert profile.kind == "topic" and profile.partitioned
+    assert profile.duplicate_detection_window == timedelta(minutes=3)
+    assert profile.max_message_size == 1024 * 1024

@@ -21,6 +21,7 @@ from sendonce import (
     ConfigurationError,
     InDoubtError,
     Message,
+    PayloadConflictError,
     PermanentSendError,
     RetryPolicy,
     SendReport,
@@ -281,3 +282,30 @@ def test_transactions_are_refused_on_service_bus(emulator: Emulator, retry: Retr
             assert info.value.field == "transaction"
 
     asyncio.run(main())
+
+
+def test_cancelled_transfer_is_in_doubt_and_the_link_is_replaced(
+    emulator: Emulator, store: LocalBackend, retry: RetryPolicy
+) -> None:
+    emulator.faults.add(Fault(FaultAction.WITHHOLD, entity="orders"))  # stored, never settled
+
+    async def main() -> SendResult:
+        async with (
+            backend_for(emulator) as backend,
+            IdempotentSender(backend, ORDERS, retry=retry) as sender,
+        ):
+            task = asyncio.create_task(sender.send(Message("paid", message_id="x-1")))
+            while emulator.transfers("orders") == 0:  # the broker has the transfer
+                await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            # in doubt: the resend (same body) is safe, a different body is refused
+            with pytest.raises(PayloadConflictError):
+                await sender.send(Message("other", message_id="x-1"))
+            return await sender.send(Message("paid", message_id="x-1"))
+
+    resend = asyncio.run(main())
+    assert resend.outcome == "sent" and resend.attempts == 1  # a new link carried it
+    assert emulator.transfers("orders") == 2
+    assert store.message_ids("orders") == ["x-1"]
