@@ -189,81 +189,36 @@ class RetryPolicy:
         ``started`` is when the first attempt of this message began (default:
         now); a caller resuming an in-doubt message passes the original start so
         the deadline does not move. Raises ``InDoubtError`` when transient
-        failures outlast the attempts or the deadline; any other error passes
-        through unchanged after its first occurrence.
+        failures outlast the attempts or the deadline, or when the broker refuses
+        a retry after an attempt that may have been stored; a refusal of the first
+        attempt passes through unchanged.
         """
-        clock = self.clock
-        first = clock() if started is None else started
-        deadline = self.deadline(first, window)
-        in_doubt = False
-        attempts = 0
-
-        def one_attempt() -> T:
-            nonlocal attempts, in_doubt
-            timeout = self.attempt_timeout
-            if deadline is not None:
-                timeout = min(timeout, deadline - clock())
-                if timeout < MIN_ATTEMPT_TIME:
-                    raise _DeadlinePassed()
-            attempts += 1
-            try:
-                return attempt(timeout)
-            except TransientSendError:
-                in_doubt = True
-                raise
-
-        at_deadline = _StopAtDeadline(clock, deadline)
+        call = _Call(self, window, message_id, partition_key, started)
+        try:
+            # Fast path: most sends succeed at once, so the first attempt runs without
+            # building any retry state.
+            return Attempted(call.run(attempt), 1, False)
+        except TransientSendError as exc:
+            failure: BaseException | None = exc
+        except _DeadlinePassed as exc:
+            raise call.exhausted(exc) from exc
+        in_doubt_before = False
         retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(self.max_attempts) | at_deadline,
-            wait=_ExponentialBackoff(self.initial_backoff, self.max_backoff, self.jitter, self.rng),
-            retry=tenacity.retry_if_exception_type(TransientSendError),
-            sleep=self.sleep,
-            reraise=True,
+            stop=call.stop(), wait=call.wait(), retry=_RETRYABLE, sleep=self.sleep, reraise=True
         )
-        was_in_doubt = False
         try:
             for attempt_state in retrying:
                 with attempt_state:
-                    was_in_doubt = in_doubt
-                    value = one_attempt()
+                    if failure is not None:  # replay attempt 1 so tenacity counts and waits
+                        replay, failure = failure, None
+                        raise replay
+                    in_doubt_before = call.in_doubt
+                    value: T = call.run(attempt)
         except (TransientSendError, _DeadlinePassed) as exc:
-            last = exc if isinstance(exc, TransientSendError) else None
-            elapsed = timedelta(seconds=max(clock() - first, 0.0))
-            reason = (
-                "the duplicate-detection deadline (first attempt + window - safety margin) "
-                "would pass before another attempt could finish"
-                if at_deadline.fired or isinstance(exc, _DeadlinePassed)
-                else f"all {self.max_attempts} attempts were used"
-            )
-            raise InDoubtError(
-                f"message {message_id!r} (partition key {partition_key!r}) is in doubt after "
-                f"{attempts} attempts over {elapsed.total_seconds():.1f}s: {reason}. It may or may "
-                f"not have been stored; resending it is safe only inside the entity's "
-                f"duplicate-detection window. Last error: {last}",
-                message_id=message_id,
-                partition_key=partition_key,
-                attempts=attempts,
-                elapsed=elapsed,
-                last_error=last,
-            ) from exc
+            raise call.exhausted(exc) from exc
         except SendError as exc:
-            if not in_doubt:
-                raise
-            # An earlier attempt may have been stored before its ack was lost; a refusal of
-            # the retry does not undo that, so the message is in doubt, not "not sent".
-            elapsed = timedelta(seconds=max(clock() - first, 0.0))
-            raise InDoubtError(
-                f"message {message_id!r} (partition key {partition_key!r}) is in doubt: an "
-                f"earlier attempt may have been stored, then attempt {attempts} was refused "
-                f"({type(exc).__name__}: {exc}). Resending it is safe only inside the entity's "
-                "duplicate-detection window.",
-                message_id=message_id,
-                partition_key=partition_key,
-                attempts=attempts,
-                elapsed=elapsed,
-                last_error=exc,
-            ) from exc
-        return Attempted(value, attempts, was_in_doubt)
+            raise call.refused_after_doubt(exc) from exc
+        return Attempted(value, call.attempts, in_doubt_before)
 
     async def acall(
         self,
@@ -280,76 +235,141 @@ class RetryPolicy:
         the awaiting task is not a send error: it propagates unchanged (the attempt in
         flight may or may not have been stored; see ``docs/aio.md``).
         """
-        clock = self.clock
-        first = clock() if started is None else started
-        deadline = self.deadline(first, window)
-        in_doubt = False
-        attempts = 0
-
-        async def one_attempt() -> T:
-            nonlocal attempts, in_doubt
-            timeout = self.attempt_timeout
-            if deadline is not None:
-                timeout = min(timeout, deadline - clock())
-                if timeout < MIN_ATTEMPT_TIME:
-                    raise _DeadlinePassed()
-            attempts += 1
-            try:
-                return await attempt(timeout)
-            except TransientSendError:
-                in_doubt = True
-                raise
-
-        at_deadline = _StopAtDeadline(clock, deadline)
+        call = _Call(self, window, message_id, partition_key, started)
+        try:
+            return Attempted(await call.arun(attempt), 1, False)
+        except TransientSendError as exc:
+            failure: BaseException | None = exc
+        except _DeadlinePassed as exc:
+            raise call.exhausted(exc) from exc
+        in_doubt_before = False
         retrying = tenacity.AsyncRetrying(
-            stop=tenacity.stop_after_attempt(self.max_attempts) | at_deadline,
-            wait=_ExponentialBackoff(self.initial_backoff, self.max_backoff, self.jitter, self.rng),
-            retry=tenacity.retry_if_exception_type(TransientSendError),
+            stop=call.stop(),
+            wait=call.wait(),
+            retry=_RETRYABLE,
             sleep=self.async_sleep,
             reraise=True,
         )
-        was_in_doubt = False
         try:
             async for attempt_state in retrying:
                 with attempt_state:
-                    was_in_doubt = in_doubt
-                    value = await one_attempt()
+                    if failure is not None:
+                        replay, failure = failure, None
+                        raise replay
+                    in_doubt_before = call.in_doubt
+                    avalue: T = await call.arun(attempt)
         except (TransientSendError, _DeadlinePassed) as exc:
-            last = exc if isinstance(exc, TransientSendError) else None
-            elapsed = timedelta(seconds=max(clock() - first, 0.0))
-            reason = (
-                "the duplicate-detection deadline (first attempt + window - safety margin) "
-                "would pass before another attempt could finish"
-                if at_deadline.fired or isinstance(exc, _DeadlinePassed)
-                else f"all {self.max_attempts} attempts were used"
-            )
-            raise InDoubtError(
-                f"message {message_id!r} (partition key {partition_key!r}) is in doubt after "
-                f"{attempts} attempts over {elapsed.total_seconds():.1f}s: {reason}. It may or may "
-                f"not have been stored; resending it is safe only inside the entity's "
-                f"duplicate-detection window. Last error: {last}",
-                message_id=message_id,
-                partition_key=partition_key,
-                attempts=attempts,
-                elapsed=elapsed,
-                last_error=last,
-            ) from exc
+            raise call.exhausted(exc) from exc
         except SendError as exc:
-            if not in_doubt:
-                raise
-            elapsed = timedelta(seconds=max(clock() - first, 0.0))
-            raise InDoubtError(
-                f"message {message_id!r} (partition key {partition_key!r}) is in doubt: an "
-                f"earlier attempt may have been stored, then attempt {attempts} was refused "
-                f"({type(exc).__name__}: {exc}). Resending it is safe only inside the entity's "
-                "duplicate-detection window.",
-                message_id=message_id,
-                partition_key=partition_key,
-                attempts=attempts,
-                elapsed=elapsed,
-                last_error=exc,
-            ) from exc
-        return Attempted(value, attempts, was_in_doubt)
+            raise call.refused_after_doubt(exc) from exc
+        return Attempted(avalue, call.attempts, in_doubt_before)
+
+
+_RETRYABLE = tenacity.retry_if_exception_type(TransientSendError)
+
+
+class _Call:
+    """The state of one retried call: its deadline, attempts so far, and doubt."""
+
+    __slots__ = (
+        "at_deadline",
+        "attempts",
+        "deadline",
+        "first",
+        "in_doubt",
+        "message_id",
+        "partition_key",
+        "policy",
+    )
+
+    def __init__(
+        self,
+        policy: RetryPolicy,
+        window: timedelta | None,
+        message_id: str | None,
+        partition_key: str | None,
+        started: float | None,
+    ) -> None:
+        self.policy = policy
+        self.first = policy.clock() if started is None else started
+        self.deadline = policy.deadline(self.first, window)
+        self.message_id = message_id
+        self.partition_key = partition_key
+        self.attempts = 0
+        self.in_doubt = False
+        self.at_deadline = _StopAtDeadline(policy.clock, self.deadline)
+
+    def timeout(self) -> float:
+        """This attempt's timeout, cut to the time left before the deadline."""
+        timeout = self.policy.attempt_timeout
+        if self.deadline is not None:
+            timeout = min(timeout, self.deadline - self.policy.clock())
+            if timeout < MIN_ATTEMPT_TIME:
+                raise _DeadlinePassed()
+        self.attempts += 1
+        return timeout
+
+    def run(self, attempt: Callable[[float], T]) -> T:
+        timeout = self.timeout()
+        try:
+            return attempt(timeout)
+        except TransientSendError:
+            self.in_doubt = True
+            raise
+
+    async def arun(self, attempt: Callable[[float], Awaitable[T]]) -> T:
+        timeout = self.timeout()
+        try:
+            return await attempt(timeout)
+        except TransientSendError:
+            self.in_doubt = True
+            raise
+
+    def stop(self) -> tenacity.stop.stop_base:
+        return tenacity.stop_after_attempt(self.policy.max_attempts) | self.at_deadline
+
+    def wait(self) -> _ExponentialBackoff:
+        p = self.policy
+        return _ExponentialBackoff(p.initial_backoff, p.max_backoff, p.jitter, p.rng)
+
+    def _elapsed(self) -> timedelta:
+        return timedelta(seconds=max(self.policy.clock() - self.first, 0.0))
+
+    def exhausted(self, exc: BaseException) -> InDoubtError:
+        """Transient failures outlasted the attempts or the deadline."""
+        last = exc if isinstance(exc, TransientSendError) else None
+        elapsed = self._elapsed()
+        reason = (
+            "the duplicate-detection deadline (first attempt + window - safety margin) "
+            "would pass before another attempt could finish"
+            if self.at_deadline.fired or isinstance(exc, _DeadlinePassed)
+            else f"all {self.policy.max_attempts} attempts were used"
+        )
+        return InDoubtError(
+            f"message {self.message_id!r} (partition key {self.partition_key!r}) is in doubt "
+            f"after {self.attempts} attempts over {elapsed.total_seconds():.1f}s: {reason}. It "
+            "may or may not have been stored; resending it is safe only inside the entity's "
+            f"duplicate-detection window. Last error: {last}",
+            message_id=self.message_id,
+            partition_key=self.partition_key,
+            attempts=self.attempts,
+            elapsed=elapsed,
+            last_error=last,
+        )
+
+    def refused_after_doubt(self, exc: SendError) -> SendError:
+        """A refusal after an in-doubt attempt cannot prove that attempt was not stored."""
+        return InDoubtError(
+            f"message {self.message_id!r} (partition key {self.partition_key!r}) is in doubt: "
+            f"an earlier attempt may have been stored, then attempt {self.attempts} was refused "
+            f"({type(exc).__name__}: {exc}). Resending it is safe only inside the entity's "
+            "duplicate-detection window.",
+            message_id=self.message_id,
+            partition_key=self.partition_key,
+            attempts=self.attempts,
+            elapsed=self._elapsed(),
+            last_error=exc,
+        )
 
 
 class _DeadlinePassed(Exception):
