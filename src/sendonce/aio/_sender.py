@@ -82,9 +82,9 @@ class IdempotentSender(SenderCore):
         self._closed = False
         if isinstance(entity, EntityProfile):
             self._configure(entity, **self._options)  # bad options fail here, before any I/O
-            self._opened_profile: EntityProfile | None = entity
+            self._given_profile: EntityProfile | None = entity
         else:
-            self._opened_profile = None
+            self._given_profile = None
         if isinstance(backend, str):
             from ._connect import connect
 
@@ -116,7 +116,7 @@ class IdempotentSender(SenderCore):
             return self
         try:
             profile = await self._resolve(self._backend, self._entity_arg)
-            if self._opened_profile is None:
+            if self._given_profile is None:
                 self._configure(profile, **self._options)
         except BaseException:
             await self.close()
