@@ -43,12 +43,7 @@ dimension appears: the emulator (21, 43), windows near their minimum under a fas
 clock, partitioned, session and topic entities, the Artemis cache, transactional
 groups (25, 15; overlapping groups 36), scheduled messages, external and self kills."""
 
-OPEN_BUGS: dict[str, str] = {
-    "BUG-3": (
-        "BUG-3: a transactional group ignored for one duplicate member reports every member "
-        "as 'duplicate', though the others were never stored (see /tmp/h6_bugs.md)"
-    ),
-}
+OPEN_BUGS: dict[str, str] = {}
 """Core bugs found by the suite and not fixed yet; remove an entry with its fix."""
 
 
@@ -59,7 +54,7 @@ def open_bug(schedule: dict[str, Any]) -> str | None:
         and not schedule["groups_aligned"]
         and len(schedule["producers"]) > 1
     )
-    if overlapping_groups and "BUG-3" in OPEN_BUGS:
+    if overlapping_groups and "BUG-3" in OPEN_BUGS:  # fixed: kept as the pattern to follow
         return OPEN_BUGS["BUG-3"]
     return None
 
