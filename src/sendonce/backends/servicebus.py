@@ -495,7 +495,12 @@ class AzureServiceBusBackend:
             sender = self._sender(entity)
             try:
                 left = self._open_link(entity, sender, timeout, messages)
-                payload: Any = self._batch(sender, entity, messages, converted)
+                # One message goes as itself: wrapping it in a batch encodes it twice.
+                payload: Any = (
+                    converted[0]
+                    if len(converted) == 1
+                    else self._batch(sender, entity, messages, converted)
+                )
                 sender.send_messages(payload, timeout=left)
             except (ValidationError, TransientSendError):
                 raise

@@ -122,8 +122,19 @@ def test_max_batch_size_is_passed_to_create_message_batch(
     make_backend: Make, link: FakeLink
 ) -> None:
     backend = make_backend(max_batch_size=100_000)
-    backend.send("orders", [msg(1)], timeout=5)
+    backend.send("orders", [msg(1), msg(2)], timeout=5)
     link.senders[0].create_message_batch.assert_called_with(max_size_in_bytes=100_000)
+
+
+def test_a_single_message_is_sent_without_a_batch(make_backend: Make, link: FakeLink) -> None:
+    """Wrapping one message in a batch would encode it twice for nothing."""
+    backend = make_backend()
+    backend.send("orders", [msg(1)], timeout=5)
+    sender = link.senders[0]
+    (payload,), kwargs = sender.send_messages.call_args
+    assert isinstance(payload, ServiceBusMessage)  # not a batch
+    assert payload.message_id == "order-1"
+    assert kwargs["timeout"] > 0
 
 
 def test_the_link_is_opened_once_per_sender(make_backend: Make, link: FakeLink) -> None:
@@ -421,4 +432,5 @@ def test_the_sender_over_a_partitioned_entity_sends_one_message_per_transfer(
     with IdempotentSender(backend, "orders") as sender:
         report = sender.send_many([msg(i, partition_key=f"k{i % 2}") for i in range(4)])
     assert report.sent == 4 and report.failed == 0
-    assert [len(batch) for batch in link.sent] == [1, 1, 1, 1]
+    assert len(link.sent) == 4  # four transfers of one message each, none batched
+    assert all(isinstance(payload, ServiceBusMessage) for payload in link.sent)
