@@ -21,6 +21,7 @@ Only the standard library and ``sendonce`` are imported: it runs as a script.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -115,6 +116,9 @@ class ScaledTime:
         if seconds > 0:
             time.sleep(seconds / self.speed)
 
+    async def async_sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(seconds, 0.0) / self.speed)
+
 
 class ScaledTimeouts:
     """Passes call timeouts (schedule seconds) to the inner backend in real seconds."""
@@ -196,6 +200,42 @@ class KillSwitch:
         return getattr(self.inner, name)
 
 
+class AsyncKillSwitch:
+    """:class:`KillSwitch` for an async backend (the ``sendonce.aio`` Service Bus client)."""
+
+    def __init__(self, inner: Any, kill: dict[str, Any] | None, log: Callable[[str], None]) -> None:
+        self.sync = KillSwitch(inner, kill, log)
+        self.inner = inner
+
+    async def send(
+        self, entity: str, messages: Sequence[Message], *, timeout: float, atomic: bool = False
+    ) -> list[Ack]:
+        self.sync._maybe_kill("before")
+        acks: list[Ack] = await self.inner.send(entity, messages, timeout=timeout, atomic=atomic)
+        self.sync._maybe_kill("after_commit")
+        self.sync.calls += 1
+        return acks
+
+    async def schedule(
+        self, entity: str, messages: Sequence[Message], at: datetime, *, timeout: float
+    ) -> list[Ack]:
+        self.sync._maybe_kill("before")
+        acks: list[Ack] = await self.inner.schedule(entity, messages, at, timeout=timeout)
+        self.sync._maybe_kill("after_commit")
+        self.sync.calls += 1
+        return acks
+
+    async def describe(self, entity: str) -> EntityProfile:
+        profile: EntityProfile = await self.inner.describe(entity)
+        return profile
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
 # -- the journal ---------------------------------------------------------------------------
 
 
@@ -272,6 +312,7 @@ class Producer:
             sleep=self.time.sleep,
             clock=self.time.now,
             seed=self._retry_seed,
+            async_sleep=self.time.async_sleep,
         )
 
     def fault_script(self) -> Callable[[int, str, Sequence[Message]], Fault]:
@@ -315,6 +356,26 @@ class Producer:
             slow_ack_delay=self.schedule["slow_ack_delay"],
             sleep=self.time.sleep,
         )
+
+        self.aio_backend: Any = None
+        if self.schedule.get("api", "").startswith("aio"):
+            self.loop = asyncio.new_event_loop()
+            if self.schedule["transport"] == "emulator":
+                # the async Service Bus client itself; only the emulator's faults apply
+                from sendonce.aio import AzureServiceBusBackend as AsyncServiceBus
+
+                aio_transport = AsyncServiceBus(
+                    connection_string=conn_str, profiles={self.profile.name: self.profile}
+                )
+                self.aio_backend = AsyncKillSwitch(aio_transport, self.plan["kill"], self.log)
+                loop = self.loop
+                cleanup.append(lambda: loop.run_until_complete(aio_transport.close()))
+            else:
+                from sendonce.aio import ThreadedBackend
+
+                # not closed: closing it would close the sync stack (closed below)
+                self.aio_backend = ThreadedBackend(faulty)
+            cleanup.insert(0, self.loop.close)
 
         def close() -> None:
             transport.close()
@@ -402,8 +463,15 @@ class Producer:
         later = [m for m in messages if every and id_number(m.message_id) % every == 0]
         now_ = [m for m in messages if not (every and id_number(m.message_id) % every == 0)]
         report = SendReport()
+        api = self.schedule.get("api", "send_many")
+        if api.startswith("aio"):
+            first = origin
+            self.loop.run_until_complete(
+                self._aio_send(report, api, now_, later, first, self.policy(extra))
+            )
+            self.journal.write(self.done_event(call_id, report))
+            return
         with IdempotentSender(backend, self.profile, retry=self.policy(extra)) as sender:
-            api = self.schedule.get("api", "send_many")
             first = None if api == "transaction" else origin  # resumes keep their deadline
             if api == "send_many":
                 if now_:
@@ -428,6 +496,36 @@ class Producer:
             for m in later:
                 self._one(report, m, partial(sender.schedule, m, at, first_attempt=first))
         self.journal.write(self.done_event(call_id, report))
+
+    async def _aio_send(
+        self,
+        report: SendReport,
+        api: str,
+        now_: list[Message],
+        later: list[Message],
+        first: float | None,
+        policy: RetryPolicy,
+    ) -> None:
+        """The same call through ``sendonce.aio``; ``aio_send`` runs one task per message."""
+        from sendonce.aio import IdempotentSender as AsyncSender
+
+        async def one(m: Message, coro: Any) -> None:
+            try:
+                report.results.append(await coro)
+            except (InDoubtError, PermanentSendError) as exc:
+                report.failures.append(SendFailure(m.message_id, m.partition_key, exc))
+
+        at = datetime.fromtimestamp(SCHEDULED_AT, UTC)
+        async with AsyncSender(self.aio_backend, self.profile, retry=policy) as sender:
+            if api == "aio_send_many":
+                if now_:
+                    part = await sender.send_many(now_, first_attempt=first)
+                    report.results.extend(part.results)
+                    report.failures.extend(part.failures)
+            else:
+                await asyncio.gather(*(one(m, sender.send(m, first_attempt=first)) for m in now_))
+            for m in later:
+                await one(m, sender.schedule(m, at, first_attempt=first))
 
     @staticmethod
     def _one(report: SendReport, m: Message, call: Callable[[], SendResult]) -> None:

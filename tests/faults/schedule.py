@@ -65,7 +65,11 @@ def generate(seed: int, *, emulator: bool = True) -> dict[str, Any]:
 
     # transactional groups (all or nothing, Artemis): local broker, unpartitioned
     transactions = not use_emulator and not partitioned and rng.random() < 0.25
-    api = "transaction" if transactions else rng.choice(["send_many", "send_many", "send"])
+    api = (
+        "transaction"
+        if transactions
+        else rng.choice(["send_many", "send_many", "send", "aio_send_many", "aio_send"])
+    )
     # groups of overlapping producers either coincide, or not (then a group holding an
     # id another group already sent is ignored whole by the broker)
     aligned = not transactions or rng.random() < 0.5
