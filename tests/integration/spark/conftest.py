@@ -7,24 +7,15 @@ Connect tests run their checks in a subprocess (see test_connect.py).
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from spark_helpers import spark_env
 
 HERE = Path(__file__).resolve().parent
 LOG4J = HERE / "log4j2.properties"
-
-
-def spark_env() -> dict[str, str]:
-    """What a Spark driver process needs in its environment on this machine kind."""
-    return {
-        "SPARK_LOCAL_IP": "127.0.0.1",
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-    }
 
 
 @pytest.fixture(scope="session")

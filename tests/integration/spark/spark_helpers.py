@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 from sendonce.backends.local import LocalBackend
+
+
+def spark_env() -> dict[str, str]:
+    """What a Spark driver process needs in its environment on this machine kind."""
+    return {
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+    }
 
 
 def orders(spark: Any, n: int = 300, partitions: int = 3) -> Any:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import spark_env
+from spark_helpers import spark_env
 
 pytestmark = pytest.mark.spark
 

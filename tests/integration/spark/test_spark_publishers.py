@@ -120,3 +120,22 @@ def test_streaming_query_delivers_each_row_once_across_a_restart(
     ids = ids_on(path)
     assert sorted(ids) == sorted(f"order-{p * 100 + i}" for p in range(3) for i in range(40))
     assert len(ids) == 120
+
+
+def test_row_paths_agree_when_the_session_time_zone_is_not_the_workers(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Rows carry naive timestamps in the worker's local zone, not the session zone."""
+    previous = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "America/New_York")
+    try:
+        df = orders(spark, 20, 2)  # the literal is read as 12:00 New York time (EDT)
+        spec = MessageSpec("{order_id}@{placed_at}", body=None)
+        arrow, rows = f"local://{tmp_path / 'arrow.db'}", f"local://{tmp_path / 'rows.db'}"
+        publish(df, arrow, ENTITY, spec)
+        df.foreachPartition(partition_publisher(rows, ENTITY, spec, schema=df.schema))
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", previous)
+    published = drain(tmp_path / "arrow.db")
+    assert "1@2024-03-10T16:01:00Z" in published
+    assert drain(tmp_path / "rows.db") == published
