@@ -137,10 +137,7 @@ def test_errors_never_show_a_secret(cls: type[SendOnceError], shape: str) -> Non
     assert SECRET not in exc.message
 
 
-PICKLE_CASES = [
-    pytest.param(c, id=c.__name__)
-    for c in ERROR_CLASSES
-]
+PICKLE_CASES = [pytest.param(c, id=c.__name__) for c in ERROR_CLASSES]
 
 
 @pytest.mark.parametrize("cls", PICKLE_CASES)
