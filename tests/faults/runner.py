@@ -172,53 +172,60 @@ def _supervise(
     running: dict[int, _Process] = {p: start(p, 0) for p in range(len(schedule["producers"]))}
     restart_at: dict[int, tuple[float, int]] = {}
     deadline = started + timeout
-    while running or restart_at:
-        now = time.monotonic()
-        if now > deadline:
-            errors.append(f"run exceeded {timeout}s: killed producers {sorted(running)}")
-            for proc in running.values():
+    try:
+        while running or restart_at:
+            now = time.monotonic()
+            if now > deadline:
+                errors.append(f"run exceeded {timeout}s: killed producers {sorted(running)}")
+                for proc in running.values():
+                    proc.proc.kill()
+                    proc.proc.wait()
+                    proc.finish(clock)
+                    records.append(proc.record)
+                running.clear()
+                break
+            for p, (when, index) in list(restart_at.items()):
+                if now >= when:
+                    del restart_at[p]
+                    running[p] = start(p, index)
+            for p, proc in list(running.items()):
+                rec = proc.record
+                if (
+                    external is not None
+                    and external["producer"] == p
+                    and rec.index == 0
+                    and proc.progress > external["after_progress"]
+                    and proc.proc.poll() is None
+                ):
+                    proc.proc.send_signal(signal.SIGKILL)
+                    rec.killed_by_runner = True
+                if proc.proc.poll() is None:
+                    continue
+                proc.finish(clock)
+                records.append(rec)
+                del running[p]
+                plans = schedule["producers"][p]["incarnations"]
+                if rec.returncode == -signal.SIGKILL:
+                    nxt = rec.index + 1
+                    if nxt >= len(plans):
+                        errors.append(
+                            f"producer {p} incarnation {rec.index} was killed and has no "
+                            "next incarnation"
+                        )
+                        continue
+                    delay = plans[nxt]["restart_delay_s"] / speed
+                    restart_at[p] = (time.monotonic() + delay, nxt)
+                elif rec.returncode != 0:
+                    errors.append(
+                        f"producer {p} incarnation {rec.index} exited {rec.returncode}:\n"
+                        + rec.stderr
+                    )
+            time.sleep(0.01)
+    finally:
+        for proc in running.values():  # interrupted: leave no producer behind
+            if proc.proc.poll() is None:
                 proc.proc.kill()
                 proc.proc.wait()
-                proc.finish(clock)
-                records.append(proc.record)
-            running.clear()
-            break
-        for p, (when, index) in list(restart_at.items()):
-            if now >= when:
-                del restart_at[p]
-                running[p] = start(p, index)
-        for p, proc in list(running.items()):
-            rec = proc.record
-            if (
-                external is not None
-                and external["producer"] == p
-                and rec.index == 0
-                and proc.progress > external["after_progress"]
-                and proc.proc.poll() is None
-            ):
-                proc.proc.send_signal(signal.SIGKILL)
-                rec.killed_by_runner = True
-            if proc.proc.poll() is None:
-                continue
-            proc.finish(clock)
-            records.append(rec)
-            del running[p]
-            plans = schedule["producers"][p]["incarnations"]
-            if rec.returncode == -signal.SIGKILL:
-                nxt = rec.index + 1
-                if nxt >= len(plans):
-                    errors.append(
-                        f"producer {p} incarnation {rec.index} was killed and has no "
-                        "next incarnation"
-                    )
-                    continue
-                delay = plans[nxt]["restart_delay_s"] / speed
-                restart_at[p] = (time.monotonic() + delay, nxt)
-            elif rec.returncode != 0:
-                errors.append(
-                    f"producer {p} incarnation {rec.index} exited {rec.returncode}:\n{rec.stderr}"
-                )
-        time.sleep(0.01)
 
     journals = {
         p: read_journal(workdir / f"journal-{p}.jsonl") for p in range(len(schedule["producers"]))
