@@ -21,7 +21,13 @@ from typing import Any, Final, Literal
 
 from .errors import MessageIdError
 
-__all__ = ["MAX_ID_LENGTH", "MessageIdTemplate", "canonical_text", "content_message_id"]
+__all__ = [
+    "MAX_ID_LENGTH",
+    "MessageIdTemplate",
+    "canonical_text",
+    "content_message_id",
+    "escape_table",
+]
 
 MAX_ID_LENGTH: Final = 128
 """Service Bus limit for MessageId, PartitionKey and SessionId (``MESSAGE_PROPERTY_MAX_LENGTH``)."""
@@ -159,9 +165,14 @@ def _canonical_slow(value: object, field: str) -> str:
     )
 
 
+def escape_table(chars: str) -> dict[int, str]:
+    """A ``str.translate`` table percent-encoding each char of ``chars`` as UTF-8 bytes."""
+    return {ord(c): "".join(f"%{b:02X}" for b in c.encode("utf-8")) for c in chars}
+
+
 def _escaper(chars: str) -> Callable[[str], str]:
     """A function percent-encoding each char of ``chars`` (always including ``%``)."""
-    table = {ord(c): "".join(f"%{b:02X}" for b in c.encode("utf-8")) for c in chars}
+    table = escape_table(chars)
     probe = tuple(chars)
 
     def escape(text: str) -> str:
@@ -214,12 +225,7 @@ class MessageIdTemplate:
 
     def _compile(self) -> Callable[[Any], str]:
         literals, fields = self._literals, self.fields
-        last = len(fields) - 1
-        steps: list[tuple[str, Callable[[str], str]]] = []
-        for i, name in enumerate(fields):
-            follow = literals[i + 1]
-            chars = ESCAPE if i == last else ESCAPE + follow[0]
-            steps.append((name, _escaper(chars)))
+        steps = [(name, _escaper(chars)) for name, chars in zip(fields, self.escapes, strict=True)]
         head, canon = literals[0], canonical_text
         tails = literals[1:]
 
@@ -237,6 +243,21 @@ class MessageIdTemplate:
             return "".join(parts)
 
         return build
+
+    @property
+    def literals(self) -> tuple[str, ...]:
+        """The literal texts around the fields (one more than there are fields)."""
+        return self._literals
+
+    @property
+    def escapes(self) -> tuple[str, ...]:
+        """Per field, the characters its value escapes: ``%``, and for every field but the
+        last the first character of the literal that follows it (the injectivity rule)."""
+        last = len(self.fields) - 1
+        return tuple(
+            ESCAPE if i == last else ESCAPE + self._literals[i + 1][0]
+            for i in range(len(self.fields))
+        )
 
     def build(self, record: Any) -> str:
         """The id for ``record``; raises :class:`MessageIdError` naming the field at fault."""

@@ -16,7 +16,6 @@ This module runs on executors; it does not import pyspark.
 from __future__ import annotations
 
 import math
-import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
@@ -24,7 +23,7 @@ from decimal import Decimal
 from json.encoder import encode_basestring
 from typing import Any
 
-from ._ids import ESCAPE, MessageIdTemplate, canonical_text
+from ._ids import MessageIdTemplate, canonical_text, escape_table
 from ._message import Message, MessageSpec, canonical_json
 from .errors import MessageIdError, ValidationError
 
@@ -151,23 +150,6 @@ def normalize_columns(plan: ColumnPlan, columns: dict[str, list[Any]]) -> dict[s
     return columns
 
 
-def _literals(template: MessageIdTemplate) -> list[str]:
-    """The literal texts around the fields: len(fields) + 1 entries."""
-    literals: list[str] = []
-    pending = ""
-    for literal, name, _spec, _conv in string.Formatter().parse(template.template):
-        pending += literal
-        if name is not None:
-            literals.append(pending)
-            pending = ""
-    literals.append(pending)
-    return literals
-
-
-def _escape_table(chars: str) -> dict[int, str]:
-    return {ord(c): "".join(f"%{b:02X}" for b in c.encode("utf-8")) for c in chars}
-
-
 class _ColumnTemplate:
     """A :class:`MessageIdTemplate` applied to whole columns at once.
 
@@ -180,14 +162,12 @@ class _ColumnTemplate:
 
     def __init__(self, template: MessageIdTemplate, kinds: dict[str, IdKind]) -> None:
         self.template = template
-        literals = _literals(template)
-        self.head = literals[0]
-        self.tails = literals[1:]
-        self.steps: list[tuple[str, IdKind, str, dict[int, str]]] = []
-        last = len(template.fields) - 1
-        for i, name in enumerate(template.fields):
-            chars = ESCAPE if i == last else ESCAPE + self.tails[i][0]
-            self.steps.append((name, kinds.get(name, "any"), chars, _escape_table(chars)))
+        self.head = template.literals[0]
+        self.tails = template.literals[1:]
+        self.steps: list[tuple[str, IdKind, str, dict[int, str]]] = [
+            (name, kinds.get(name, "any"), chars, escape_table(chars))
+            for name, chars in zip(template.fields, template.escapes, strict=True)
+        ]
         self.trusted = True
 
     def build(
