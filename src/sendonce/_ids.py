@@ -200,6 +200,7 @@ class MessageIdTemplate:
     ) -> None:
         if not isinstance(template, str) or not template:
             raise MessageIdError("template must be a non-empty str", field="template")
+        _check_encodable(template, "template")
         if not isinstance(max_length, int) or isinstance(max_length, bool):
             raise MessageIdError("max_length must be an int", field="max_length")
         if not 1 <= max_length <= MAX_ID_LENGTH:
