@@ -44,9 +44,9 @@ class ConflictingRowsError(ValidationError):
     the others. Nothing was sent.
     """
 
-    def __init__(self, message: str, *, message_ids: list[str]) -> None:
+    def __init__(self, message: str, *, message_ids: list[str] | None = None) -> None:
         super().__init__(message, field="message_id")
-        self.message_ids = message_ids
+        self.message_ids = list(message_ids or ())
 
 
 def quoted(name: str) -> Any:

@@ -74,9 +74,9 @@ AfterPartition = Callable[[PartitionResult], None]
 class PublishFailedError(SendError):
     """Some rows of a :func:`publish` call were not sent; ``.report`` says which."""
 
-    def __init__(self, message: str, *, report: PublishReport) -> None:
+    def __init__(self, message: str, *, report: PublishReport | None = None) -> None:
         super().__init__(message)
-        self.report = report
+        self.report = report  # None only on a copy unpickled without its state
 
 
 @dataclass(frozen=True, slots=True)
