@@ -69,6 +69,7 @@ class _Process:
 
     def __init__(self, run_json: Path, producer: int, index: int, clock: ScaledTime) -> None:
         self.record = Incarnation(producer, index, clock.now())
+        self.born = time.monotonic()
         self.progress = 0
         self.proc = subprocess.Popen(
             [sys.executable, str(PRODUCER), str(run_json), str(producer), str(index)],
@@ -166,6 +167,7 @@ def _supervise(
 
     speed = schedule["clock"]["speed"]
     external = schedule.get("external_kill")
+    nemesis = {(n["producer"], n["incarnation"]): n["after_s"] for n in schedule.get("nemesis", [])}
 
     errors: list[str] = []
     records: list[Incarnation] = []
@@ -195,6 +197,13 @@ def _supervise(
                     and external["producer"] == p
                     and rec.index == 0
                     and proc.progress > external["after_progress"]
+                    and proc.proc.poll() is None
+                ):
+                    proc.proc.send_signal(signal.SIGKILL)
+                    rec.killed_by_runner = True
+                if (
+                    (p, rec.index) in nemesis
+                    and time.monotonic() - proc.born >= nemesis[(p, rec.index)]
                     and proc.proc.poll() is None
                 ):
                     proc.proc.send_signal(signal.SIGKILL)

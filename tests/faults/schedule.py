@@ -163,6 +163,22 @@ def generate(seed: int, *, emulator: bool = True) -> dict[str, Any]:
             }
         )
     emulator_shared = use_emulator and rng.random() < 0.5
+    nemesis: list[dict[str, Any]] = []
+    if rng.random() < 0.3:
+        # a nemesis SIGKILLs one producer at random moments (real time after each of its
+        # first k incarnations starts): mid-transaction, mid-journal write, anywhere
+        victim = rng.randrange(n_producers)
+        for index in range(rng.randint(1, 3)):
+            nemesis.append(
+                {
+                    "producer": victim,
+                    "incarnation": index,
+                    "after_s": round(rng.uniform(0.05, 0.8), 3),
+                }
+            )
+            producers[victim]["incarnations"].append(
+                {"faults": {}, "emulator_faults": [], "kill": None, "restart_delay_s": 0.0}
+            )
     return {
         "seed": seed,
         "transport": "emulator" if use_emulator else "local",
@@ -174,6 +190,7 @@ def generate(seed: int, *, emulator: bool = True) -> dict[str, Any]:
         "chunk": chunk,
         "producers": producers,
         "external_kill": external_kill,
+        "nemesis": nemesis,
         "permanent_policy": rng.choice(["abandon", "abandon", "redrive"]),
         # which sender calls carry the messages, and every k-th id is scheduled instead
         "api": api,
@@ -210,6 +227,8 @@ def summary(schedule: dict[str, Any]) -> str:
     traits.append(f"self-kills={kills}")
     if schedule["external_kill"]:
         traits.append("external-kill")
+    if schedule.get("nemesis"):
+        traits.append(f"nemesis-kills<={len(schedule['nemesis'])}")
     traits.append(f"faults<={faults}")
     if emu:
         traits.append(f"emulator-faults={emu}")
