@@ -87,13 +87,16 @@ def _results(
     A duplicate ack after an in-doubt attempt is our own earlier copy: reported sent.
     """
     success: Outcome = "scheduled" if scheduled else "sent"
+    # After an in-doubt schedule, the number returned may belong to a copy the broker dropped
+    # (Azure/azure-service-bus #265): it cannot cancel the copy that was kept, so it is unknown.
+    trust_numbers = not (scheduled and in_doubt)
     return [
         SendResult(
             m.message_id,
             m.partition_key,
             "duplicate" if ack.outcome == "duplicate" and not in_doubt else success,
             attempts,
-            ack.sequence_number,
+            ack.sequence_number if trust_numbers else None,
         )
         for m, ack in zip(batch, acks, strict=True)
     ]

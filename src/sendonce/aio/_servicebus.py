@@ -503,7 +503,7 @@ class AzureServiceBusBackend:
                 f"schedule of {len(batch)} messages to {entity!r} returned {len(numbers)} "
                 "sequence numbers: the outcome is in doubt"
             )
-        return [Ack("accepted", int(n)) for n in numbers]
+        return [Ack("accepted", int(n) if int(n) >= 0 else None) for n in numbers]
 
     # -- lifecycle --------------------------------------------------------------------
 

@@ -595,7 +595,7 @@ class AzureServiceBusBackend:
                 "sequence numbers: the outcome is in doubt"
             )
         logger.debug("scheduled %d message(s) to %s for %s", len(messages), entity, at)
-        return [Ack("accepted", int(n)) for n in numbers]
+        return [Ack("accepted", int(n) if int(n) >= 0 else None) for n in numbers]
 
     # -- lifecycle --------------------------------------------------------------------
 
