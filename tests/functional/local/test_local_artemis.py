@@ -93,10 +93,10 @@ def test_transactional_group_repeating_an_id_is_ignored_whole(broker, make_entit
 def test_atomic_group_on_a_window_entity(broker, make_entity):
     make_entity(duplicate_detection_window=timedelta(minutes=1))
     broker.send("orders", [msg("x")], timeout=5)
-    assert (
-        broker.send("orders", [msg("y"), msg("x")], timeout=5, atomic=True)
-        == [Ack("ignored"), Ack("duplicate")]
-    )
+    assert broker.send("orders", [msg("y"), msg("x")], timeout=5, atomic=True) == [
+        Ack("ignored"),
+        Ack("duplicate"),
+    ]
     assert broker.message_ids("orders") == ["x"]
 
 
