@@ -146,6 +146,13 @@ def run_demo(workdir: str | None = None, count: int = 1000) -> int:
         )
         with LocalBackend(db) as broker:
             ids = broker.message_ids(ENTITY.name)
+            sample = broker.peek(ENTITY.name, max_messages=3)
+        click.echo("\nfirst messages in the queue:")
+        for message in sample:
+            click.echo(
+                f"  #{message.sequence_number:<5} {message.message_id:<20} "
+                f"{message.body.decode('utf-8')}"
+            )
         counts = Counter(ids)
         expected = {SPEC.to_message(r).message_id for r in orders(count)}
         twice = sorted(i for i, n in counts.items() if n > 1)
