@@ -246,6 +246,8 @@ class Journal:
         self.path = path
         self.events: list[dict[str, Any]] = read_journal(path)
         self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives with the process
+        if path.stat().st_size and not path.read_bytes().endswith(b"\n"):
+            self._file.write("\n")  # end a line torn by a SIGKILL: ours start on a new one
 
     def write(self, event: dict[str, Any]) -> None:
         self._file.write(json.dumps(event, separators=(",", ":")) + "\n")
@@ -258,7 +260,11 @@ class Journal:
 
 
 def read_journal(path: Path) -> list[dict[str, Any]]:
-    """Events of a journal; a torn last line (killed mid-write) is ignored."""
+    """Events of a journal; a line torn by a SIGKILL mid-write is skipped.
+
+    A torn ``attempt`` means the send never started; a torn ``done`` leaves the
+    call in flight, to be resumed: both are safe to forget.
+    """
     if not path.exists():
         return []
     events = []
@@ -266,7 +272,7 @@ def read_journal(path: Path) -> list[dict[str, Any]]:
         try:
             events.append(json.loads(line))
         except json.JSONDecodeError:
-            break
+            continue
     return events
 
 
