@@ -701,13 +701,16 @@ class IdempotentSender(SenderCore):
     # -- transactions ----------------------------------------------------------------
 
     @contextmanager
-    def transaction(self) -> Iterator[Transaction]:
+    def transaction(
+        self, *, first_attempt: float | datetime | None = None
+    ) -> Iterator[Transaction]:
         """Send a group all or nothing (local broker, Artemis semantics).
 
         ``with sender.transaction() as tx: tx.send(a); tx.send(b)`` commits on
         exit. A duplicate id on any member makes the broker ignore the whole
-        group. Service Bus has no transactions in the Python client:
-        ``ConfigurationError``.
+        group; its other members are reported as failures. ``first_attempt``
+        resumes a crashed group with its original deadline (see ``send``).
+        Service Bus has no transactions in the Python client: ``ConfigurationError``.
         """
         self._check_open()
         if getattr(self._backend, "supports_atomic", None) is False:
@@ -716,7 +719,8 @@ class IdempotentSender(SenderCore):
                 "(Service Bus has no transactions in the Python client)",
                 field="transaction",
             )
-        tx = Transaction(self)
+        started = self._started(first_attempt)
+        tx = Transaction(self, started)
         self._transaction = tx
         try:
             yield tx
@@ -727,11 +731,12 @@ class IdempotentSender(SenderCore):
         self._transaction = None
         tx._commit()
 
-    def _send_atomic(self, messages: list[Message]) -> SendReport:
+    def _send_atomic(self, messages: list[Message], started: float | None = None) -> SendReport:
         self._remember(self._plan(messages, what="transaction", batch=False))
         report = SendReport()
         if messages:
-            self._account(report, messages, self._attempt_transfer(messages, atomic=True), {})
+            attempted = self._attempt_transfer(messages, atomic=True, started=started)
+            self._account(report, messages, attempted, {})
         return report
 
 
@@ -768,8 +773,9 @@ def _per_message(error: SendError, message: Message) -> SendError:
 class Transaction:
     """A group of messages committed all or nothing when its ``with`` block exits."""
 
-    def __init__(self, sender: IdempotentSender) -> None:
+    def __init__(self, sender: IdempotentSender, started: float | None = None) -> None:
         self._sender = sender
+        self._started = started
         self.messages: list[Message] = []
         self.report: SendReport | None = None
 
@@ -783,4 +789,4 @@ class Transaction:
         self.messages.extend(batch)
 
     def _commit(self) -> None:
-        self.report = self._sender._send_atomic(self.messages)
+        self.report = self._sender._send_atomic(self.messages, self._started)

@@ -409,3 +409,19 @@ def test_resume_with_original_first_attempt_keeps_the_deadline(
         assert bad.value.field == "first_attempt"
     assert [c.message_ids for c in faulty.calls] == [("order-1",)]
     assert broker.message_ids("orders") == ["order-1"]
+
+
+def test_transaction_resumed_past_its_deadline_sends_nothing(
+    broker: LocalBackend, fake_time: FakeTime
+) -> None:
+    retry = RetryPolicy(jitter=False, sleep=fake_time.sleep, clock=fake_time.clock)
+    profile = EntityProfile("orders", duplicate_detection_window=timedelta(seconds=60))
+    fake_time.now = 1000.0
+    with IdempotentSender(broker, profile, retry=retry) as sender:
+        with pytest.raises(InDoubtError), sender.transaction(first_attempt=944.0) as tx:
+            tx.send(msg(1))
+            tx.send(msg(2))
+        with sender.transaction(first_attempt=990.0) as tx:
+            tx.send(msg(3))
+        assert tx.report is not None and tx.report.sent == 1
+    assert broker.message_ids("orders") == ["order-3"]
