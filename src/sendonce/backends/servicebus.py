@@ -29,7 +29,7 @@ from azure.core.exceptions import (
     HttpResponseError,
     ResourceNotFoundError,
 )
-from azure.servicebus import ServiceBusClient, ServiceBusSender, parse_connection_string
+from azure.servicebus import ServiceBusClient, ServiceBusSender
 from azure.servicebus.exceptions import MessageSizeExceededError
 
 from .._entity import DEFAULT_WINDOW, EntityKind, EntityProfile
@@ -46,6 +46,8 @@ from ..errors import (
 from ._base import Ack
 from ._servicebus_convert import to_servicebus_message
 from ._servicebus_errors import is_connection_level, is_sdk_error, map_error
+from ._servicebus_settings import check_timeout as _check_timeout
+from ._servicebus_settings import settle
 
 __all__ = ["AzureServiceBusBackend"]
 
@@ -57,35 +59,10 @@ _STANDARD_MAX_MESSAGE_KB = 256
 _MIN_TRANSFER_TIME = 0.001
 
 
-def _is_emulator(conn_str: str) -> bool:
-    # The same test the client applies (UseDevelopmentEmulator=true, key case-insensitive).
-    for part in conn_str.strip().rstrip(";").split(";"):
-        key, _, value = part.partition("=")
-        if key.strip().lower() == "usedevelopmentemulator":
-            return value.strip() == "true"
-    return False
-
-
 def _check_entity(entity: object) -> str:
     if not isinstance(entity, str) or not entity.strip():
         raise ConfigurationError("entity must be a non-empty queue or topic name", field="entity")
     return entity
-
-
-def _check_timeout(timeout: object) -> float:
-    if (
-        not isinstance(timeout, int | float)
-        or isinstance(timeout, bool)
-        or not timeout > 0
-        or timeout != timeout
-        or timeout == float("inf")
-    ):
-        raise ConfigurationError(
-            f"timeout must be a positive finite number of seconds, got {timeout!r}: a call "
-            "without a bound can hang when no disposition arrives",
-            field="timeout",
-        )
-    return float(timeout)
 
 
 class AzureServiceBusBackend:
@@ -118,112 +95,32 @@ class AzureServiceBusBackend:
         max_batch_size: int | None = None,
         **client_kwargs: Any,
     ) -> None:
-        sources = sum(x is not None for x in (client, fully_qualified_namespace, connection_string))
-        if sources != 1:
-            raise ConfigurationError(
-                "give exactly one of client=, connection_string= or fully_qualified_namespace=",
-                field="connection_string",
-            )
-        self._link_timeout = _check_timeout(link_timeout)
-        self._admin_timeout = _check_timeout(admin_timeout)
-        if max_batch_size is not None and (
-            not isinstance(max_batch_size, int)
-            or isinstance(max_batch_size, bool)
-            or max_batch_size < 1024
-        ):
-            raise ConfigurationError(
-                "max_batch_size must be an int of at least 1024 bytes or None",
-                field="max_batch_size",
-            )
-        self._max_batch_size = max_batch_size
-        retries = client_kwargs.pop("retry_total", 0)
-        if retries != 0:
-            raise ConfigurationError(
-                f"retry_total={retries!r}: the client's own retries must stay off; sendonce's "
-                "RetryPolicy is the only retry loop (it knows the duplicate-detection window)",
-                field="retry_total",
-            )
-        self._profiles: dict[str, EntityProfile] = {}
-        self._kinds: dict[str, EntityKind] = {}
-        for name, profile in (profiles or {}).items():
-            if not isinstance(profile, EntityProfile):
-                raise ConfigurationError(
-                    f"profiles[{name!r}] must be an EntityProfile", field="profiles"
-                )
-            if profile.name != name:
-                raise ConfigurationError(
-                    f"profiles[{name!r}] describes entity {profile.name!r}", field="profiles"
-                )
-            self._profiles[name] = profile
-            self._kinds[name] = profile.kind
-        for name, kind in (kinds or {}).items():
-            if kind not in ("queue", "topic"):
-                raise ConfigurationError(
-                    f"kinds[{name!r}] must be 'queue' or 'topic', got {kind!r}", field="kinds"
-                )
-            self._kinds[name] = kind
-
-        self._connection_string: str | None = None
-        self._credential: Any = credential
-        self._emulator = False
-        self._entity_path: str | None = None
-        options: dict[str, Any] = dict(client_kwargs)
-        options["retry_total"] = 0
-        options.setdefault("try_timeout", self._link_timeout)
-        if transport_type is not None:
-            options["transport_type"] = transport_type
-
-        if client is not None:
-            configured = getattr(getattr(client, "_config", None), "retry_total", 0)
-            if configured != 0:
-                raise ConfigurationError(
-                    f"the given ServiceBusClient retries by itself (retry_total={configured}); "
-                    "build it with retry_total=0 so sendonce owns the retry budget",
-                    field="client",
-                )
-            self._client = client
-            self._namespace = str(getattr(client, "fully_qualified_namespace", "?")).rpartition(
-                "@"
-            )[2]
-        elif connection_string is not None:
-            if not isinstance(connection_string, str):
-                raise ConfigurationError(
-                    "connection_string must be a str", field="connection_string"
-                )
-            try:
-                props = parse_connection_string(connection_string)
-            except (ValueError, TypeError, KeyError, AttributeError):
-                raise ConfigurationError(
-                    "connection_string is malformed: expected "
-                    "Endpoint=sb://<namespace>/;SharedAccessKeyName=<name>;SharedAccessKey=<key> "
-                    "(or SharedAccessSignature=...; add UseDevelopmentEmulator=true for the "
-                    "emulator)",
-                    field="connection_string",
-                ) from None
-            self._connection_string = connection_string
-            self._emulator = _is_emulator(connection_string)
-            self._entity_path = props.entity_path or None
-            # parse_connection_string keeps any user:password@ of the endpoint: drop it.
-            self._namespace = props.fully_qualified_namespace.rpartition("@")[2]
-            try:
-                self._client = ServiceBusClient.from_connection_string(connection_string, **options)
-            except (ValueError, TypeError) as exc:
-                raise ConfigurationError(
-                    f"cannot build a Service Bus client: {redact(str(exc))}",
-                    field="connection_string",
-                ) from None
-        else:
-            assert fully_qualified_namespace is not None
-            if not isinstance(fully_qualified_namespace, str) or not fully_qualified_namespace:
-                raise ConfigurationError(
-                    "fully_qualified_namespace must be a non-empty str",
-                    field="fully_qualified_namespace",
-                )
-            if credential is None:
-                credential = _default_credential()
-                self._credential = credential
-            self._namespace = fully_qualified_namespace.rpartition("@")[2]
-            self._client = ServiceBusClient(fully_qualified_namespace, credential, **options)
+        settings = settle(
+            client_class=ServiceBusClient,
+            default_credential=_default_credential,
+            client=client,
+            fully_qualified_namespace=fully_qualified_namespace,
+            credential=credential,
+            connection_string=connection_string,
+            profiles=profiles,
+            kinds=kinds,
+            transport_type=transport_type,
+            link_timeout=link_timeout,
+            admin_timeout=admin_timeout,
+            max_batch_size=max_batch_size,
+            client_kwargs=client_kwargs,
+        )
+        self._client: ServiceBusClient = settings.client
+        self._namespace = settings.namespace
+        self._credential: Any = settings.credential
+        self._link_timeout = settings.link_timeout
+        self._admin_timeout = settings.admin_timeout
+        self._max_batch_size = settings.max_batch_size
+        self._profiles = settings.profiles
+        self._kinds = settings.kinds
+        self._connection_string = settings.connection_string
+        self._emulator = settings.emulator
+        self._entity_path = settings.entity_path
         self._admin: Any = admin_client
         self._senders: dict[str, ServiceBusSender] = {}
         self._open: set[str] = set()

@@ -1,0 +1,192 @@
+"""Options of a Service Bus backend, checked once for the sync and the ``aio`` backends.
+
+Both backends take the same keyword options; only the client class (sync or
+async) and the default credential differ, so they are parameters here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from azure.servicebus import parse_connection_string
+
+from .._entity import EntityKind, EntityProfile
+from ..errors import ConfigurationError, redact
+
+__all__ = ["ServiceBusSettings", "check_timeout", "is_emulator", "settle"]
+
+
+def check_timeout(timeout: object) -> float:
+    """A positive finite number of seconds: a call without a bound can hang."""
+    if (
+        not isinstance(timeout, int | float)
+        or isinstance(timeout, bool)
+        or not timeout > 0
+        or timeout != timeout
+        or timeout == float("inf")
+    ):
+        raise ConfigurationError(
+            f"timeout must be a positive finite number of seconds, got {timeout!r}: a call "
+            "without a bound can hang when no disposition arrives",
+            field="timeout",
+        )
+    return float(timeout)
+
+
+def is_emulator(conn_str: str) -> bool:
+    """The same test the client applies (UseDevelopmentEmulator=true, key case-insensitive)."""
+    for part in conn_str.strip().rstrip(";").split(";"):
+        key, _, value = part.partition("=")
+        if key.strip().lower() == "usedevelopmentemulator":
+            return value.strip() == "true"
+    return False
+
+
+@dataclass
+class ServiceBusSettings:
+    """Everything a backend needs from its constructor's options."""
+
+    client: Any
+    namespace: str
+    credential: Any
+    link_timeout: float
+    admin_timeout: float
+    max_batch_size: int | None
+    profiles: dict[str, EntityProfile] = field(default_factory=dict)
+    kinds: dict[str, EntityKind] = field(default_factory=dict)
+    connection_string: str | None = None
+    emulator: bool = False
+    entity_path: str | None = None
+
+
+def settle(
+    *,
+    client_class: Any,
+    default_credential: Callable[[], Any],
+    client: Any,
+    fully_qualified_namespace: str | None,
+    credential: Any,
+    connection_string: str | None,
+    profiles: Mapping[str, EntityProfile] | None,
+    kinds: Mapping[str, EntityKind] | None,
+    transport_type: Any,
+    link_timeout: float,
+    admin_timeout: float,
+    max_batch_size: int | None,
+    client_kwargs: dict[str, Any],
+) -> ServiceBusSettings:
+    """Check the options and build the client with its own retries off."""
+    sources = sum(x is not None for x in (client, fully_qualified_namespace, connection_string))
+    if sources != 1:
+        raise ConfigurationError(
+            "give exactly one of client=, connection_string= or fully_qualified_namespace=",
+            field="connection_string",
+        )
+    link = check_timeout(link_timeout)
+    admin = check_timeout(admin_timeout)
+    if max_batch_size is not None and (
+        not isinstance(max_batch_size, int)
+        or isinstance(max_batch_size, bool)
+        or max_batch_size < 1024
+    ):
+        raise ConfigurationError(
+            "max_batch_size must be an int of at least 1024 bytes or None", field="max_batch_size"
+        )
+    retries = client_kwargs.pop("retry_total", 0)
+    if retries != 0:
+        raise ConfigurationError(
+            f"retry_total={retries!r}: the client's own retries must stay off; sendonce's "
+            "RetryPolicy is the only retry loop (it knows the duplicate-detection window)",
+            field="retry_total",
+        )
+    known_profiles, known_kinds = _entities(profiles, kinds)
+    options: dict[str, Any] = dict(client_kwargs)
+    options["retry_total"] = 0
+    options.setdefault("try_timeout", link)
+    if transport_type is not None:
+        options["transport_type"] = transport_type
+
+    settings = ServiceBusSettings(
+        client=None,
+        namespace="?",
+        credential=credential,
+        link_timeout=link,
+        admin_timeout=admin,
+        max_batch_size=max_batch_size,
+        profiles=known_profiles,
+        kinds=known_kinds,
+    )
+    if client is not None:
+        configured = getattr(getattr(client, "_config", None), "retry_total", 0)
+        if configured != 0:
+            raise ConfigurationError(
+                f"the given ServiceBusClient retries by itself (retry_total={configured}); "
+                "build it with retry_total=0 so sendonce owns the retry budget",
+                field="client",
+            )
+        settings.client = client
+        namespace = str(getattr(client, "fully_qualified_namespace", "?"))
+    elif connection_string is not None:
+        if not isinstance(connection_string, str):
+            raise ConfigurationError("connection_string must be a str", field="connection_string")
+        try:
+            props = parse_connection_string(connection_string)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            raise ConfigurationError(
+                "connection_string is malformed: expected "
+                "Endpoint=sb://<namespace>/;SharedAccessKeyName=<name>;SharedAccessKey=<key> "
+                "(or SharedAccessSignature=...; add UseDevelopmentEmulator=true for the "
+                "emulator)",
+                field="connection_string",
+            ) from None
+        settings.connection_string = connection_string
+        settings.emulator = is_emulator(connection_string)
+        settings.entity_path = props.entity_path or None
+        namespace = props.fully_qualified_namespace
+        try:
+            settings.client = client_class.from_connection_string(connection_string, **options)
+        except (ValueError, TypeError) as exc:
+            raise ConfigurationError(
+                f"cannot build a Service Bus client: {redact(str(exc))}",
+                field="connection_string",
+            ) from None
+    else:
+        if not isinstance(fully_qualified_namespace, str) or not fully_qualified_namespace:
+            raise ConfigurationError(
+                "fully_qualified_namespace must be a non-empty str",
+                field="fully_qualified_namespace",
+            )
+        if credential is None:
+            settings.credential = default_credential()
+        namespace = fully_qualified_namespace
+        settings.client = client_class(fully_qualified_namespace, settings.credential, **options)
+    # parse_connection_string keeps any user:password@ of the endpoint: never keep it.
+    settings.namespace = namespace.rpartition("@")[2]
+    return settings
+
+
+def _entities(
+    profiles: Mapping[str, EntityProfile] | None, kinds: Mapping[str, EntityKind] | None
+) -> tuple[dict[str, EntityProfile], dict[str, EntityKind]]:
+    known_profiles: dict[str, EntityProfile] = {}
+    known_kinds: dict[str, EntityKind] = {}
+    for name, profile in (profiles or {}).items():
+        if not isinstance(profile, EntityProfile):
+            raise ConfigurationError(
+                f"profiles[{name!r}] must be an EntityProfile", field="profiles"
+            )
+        if profile.name != name:
+            raise ConfigurationError(
+                f"profiles[{name!r}] describes entity {profile.name!r}", field="profiles"
+            )
+        known_profiles[name] = profile
+        known_kinds[name] = profile.kind
+    for name, kind in (kinds or {}).items():
+        if kind not in ("queue", "topic"):
+            raise ConfigurationError(
+                f"kinds[{name!r}] must be 'queue' or 'topic', got {kind!r}", field="kinds"
+            )
+        known_kinds[name] = kind
+    return known_profiles, known_kinds
