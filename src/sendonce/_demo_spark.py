@@ -100,8 +100,13 @@ def _demo(workdir: Path, rows: int) -> int:
     try:
         stored = backend.message_ids(ENTITY_NAME)
         in_queue = backend.count(ENTITY_NAME)
+        sample = backend.peek(ENTITY_NAME, max_messages=3)
     finally:
         backend.close()
+    print("  first messages in the queue:")
+    for message in sample:
+        body = message.body.decode("utf-8")
+        print(f"    {message.message_id:<22} {body[:90]}{'...' if len(body) > 90 else ''}")
     counts = Counter(stored)
     expected = {f"order-{100000 + i}/created" for i in range(rows)}
     repeated = sorted(i for i, n in counts.items() if n > 1)
