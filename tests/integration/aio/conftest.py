@@ -1,4 +1,4 @@
-"""Fixtures for the async Service Bus suite (broker file and emulator: tests/integration/conftest.py)."""
+"""Fixtures for the async Service Bus suite; the broker and emulator are shared ones."""
 
 from __future__ import annotations
 
