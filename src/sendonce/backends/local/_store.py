@@ -21,6 +21,7 @@ from typing import Literal, TypeVar
 import tenacity
 
 from ...errors import ConfigurationError
+from ._schema import FORMAT, SCHEMA, SCHEMA_VERSION, upgrade
 
 __all__ = [
     "FORMAT",
@@ -39,61 +40,9 @@ __all__ = [
 T = TypeVar("T")
 Durability = Literal["normal", "full"]
 
-FORMAT = "sendonce-broker"
-SCHEMA_VERSION = "1"
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 # Files below this size are fully checked on every restart, cleanly closed or not.
 VERIFY_ALWAYS_BELOW = 64 * 1024 * 1024
-
-# Dedup keys live in a WITHOUT ROWID table keyed by (entity, message id, partition
-# key): the duplicate check is one indexed point lookup whatever the number of
-# live ids. ``stamp`` is the accept time in microseconds (time window) or an
-# insertion ordinal (count-bounded cache); ``ids_age`` finds the oldest ones to
-# forget, by index range, a bounded number per transaction. Messages are clustered
-# by (entity, subscription, sequence number): the delivery order, with no extra index.
-_SCHEMA = f"""
-CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
-CREATE TABLE entities (
-    eid INTEGER PRIMARY KEY,
-    name TEXT NOT NULL UNIQUE,
-    profile TEXT NOT NULL,
-    next_seq INTEGER NOT NULL DEFAULT 1,
-    id_count INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE subscriptions (
-    eid INTEGER NOT NULL,
-    name TEXT NOT NULL,
-    PRIMARY KEY (eid, name)
-) WITHOUT ROWID;
-CREATE TABLE ids (
-    eid INTEGER NOT NULL,
-    mid TEXT NOT NULL,
-    pkey TEXT NOT NULL,
-    stamp INTEGER NOT NULL,
-    PRIMARY KEY (eid, mid, pkey)
-) WITHOUT ROWID;
-CREATE INDEX ids_age ON ids (eid, stamp);
-CREATE TABLE messages (
-    eid INTEGER NOT NULL,
-    sub TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    message_id TEXT NOT NULL,
-    partition_key TEXT,
-    session_id TEXT,
-    body BLOB NOT NULL,
-    extra TEXT,
-    enqueued INTEGER NOT NULL,
-    scheduled INTEGER,
-    visible INTEGER NOT NULL,
-    locked_until INTEGER,
-    lock_token TEXT,
-    delivery_count INTEGER NOT NULL DEFAULT 0,
-    raw BLOB,
-    PRIMARY KEY (eid, sub, seq)
-) WITHOUT ROWID;
-CREATE INDEX messages_lock ON messages (lock_token) WHERE lock_token IS NOT NULL;
-INSERT INTO meta VALUES ('format', '{FORMAT}'), ('schema_version', '{SCHEMA_VERSION}');
-"""
 
 
 class BrokerFileError(ConfigurationError):
@@ -181,7 +130,7 @@ def _create(path: str) -> None:
     conn = sqlite3.connect(tmp, isolation_level=None)
     try:
         conn.execute("PRAGMA journal_mode=WAL")
-        conn.executescript(f"BEGIN;{_SCHEMA}COMMIT;")
+        conn.executescript(f"BEGIN;{SCHEMA}COMMIT;")
     finally:
         conn.close()
     try:
@@ -224,7 +173,7 @@ def _check_size(path: str, header: bytes) -> None:
         )
 
 
-def _check_meta(conn: sqlite3.Connection, path: str) -> dict[str, str]:
+def _check_meta(conn: sqlite3.Connection, path: str, *, may_upgrade: bool) -> dict[str, str]:
     try:
         rows = dict(conn.execute("SELECT key, value FROM meta").fetchall())
     except sqlite3.OperationalError as exc:
@@ -234,6 +183,17 @@ def _check_meta(conn: sqlite3.Connection, path: str) -> dict[str, str]:
     if rows.get("format") != FORMAT:
         raise BrokerFileError(path, "is a SQLite database but not a sendonce broker")
     version = rows.get("schema_version")
+    if version != SCHEMA_VERSION and may_upgrade and version is not None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            upgraded = upgrade(conn, version)
+            conn.execute("COMMIT" if upgraded else "ROLLBACK")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        if upgraded:
+            rows["schema_version"] = version = SCHEMA_VERSION
     if version != SCHEMA_VERSION:
         raise BrokerFileError(
             path, f"has schema version {version!r}; this sendonce reads {SCHEMA_VERSION!r}"
@@ -270,7 +230,7 @@ def open_store(
         mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
         if str(mode).lower() != "wal":
             conn.execute("PRAGMA journal_mode=WAL")
-        meta = _check_meta(conn, path)
+        meta = _check_meta(conn, path, may_upgrade=verify)
         if verify:
             small = os.path.getsize(path) < VERIFY_ALWAYS_BELOW
             if meta.get("clean") != "1" or small:

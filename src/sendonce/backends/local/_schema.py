@@ -1,0 +1,82 @@
+"""The broker file's schema: tables, the format marker, and upgrades between versions.
+
+Kept apart from the file-handling code so that the schema can grow (new tables or
+columns for new broker features) without touching how the file is opened and shared.
+A file written by an older schema version is upgraded in place, inside the first
+opener's start-up transaction; a file from a newer version is refused.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+__all__ = ["FORMAT", "SCHEMA", "SCHEMA_VERSION", "upgrade"]
+
+FORMAT = "sendonce-broker"
+SCHEMA_VERSION = "1"
+
+# Dedup keys live in a WITHOUT ROWID table keyed by (entity, message id, partition
+# key): the duplicate check is one indexed point lookup whatever the number of
+# live ids. ``stamp`` is the accept time in microseconds (time window) or an
+# insertion ordinal (count-bounded cache); ``ids_age`` finds the oldest ones to
+# forget, by index range, a bounded number per transaction. Messages are clustered
+# by (entity, subscription, sequence number): the delivery order, with no extra index.
+SCHEMA = f"""
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE entities (
+    eid INTEGER PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    profile TEXT NOT NULL,
+    next_seq INTEGER NOT NULL DEFAULT 1,
+    id_count INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE subscriptions (
+    eid INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    PRIMARY KEY (eid, name)
+) WITHOUT ROWID;
+CREATE TABLE ids (
+    eid INTEGER NOT NULL,
+    mid TEXT NOT NULL,
+    pkey TEXT NOT NULL,
+    stamp INTEGER NOT NULL,
+    PRIMARY KEY (eid, mid, pkey)
+) WITHOUT ROWID;
+CREATE INDEX ids_age ON ids (eid, stamp);
+CREATE TABLE messages (
+    eid INTEGER NOT NULL,
+    sub TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    message_id TEXT NOT NULL,
+    partition_key TEXT,
+    session_id TEXT,
+    body BLOB NOT NULL,
+    extra TEXT,
+    enqueued INTEGER NOT NULL,
+    scheduled INTEGER,
+    visible INTEGER NOT NULL,
+    locked_until INTEGER,
+    lock_token TEXT,
+    delivery_count INTEGER NOT NULL DEFAULT 0,
+    raw BLOB,
+    PRIMARY KEY (eid, sub, seq)
+) WITHOUT ROWID;
+CREATE INDEX messages_lock ON messages (lock_token) WHERE lock_token IS NOT NULL;
+INSERT INTO meta VALUES ('format', '{FORMAT}'), ('schema_version', '{SCHEMA_VERSION}');
+"""
+
+
+# Upgrades from an older schema version: {from_version: (to_version, sql)}.
+_UPGRADES: dict[str, tuple[str, str]] = {}
+
+
+def upgrade(conn: sqlite3.Connection, version: str) -> bool:
+    """Bring a file at ``version`` up to :data:`SCHEMA_VERSION`; False if it cannot be."""
+    while version != SCHEMA_VERSION:
+        step = _UPGRADES.get(version)
+        if step is None:
+            return False
+        version, sql = step
+        conn.executescript(sql)
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (version,))
+    return True
