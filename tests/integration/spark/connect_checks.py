@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from sendonce import EntityProfile, MessageSpec
-from sendonce._spark_schema import master_of
 from sendonce.backends.local import LocalBackend
 from sendonce.spark import (
     PartitionResult,
@@ -22,6 +21,7 @@ from sendonce.spark import (
     partition_publisher,
     publish,
 )
+from sendonce.spark._schema import master_of
 
 HERE = Path(__file__).resolve().parent
 ENTITY = EntityProfile("orders")

@@ -12,7 +12,6 @@ import pytest
 from spark_helpers import ids_on, orders
 
 from sendonce import ConfigurationError, EntityProfile, MessageSpec, RetryPolicy
-from sendonce._spark_task import WindowGuard, retry_budget
 from sendonce.spark import (
     LateReexecutionError,
     PartitionResult,
@@ -20,6 +19,7 @@ from sendonce.spark import (
     is_local_master,
     publish,
 )
+from sendonce.spark._task import WindowGuard, retry_budget
 
 SPEC = MessageSpec("order-{order_id}", body="customer")
 

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sendonce import MessageSpec
-from sendonce._spark_rows import BatchEncoder, ColumnPlan, encode_columns
+from sendonce.spark._rows import BatchEncoder, ColumnPlan, encode_columns
 
 TEXT = st.text(alphabet=st.sampled_from('ab-_./%:~é漢 "\\'), max_size=8)
 KEY = st.one_of(TEXT.filter(bool), st.integers(-(10**12), 10**12))

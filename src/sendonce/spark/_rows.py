@@ -23,9 +23,9 @@ from decimal import Decimal
 from json.encoder import encode_basestring
 from typing import Any
 
-from ._ids import MessageIdTemplate, canonical_text, escape_table
-from ._message import Message, MessageSpec, canonical_json
-from .errors import MessageIdError, ValidationError
+from .._ids import MessageIdTemplate, canonical_text, escape_table
+from .._message import Message, MessageSpec, canonical_json
+from ..errors import MessageIdError, ValidationError
 
 __all__ = [
     "BatchEncoder",

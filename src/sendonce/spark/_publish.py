@@ -1,19 +1,4 @@
-"""Publish Spark DataFrames so each row lands as exactly one message.
-
-Ids come from row content (a :class:`~sendonce.MessageSpec`), never from
-partition or attempt numbers, so a failed task attempt, its retry and a
-speculative copy all send the same ids, and the broker's duplicate detection
-keeps one copy. What can be checked before any task runs -- the spec against
-the schema, id column types, null ids, rows with different payloads sharing an
-id, a one-machine broker on a cluster -- is checked on the driver.
-
-- :func:`publish` -- the driver call: checks, publishes on the executors through
-  an Arrow stage (``mapInArrow``), returns exact counts.
-- :func:`partition_publisher` -- for ``df.foreachPartition(...)``.
-- :func:`batch_publisher` -- for Structured Streaming ``foreachBatch(...)``.
-
-All three work on classic and Spark Connect sessions. See ``docs/spark.md``.
-"""
+"""publish, partition_publisher, batch_publisher and the report they return."""
 
 from __future__ import annotations
 
@@ -22,12 +7,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ._entity import EntityProfile
-from ._message import MessageSpec
-from ._retry import RetryPolicy
-from ._sender import IdempotentSender
-from ._spark_rows import ColumnPlan
-from ._spark_schema import (
+from .._entity import EntityProfile
+from .._message import MessageSpec
+from .._retry import RetryPolicy
+from .._sender import IdempotentSender
+from ..errors import ConfigurationError, SendError
+from ._rows import ColumnPlan
+from ._schema import (
     ConflictingRowsError,
     SchemaError,
     check_backend_fits,
@@ -38,7 +24,7 @@ from ._spark_schema import (
     quoted,
     resolve_local_url,
 )
-from ._spark_task import (
+from ._task import (
     RESULT_SCHEMA,
     LateReexecutionError,
     PartitionFailedError,
@@ -47,7 +33,6 @@ from ._spark_task import (
     WindowGuard,
     retry_budget,
 )
-from .errors import ConfigurationError, SendError
 
 __all__ = [
     "BatchPublisher",

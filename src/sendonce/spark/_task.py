@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from ._entity import EntityProfile
-from ._message import MessageSpec
-from ._retry import RetryPolicy
-from ._sender import IdempotentSender
-from ._spark_rows import BatchEncoder, ColumnPlan, columns_of_rows, encode_columns
-from .errors import SendError
+from .._entity import EntityProfile
+from .._message import MessageSpec
+from .._retry import RetryPolicy
+from .._sender import IdempotentSender
+from ..errors import SendError
+from ._rows import BatchEncoder, ColumnPlan, columns_of_rows, encode_columns
 
 __all__ = [
     "FAILURES_KEPT",

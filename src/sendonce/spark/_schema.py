@@ -12,11 +12,11 @@ import warnings
 from typing import Any
 from urllib.parse import urlencode
 
-from ._entity import EntityProfile
-from ._message import MessageSpec
-from ._spark_rows import ColumnPlan, IdKind, Shape
-from .backends._url import LOCAL_SCHEME, local_path
-from .errors import ConfigurationError, MessageIdError, ValidationError
+from .._entity import EntityProfile
+from .._message import MessageSpec
+from ..backends._url import LOCAL_SCHEME, local_path
+from ..errors import ConfigurationError, MessageIdError, ValidationError
+from ._rows import ColumnPlan, IdKind, Shape
 
 __all__ = [
     "ConflictingRowsError",
@@ -262,7 +262,7 @@ class _DigestFn:
 
         import pyarrow as pa
 
-        from ._spark_rows import normalize_columns
+        from ._rows import normalize_columns
 
         body_of = self.spec.body_of
         for batch in batches:
