@@ -50,6 +50,11 @@ def canonical_text(value: object, field: str) -> str:
     if kind is str:
         if not value.isascii():  # type: ignore[attr-defined]
             _check_encodable(value, field)  # type: ignore[arg-type]
+        if "\x00" in value:  # type: ignore[operator]
+            raise MessageIdError(
+                f"field {field!r}: text contains a NUL character, which brokers cut ids at",
+                field=field,
+            )
         return value  # type: ignore[return-value]
     if kind is int:
         return _int_text(value, field)  # type: ignore[arg-type]
@@ -201,6 +206,10 @@ class MessageIdTemplate:
         if not isinstance(template, str) or not template:
             raise MessageIdError("template must be a non-empty str", field="template")
         _check_encodable(template, "template")
+        if "\x00" in template:
+            raise MessageIdError(
+                "template contains a NUL character, which brokers cut ids at", field="template"
+            )
         if not isinstance(max_length, int) or isinstance(max_length, bool):
             raise MessageIdError("max_length must be an int", field="max_length")
         if not 1 <= max_length <= MAX_ID_LENGTH:
@@ -301,7 +310,7 @@ class MessageIdTemplate:
             f"        s = f{shape!r}",
             "    except Exception:",
             "        return slow(r)",
-            "    return s if 0 < len(s) < limit else slow(r)",
+            '    return s if 0 < len(s) < limit and "\\x00" not in s else slow(r)',
         ]
         exec("\n".join(lines), namespace)  # field names are identifiers; literals are repr'd
         fast: Callable[[Any], str] = namespace["build"]

@@ -28,6 +28,11 @@ def _valid_text(value: str) -> bool:
     return True
 
 
+# Brokers and their stores treat NUL as a string terminator in places (SQLite's JSON
+# functions cut text there), so "order\x00A" and "order" could share a dedup key.
+_NUL_WHY = "ids and keys with NUL are cut short by brokers and would collide"
+
+
 def _check_key(value: object, name: str) -> None:
     if value is None:
         return
@@ -41,6 +46,8 @@ def _check_key(value: object, name: str) -> None:
         raise KeyRuleError(
             f"{name} {value[:40]!r}... is {len(value)} characters, over {MAX_ID_LENGTH}", field=name
         )
+    if "\x00" in value:
+        raise KeyRuleError(f"{name} {value!r} contains a NUL character ({_NUL_WHY})", field=name)
 
 
 @dataclass(frozen=True, slots=True, eq=True)
@@ -89,6 +96,11 @@ class Message:
             raise MessageIdError(
                 f"message_id {self.message_id[:40]!r}... is {len(self.message_id)} characters, "
                 f"over {MAX_ID_LENGTH}",
+                field="message_id",
+            )
+        if "\x00" in self.message_id:
+            raise MessageIdError(
+                f"message_id {self.message_id!r} contains a NUL character ({_NUL_WHY})",
                 field="message_id",
             )
         if not self.message_id.isascii() and not _valid_text(self.message_id):
