@@ -54,7 +54,7 @@ def test_corrupted_pages_are_refused(db):
 
 def test_empty_file_is_refused(db):
     open(db, "wb").close()
-    assert "truncated" in str(refused(db))
+    assert "empty" in str(refused(db))
 
 
 def test_file_that_is_not_sqlite_is_refused(db):

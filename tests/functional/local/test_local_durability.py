@@ -70,7 +70,7 @@ def test_every_acked_message_survives_kill_9(tmp_path: Path, durability: str):
 @pytest.mark.parametrize(("durability", "level"), [("normal", 1), ("full", 2)])
 def test_synchronous_pragma_in_force(tmp_path: Path, durability: str, level: int):
     with LocalBackend(tmp_path / "b.db", durability=durability) as broker:  # type: ignore[arg-type]
-        conn = broker._conn  # the backend's own connection: the pragma is per connection
+        conn = broker._db._current().conn  # the shared connection: pragmas are per connection
         assert conn is not None
         assert conn.execute("PRAGMA synchronous").fetchone()[0] == level
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

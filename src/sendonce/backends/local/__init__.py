@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from ._backend import LocalBackend, LockLostError
 from ._received import ReceivedMessage
-from ._store import BrokerFileError
+from ._store import BrokerFileError, BrokerStorageError
 
-__all__ = ["BrokerFileError", "LocalBackend", "LockLostError", "ReceivedMessage"]
+__all__ = [
+    "BrokerFileError",
+    "BrokerStorageError",
+    "LocalBackend",
+    "LockLostError",
+    "ReceivedMessage",
+]

@@ -8,7 +8,6 @@ import json
 import math
 import os
 import sqlite3
-import threading
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -26,16 +25,8 @@ from ...errors import (
     ValidationError,
 )
 from .._base import Ack
-from ._lock import OpenerLock
 from ._received import ROW_COLUMNS, ReceivedMessage, encode_extra, received_from_row
-from ._store import (
-    Durability,
-    close_store,
-    mark_clean,
-    open_store,
-    to_us,
-    write_transaction,
-)
+from ._store import Durability, open_broker, to_us
 
 __all__ = ["LocalBackend", "LockLostError"]
 
@@ -171,6 +162,7 @@ class LocalBackend:
         clock: Clock | None = None,
         durability: Literal["normal", "full"] = "normal",
         busy_timeout: float = 60.0,
+        create: bool = True,
         **options: object,
     ) -> None:
         if options:
@@ -192,29 +184,27 @@ class LocalBackend:
         self._clock: Clock = clock or _utc_now
         self._durability = _durability(durability)
         self._busy_timeout = _positive_seconds(busy_timeout, "busy_timeout")
-        self._mutex = threading.RLock()
-        self._conn: sqlite3.Connection | None = None
-        self._opener = OpenerLock(self._path)
-        try:
-            conn = open_store(
-                self._path,
-                durability=self._durability,
-                busy_timeout=self._busy_timeout,
-                verify=self._opener.first,
-            )
-            self._conn = conn
-            if self._opener.first:
-                self._write(self._forget_volatile_caches, timeout=self._busy_timeout)
-            self._opener.downgrade()
-        except BaseException:
-            self.close()
-            raise
+        if not isinstance(create, bool):
+            raise ConfigurationError("create must be True or False", field="create")
+        self._db = open_broker(
+            self._path,
+            durability=self._durability,
+            busy_timeout=self._busy_timeout,
+            create=create,
+            on_restart=self._forget_volatile_caches,
+        )
 
     # -- plumbing -----------------------------------------------------------------------
 
     @property
     def path(self) -> str:
+        """The path as given (absolute); the file itself is at :attr:`real_path`."""
         return self._path
+
+    @property
+    def real_path(self) -> str:
+        """The broker file with symbolic links resolved: how the process identifies it."""
+        return self._db.real_path
 
     @property
     def durability(self) -> Durability:
@@ -235,18 +225,54 @@ class LocalBackend:
         self.close()
 
     def close(self) -> None:
-        """Close the file and release the opener lock. Idempotent."""
-        with self._mutex:
-            conn = self._conn
-            if conn is not None and self._opener.last_out():
-                # The last one out records a clean close: the next start can skip the
-                # full check of a large file.
-                with contextlib.suppress(SendOnceError, sqlite3.Error):
-                    self._write(lambda c: mark_clean(c, True), timeout=self._busy_timeout)
-            self._conn = None
-            if conn is not None:
-                close_store(conn)
-            self._opener.close()
+        """Release the file. Idempotent.
+
+        Every backend on one file in a process shares one connection; the last
+        to close in the process closes it, and the last in any process records a
+        clean close (the next start can skip the full check of a large file).
+        """
+        db = getattr(self, "_db", None)
+        if db is not None:
+            db.close()
+
+    def backup(self, target: str | os.PathLike[str]) -> None:
+        """Copy the broker, while in use, into a new file ``target`` (never overwritten).
+
+        Copying a live broker file with ``cp`` can catch it between a write to the
+        WAL and a checkpoint and produce a damaged copy; this uses SQLite's online
+        backup, which copies one consistent snapshot. The copy is a broker file
+        like any other.
+        """
+        try:
+            target_path = os.path.abspath(os.fspath(target))
+        except TypeError:
+            raise ConfigurationError("target must be a file path", field="target") from None
+        if os.path.lexists(target_path):
+            raise ConfigurationError(
+                f"backup target {target_path!r} exists; a backup never overwrites a file",
+                field="target",
+            )
+        if not os.path.isdir(os.path.dirname(target_path)):
+            raise ConfigurationError(
+                f"directory of backup target {target_path!r} does not exist", field="target"
+            )
+        partial = f"{target_path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial"
+        copy = sqlite3.connect(partial)
+        try:
+            self._db.with_connection(lambda conn: conn.backup(copy))
+            copy.close()
+            try:
+                os.link(partial, target_path)  # atomic, and never over an existing file
+            except FileExistsError:
+                raise ConfigurationError(
+                    f"backup target {target_path!r} appeared during the backup; not overwritten",
+                    field="target",
+                ) from None
+        finally:
+            copy.close()
+            for leftover in (partial, partial + "-journal", partial + "-wal", partial + "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(leftover)
 
     def _now(self) -> int:
         moment = self._clock()
@@ -261,18 +287,11 @@ class LocalBackend:
         timeout: float,
         immediate: bool = True,
     ) -> T:
-        with self._mutex:
-            conn = self._conn
-            if conn is None:
-                raise ConfigurationError(f"{self!r} is closed", field="backend")
-            return write_transaction(
-                conn,
-                work,
-                timeout=timeout,
-                path=self._path,
-                on_busy=TransientSendError,
-                immediate=immediate,
-            )
+        if self._db.closed:
+            raise ConfigurationError(f"{self!r} is closed", field="backend")
+        return self._db.transaction(
+            work, timeout=timeout, on_busy=TransientSendError, immediate=immediate
+        )
 
     def _read(self, work: Callable[[sqlite3.Connection], T]) -> T:
         return self._write(work, timeout=self._busy_timeout, immediate=False)
