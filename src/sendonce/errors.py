@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .spark import PublishReport
 
 __all__ = [
     "ConfigurationError",
@@ -20,6 +23,7 @@ __all__ = [
     "MessageSizeError",
     "PayloadConflictError",
     "PermanentSendError",
+    "PublishFailedError",
     "SendError",
     "SendOnceError",
     "TransientSendError",
@@ -139,3 +143,20 @@ class InDoubtError(SendError):
         self.attempts = attempts
         self.elapsed = elapsed
         self.last_error = last_error
+
+
+class PublishFailedError(SendError):
+    """A Spark publish did not deliver every row; ``.report`` says how far it got.
+
+    Raised by ``sendonce.spark.publish`` when the Spark job fails (chained to
+    Spark's error; ``.report.complete`` is False and its counts are the rows
+    confirmed before the failure, at least) and by ``PublishReport.raise_for_failures``
+    when some rows failed. Publishing the same rows again is safe within the
+    entity's duplicate-detection window: rows already on the broker are dropped
+    as duplicates. ``.report`` is None when nothing is known (for instance on a
+    Spark Connect server whose executors cannot reach this process).
+    """
+
+    def __init__(self, message: str, *, report: PublishReport | None = None) -> None:
+        super().__init__(message)
+        self.report = report

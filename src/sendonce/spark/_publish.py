@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -11,7 +12,8 @@ from .._entity import EntityProfile
 from .._message import MessageSpec
 from .._retry import RetryPolicy
 from .._sender import IdempotentSender
-from ..errors import ConfigurationError, SendError
+from ..errors import ConfigurationError, PublishFailedError
+from ._progress import ProgressBoard, driver_host
 from ._rows import ColumnPlan
 from ._schema import (
     ConflictingRowsError,
@@ -56,14 +58,6 @@ Clock = Callable[[], float]
 AfterPartition = Callable[[PartitionResult], None]
 
 
-class PublishFailedError(SendError):
-    """Some rows of a :func:`publish` call were not sent; ``.report`` says which."""
-
-    def __init__(self, message: str, *, report: PublishReport | None = None) -> None:
-        super().__init__(message)
-        self.report = report  # None only on a copy unpickled without its state
-
-
 @dataclass(frozen=True, slots=True)
 class PublishFailure:
     """One row that was not sent: its message id (or a description), the error type and text."""
@@ -84,6 +78,8 @@ class PublishReport:
 
     entity: str
     partitions: tuple[PartitionResult, ...]
+    complete: bool = True
+    """False on the report of a failed job: counts confirmed before it failed, at least."""
 
     @property
     def rows(self) -> int:
@@ -131,7 +127,7 @@ class PublishReport:
         return (
             f"PublishReport(entity={self.entity!r}, rows={self.rows}, sent={self.sent}, "
             f"duplicates={self.duplicates}, failed={self.failed}, "
-            f"partitions={len(self.partitions)})"
+            f"partitions={len(self.partitions)}, complete={self.complete})"
         )
 
 
@@ -218,6 +214,7 @@ def publish(
     profile = _profile(url, entity, retry)
     if check_conflicts:
         find_conflicts(df, spec, plan, profile)
+    board = _progress_board(df.sparkSession)
     job = TaskJob(
         url,
         profile,
@@ -226,10 +223,68 @@ def publish(
         _guard(profile, retry, clock),
         retry,
         after_partition=after_partition,
+        progress=None if board is None else board.line,
     )
     selected = df.select(*[quoted(c) for c in plan.columns])
-    rows = selected.mapInArrow(job.arrow, RESULT_SCHEMA).collect()
+    try:
+        rows = selected.mapInArrow(job.arrow, RESULT_SCHEMA).collect()
+    except Exception as exc:
+        raise _job_failed(profile.name, board, exc) from exc
+    finally:
+        if board is not None:
+            board.close()
     return PublishReport(profile.name, tuple(sorted(map(_result, rows), key=_order)))
+
+
+def _progress_board(session: Any) -> ProgressBoard | None:
+    """A listener for the tasks' running counts, on the address executors reach the driver by.
+
+    None when this process cannot listen there (a remote Spark Connect server).
+    """
+    host = driver_host(session)
+    if host is None:
+        return None
+    try:
+        return ProgressBoard(host)
+    except OSError:
+        return None
+
+
+_SPARK_SUMMARY = re.compile(r"Task \S+ in stage \S+ failed \d+ times?")
+_PYTHON_ERROR = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?([A-Z]\w*(?:Error|Exception)): (.+)$", re.M)
+
+
+def _why(exc: BaseException) -> str:
+    """A short account of Spark's error: which task gave up, and the last Python error."""
+    text = str(exc)
+    parts = []
+    summary = _SPARK_SUMMARY.search(text)
+    if summary:
+        parts.append(summary.group(0))
+    errors = [m for m in _PYTHON_ERROR.finditer(text) if "py4j" not in m.group(0).lower()]
+    if errors:
+        parts.append(f"{errors[-1].group(1)}: {errors[-1].group(2)[:1000]}")
+    return "; ".join(parts) or f"{type(exc).__name__}: {text.splitlines()[0][:300] if text else ''}"
+
+
+def _job_failed(entity: str, board: ProgressBoard | None, exc: BaseException) -> PublishFailedError:
+    if board is None:
+        return PublishFailedError(
+            f"publishing to {entity!r} failed ({_why(exc)}); how many rows were confirmed "
+            "before the failure is unknown (the executors could not report to this process). "
+            "Publishing the same rows again is safe: rows already on the broker are dropped "
+            "as duplicates."
+        )
+    board.settle()
+    report = PublishReport(entity, board.results(), complete=False)
+    return PublishFailedError(
+        f"publishing to {entity!r} failed ({_why(exc)}); before the failure "
+        f"{report.delivered} row(s) were confirmed on the broker ({report.sent} sent, "
+        f"{report.duplicates} already there) from {len(report.partitions)} partition(s). "
+        "Publishing the same rows again is safe: rows already on the broker are dropped "
+        "as duplicates.",
+        report=report,
+    )
 
 
 def _order(result: PartitionResult) -> int:

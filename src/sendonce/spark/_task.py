@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._entity import EntityProfile
 from .._message import MessageSpec
@@ -21,6 +21,9 @@ from .._retry import RetryPolicy
 from .._sender import IdempotentSender
 from ..errors import SendError
 from ._rows import BatchEncoder, ColumnPlan, columns_of_rows, encode_columns
+
+if TYPE_CHECKING:
+    from ._progress import ProgressLine
 
 __all__ = [
     "FAILURES_KEPT",
@@ -166,6 +169,7 @@ class TaskJob:
     retry: RetryPolicy | None = None
     after_partition: Callable[[PartitionResult], None] | None = None
     raise_on_failure: bool = False
+    progress: ProgressLine | None = None
 
     def run(self, batches: Iterable[tuple[dict[str, list[Any]], int]]) -> PartitionResult:
         """Publish a partition given as batches of (columns, row count)."""
@@ -176,6 +180,7 @@ class TaskJob:
         encoder = BatchEncoder(self.spec, self.plan)
         tally = _Tally()
         sender: IdempotentSender | None = None
+        reporter = None if self.progress is None else self.progress.reporter(partition, attempt)
         try:
             for columns, rows in batches:
                 if not rows:
@@ -193,9 +198,13 @@ class TaskJob:
                     tally.duplicates += report.duplicates
                     for failure in report.failures:
                         tally.fail(failure.message_id, failure.error)
+                if reporter is not None:
+                    reporter.report(tally.rows, tally.sent, tally.duplicates, tally.failed)
                 if self.raise_on_failure and tally.failed:
                     break
         finally:
+            if reporter is not None:
+                reporter.close()
             if sender is not None:
                 sender.close()
         result = PartitionResult(

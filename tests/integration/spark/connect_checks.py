@@ -17,6 +17,7 @@ from sendonce import EntityProfile, MessageSpec
 from sendonce.backends.local import LocalBackend
 from sendonce.spark import (
     PartitionResult,
+    PublishFailedError,
     batch_publisher,
     partition_publisher,
     publish,
@@ -73,6 +74,28 @@ def main(workdir: Path) -> dict[str, Any]:
     again = publish(df, f"local://{path}", ENTITY, SPEC)
     out["second_run"] = [again.rows, again.sent, again.duplicates, again.failed]
     out["second_run_unchanged"] = ids_on(path) == ids
+
+    # a job that fails: partition 1 dies on every attempt after publishing
+    def always_kill_1(result: PartitionResult) -> None:
+        if result.partition == 1:
+            raise RuntimeError("injected: partition 1 always dies")
+
+    path = workdir / "failed.db"
+    try:
+        publish(df, f"local://{path}", ENTITY, SPEC, after_partition=always_kill_1)
+        out["failed_job"] = "no error"
+    except PublishFailedError as failed:
+        partial = failed.report
+        out["failed_job"] = {
+            "chained": failed.__cause__ is not None,
+            "names_cause": "partition 1 always dies" in str(failed),
+            "complete": None if partial is None else partial.complete,
+            "delivered": None if partial is None else partial.delivered,
+            "partition_1": None
+            if partial is None
+            else [p.sent + p.duplicates for p in partial.partitions if p.partition == 1],
+            "on_broker": len(ids_on(path)),
+        }
 
     # foreachPartition
     path = workdir / "partitions.db"

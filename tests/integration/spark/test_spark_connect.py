@@ -57,3 +57,14 @@ def test_partition_and_batch_publishers_are_exactly_once_under_connect(
 ) -> None:
     assert connect_results["partition_publisher_exactly_once"] is True
     assert connect_results["batch_publisher_exactly_once"] is True
+
+
+def test_a_failed_job_raises_publish_failed_with_counts_under_connect(
+    connect_results: dict[str, object],
+) -> None:
+    failed = connect_results["failed_job"]
+    assert isinstance(failed, dict), failed
+    assert failed["chained"] is True and failed["names_cause"] is True
+    assert failed["complete"] is False
+    assert failed["partition_1"] == [100]  # its attempts published all 100 before dying
+    assert failed["delivered"] == failed["on_broker"]

@@ -15,6 +15,7 @@ from sendonce import ConfigurationError, EntityProfile, MessageSpec, RetryPolicy
 from sendonce.spark import (
     LateReexecutionError,
     PartitionResult,
+    PublishFailedError,
     check_backend_fits,
     is_local_master,
     publish,
@@ -101,7 +102,7 @@ def test_a_late_reexecution_is_refused_in_spark(spark: Any, broker: tuple[str, P
         if result.attempt == 0:
             raise RuntimeError("injected: the first attempt dies after publishing")
 
-    with pytest.raises(Exception, match="too late to resend") as caught:
+    with pytest.raises(PublishFailedError, match="too late to resend") as caught:
         publish(
             orders(spark, 60, 2),
             url,
@@ -125,6 +126,9 @@ def test_a_window_too_short_for_the_retry_budget_refuses_every_reexecution(
         if result.attempt == 0:
             raise RuntimeError("injected")
 
-    with pytest.raises(Exception, match="too late to resend"):
+    with pytest.raises(PublishFailedError, match="too late to resend") as caught:
         publish(orders(spark, 40, 2), url, entity, SPEC, after_partition=kill)
     assert len(ids_on(path)) == 40
+    report = caught.value.report
+    assert report is not None and not report.complete
+    assert (report.delivered, report.sent) == (40, 40)  # the first attempts sent them all
