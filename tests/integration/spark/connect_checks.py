@@ -122,6 +122,17 @@ def main(workdir: Path) -> dict[str, Any]:
     query.awaitTermination(180)
     ids = ids_on(path)
     out["batch_publisher_exactly_once"] = sorted(ids) == expected and len(ids) == 200
+
+    # The driver keeps its own backend open on the broker file during publish (issue 10)
+    path = workdir / "kept-open.db"
+    with LocalBackend(str(path)) as kept:
+        kept.create_entity(ENTITY)
+        publish(df, f"local://{path}", ENTITY, SPEC, after_partition=kill)
+        seen_by_driver = sorted(kept.message_ids("orders"))
+    ids = ids_on(path)
+    out["driver_backend_open_exactly_once"] = (
+        seen_by_driver == expected and sorted(ids) == expected and len(ids) == 200
+    )
     spark.stop()
     return out
 

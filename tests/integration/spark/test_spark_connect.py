@@ -68,3 +68,9 @@ def test_a_failed_job_raises_publish_failed_with_counts_under_connect(
     assert failed["complete"] is False
     assert failed["partition_1"] == [100]  # its attempts published all 100 before dying
     assert failed["delivered"] == failed["on_broker"]
+
+
+def test_publish_with_the_driver_keeping_its_backend_open_under_connect(
+    connect_results: dict[str, object],
+) -> None:
+    assert connect_results["driver_backend_open_exactly_once"] is True

@@ -130,6 +130,18 @@ def _durability(value: object) -> Durability:
     )
 
 
+def _flag(value: object, field: str) -> bool:
+    """A bool, or its text from a url query (``?create=false``)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower() if isinstance(value, str) else None
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise ConfigurationError(f"{field} must be true or false, got {value!r}", field=field)
+
+
 def _positive_seconds(value: object, field: str) -> float:
     try:
         seconds = float(value)  # type: ignore[arg-type]  # url options arrive as str
@@ -153,6 +165,12 @@ class LocalBackend:
     keeps every acknowledged message through a crash of any process;
     ``"full"`` (``synchronous=FULL``) syncs to disk before acknowledging, so it
     also survives power loss.
+
+    Every ``LocalBackend`` (and url sender) on one file in a process shares one
+    connection, so opening and closing handles freely is safe; so is forking with
+    a backend open (the child opens its own connection, even through a backend it
+    inherited). ``create=False`` refuses a missing file instead of creating an
+    empty broker (for tools where a typo must not start a new broker).
     """
 
     def __init__(
@@ -162,7 +180,7 @@ class LocalBackend:
         clock: Clock | None = None,
         durability: Literal["normal", "full"] = "normal",
         busy_timeout: float = 60.0,
-        create: bool = True,
+        create: bool | str = True,
         **options: object,
     ) -> None:
         if options:
@@ -184,8 +202,7 @@ class LocalBackend:
         self._clock: Clock = clock or _utc_now
         self._durability = _durability(durability)
         self._busy_timeout = _positive_seconds(busy_timeout, "busy_timeout")
-        if not isinstance(create, bool):
-            raise ConfigurationError("create must be True or False", field="create")
+        create = _flag(create, "create")
         self._db = open_broker(
             self._path,
             durability=self._durability,
