@@ -519,3 +519,57 @@ def test_no_module_opens_files_outside_sqlite_except_where_allowed() -> None:
             if opens and name not in allowed.get(module.name, set()):
                 offenders.append(f"{relative}:{node.lineno} {name}")
     assert offenders == []
+
+
+# How people hold it: threads with their own handles, and CLI commands beside a producer.
+
+
+def test_threads_opening_and_closing_their_own_handles_lose_nothing(db: str) -> None:
+    acked: list[str] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def worker(k: int) -> None:
+        try:
+            for round_ in range(5):
+                with LocalBackend(db) as own:  # opened and closed again and again
+                    batch = messages(f"t{k}r{round_}", 0, 40)
+                    acks = own.send("orders", batch, timeout=60)
+                with lock:
+                    acked.extend(m.message_id for m, a in zip(batch, acks, strict=True))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    writer = subprocess.Popen(
+        [sys.executable, "-c", SENDER, db, "proc", "2000"], stdout=subprocess.PIPE, text=True
+    )
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    out, _ = writer.communicate(timeout=120)
+    assert errors == []
+    assert len(acked) == 6 * 5 * 40
+    assert_each_once(db, [*acked, *out.split()])
+
+
+def test_cli_commands_beside_a_producer_lose_nothing(db: str) -> None:
+    writer = subprocess.Popen(
+        [sys.executable, "-c", SENDER, db, "live", "3000"], stdout=subprocess.PIPE, text=True
+    )
+    assert writer.stdout is not None
+    writer.stdout.readline()
+    for command in (["stats", db], ["peek", db, "--entity", "orders"], ["stats", db, "--json"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "sendonce.cli", "broker", *command],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+    out = writer.stdout.read()  # (communicate() would skip what readline() buffered)
+    writer.wait(120)
+    acked = ["live-0", *out.split()]
+    assert len(acked) == 3000
+    assert_each_once(db, acked)
