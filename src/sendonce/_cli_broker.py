@@ -52,10 +52,10 @@ _EXISTING_FILE = click.Path(exists=True, dir_okay=False)
 
 
 @contextmanager
-def _open(path: str) -> Iterator[LocalBackend]:
+def _open(path: str, *, create: bool = True) -> Iterator[LocalBackend]:
     """Open the broker; a sendonce error inside the block becomes a clean CLI error."""
     try:
-        with LocalBackend(path) as backend:
+        with LocalBackend(path, create=create) as backend:
             yield backend
     except SendOnceError as exc:
         raise click.ClickException(str(exc)) from None
@@ -230,3 +230,18 @@ def purge(file: str, name: str, subscription: str | None) -> None:
     with _open(file) as backend:
         removed = backend.purge(name, subscription=subscription)
     click.echo(f"purged {removed} message(s) from {name!r}")
+
+
+@broker.command()
+@click.argument("file", type=_EXISTING_FILE)
+@click.argument("target", type=click.Path(dir_okay=False))
+def backup(file: str, target: str) -> None:
+    """Copy a broker, even while producers write to it, into a new file TARGET.
+
+    A `cp` of a live broker can catch it between a write and a checkpoint and
+    produce a damaged copy; this takes one consistent snapshot (SQLite's online
+    backup) and never overwrites an existing file.
+    """
+    with _open(file, create=False) as backend:
+        backend.backup(target)
+    click.echo(f"backed up {file} to {target}")

@@ -409,7 +409,9 @@ def open_shared(
                     field="path",
                 )
         elif create is None:
-            raise ConfigurationError(f"there is no file {real!r} (and this open creates none)", field="path")
+            raise ConfigurationError(
+                f"there is no file {real!r} (and this open creates none)", field="path"
+            )
         shared = _open_new(real, create, setup, configure, errors, on_last_close, busy_timeout)
         _registry[shared.identity] = shared
         shared.refs = 1
@@ -467,7 +469,9 @@ def _create_missing(
     real: str, create: Callable[[str], None] | None, first: bool, errors: FileErrors
 ) -> None:
     if create is None:
-        raise ConfigurationError(f"there is no file {real!r} (and this open creates none)", field="path")
+        raise ConfigurationError(
+            f"there is no file {real!r} (and this open creates none)", field="path"
+        )
     if not first:
         raise errors.damaged(
             real,

@@ -573,3 +573,31 @@ def test_cli_commands_beside_a_producer_lose_nothing(db: str) -> None:
     acked = ["live-0", *out.split()]
     assert len(acked) == 3000
     assert_each_once(db, acked)
+
+
+def test_the_backup_command_copies_a_live_broker(db: str, tmp_path: Path) -> None:
+    writer = subprocess.Popen(
+        [sys.executable, "-c", SENDER, db, "live", "3000"], stdout=subprocess.PIPE, text=True
+    )
+    assert writer.stdout is not None
+    writer.stdout.readline()
+    target = str(tmp_path / "copy.db")
+    done = subprocess.run(
+        [sys.executable, "-m", "sendonce.cli", "broker", "backup", db, target],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    writer.stdout.read()
+    writer.wait(120)
+    assert done.returncode == 0, done.stderr
+    with LocalBackend(target) as copy:
+        ids = copy.message_ids("orders")
+    assert ids == [f"live-{i}" for i in range(len(ids))] and len(ids) >= 1
+    again = subprocess.run(
+        [sys.executable, "-m", "sendonce.cli", "broker", "backup", db, target],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert again.returncode != 0 and "never overwrites" in again.stderr
