@@ -1,4 +1,4 @@
-"""The ``sendonce`` command. Each subcommand group lives in its own module."""
+"""The ``sendonce`` command. Each subcommand group lives in its own module of this package."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ __all__ = ["main"]
 
 # (module, attribute): each is a click command or group, loaded if present.
 _SUBCOMMANDS = [
-    ("sendonce._cli_broker", "broker"),
-    ("sendonce._cli_publish", "publish"),
+    ("sendonce.cli._broker", "broker"),
+    ("sendonce.cli._publish", "publish"),
     ("sendonce.emulator._cli", "emulator"),
-    ("sendonce._demo", "demo"),
+    ("sendonce.cli._demo", "demo"),
 ]
 
 
@@ -31,7 +31,3 @@ for _module, _name in _SUBCOMMANDS:
             continue
         continue
     main.add_command(_command)
-
-
-if __name__ == "__main__":
-    main()

@@ -13,9 +13,9 @@ from typing import Any
 
 import click
 
-from ._entity import EntityProfile
-from .backends.local import LocalBackend, ReceivedMessage
-from .errors import SendOnceError
+from .._entity import EntityProfile
+from ..backends.local import LocalBackend, ReceivedMessage
+from ..errors import SendOnceError
 
 __all__ = ["broker", "parse_duration"]
 

@@ -24,11 +24,11 @@ from typing import Any
 
 import click
 
-from ._entity import EntityProfile
-from ._message import MessageSpec
-from ._retry import RetryPolicy
-from ._sender import IdempotentSender
-from .testing import Fault, FaultyBackend
+from .._entity import EntityProfile
+from .._message import MessageSpec
+from .._retry import RetryPolicy
+from .._sender import IdempotentSender
+from ..testing import Fault, FaultyBackend
 
 __all__ = ["demo", "run_demo"]
 
@@ -66,7 +66,7 @@ def produce(
     db: Path, checkpoint: Path, count: int, crash_after_chunk: int | None, seed: int
 ) -> None:
     """One producer process: resume from the checkpoint, publish, checkpoint each chunk."""
-    from .backends.local import LocalBackend
+    from ..backends.local import LocalBackend
 
     start = int(checkpoint.read_text()) if checkpoint.exists() else 0
     records = orders(count)
@@ -101,7 +101,7 @@ def _run_producer(
     args = [
         sys.executable,
         "-m",
-        "sendonce._demo",
+        "sendonce.cli._demo",
         "--produce",
         str(db),
         str(checkpoint),
@@ -118,7 +118,7 @@ def _run_producer(
 
 def run_demo(workdir: str | None = None, count: int = 1000) -> int:
     """Run the demo; 0 when every order is in the queue exactly once."""
-    from .backends.local import LocalBackend
+    from ..backends.local import LocalBackend
 
     with tempfile.TemporaryDirectory(prefix="sendonce-demo-") as tmp:
         base = Path(workdir or tmp)

@@ -22,11 +22,11 @@ from typing import IO, Any, Literal
 
 import click
 
-from ._cli_broker import parse_duration
-from ._entity import EntityProfile
-from ._message import Message, MessageSpec
-from ._sender import IdempotentSender, SendReport
-from .errors import SendOnceError, ValidationError, redact
+from .._entity import EntityProfile
+from .._message import Message, MessageSpec
+from .._sender import IdempotentSender, SendReport
+from ..errors import SendOnceError, ValidationError, redact
+from ._broker import parse_duration
 
 __all__ = ["Record", "publish", "read_records"]
 
