@@ -13,6 +13,7 @@ from .._message import MessageSpec
 from .._retry import RetryPolicy
 from .._sender import IdempotentSender
 from ..errors import ConfigurationError, PublishFailedError
+from ._placement import Placement
 from ._progress import ProgressBoard, driver_host
 from ._rows import ColumnPlan
 from ._schema import (
@@ -224,6 +225,7 @@ def publish(
         retry,
         after_partition=after_partition,
         progress=None if board is None else board.line,
+        placement=Placement.of(url),
     )
     selected = df.select(*[quoted(c) for c in plan.columns])
     try:
@@ -375,6 +377,7 @@ def partition_publisher(
         retry,
         after_partition=after_partition,
         raise_on_failure=True,
+        placement=Placement.of(url),
     )
     return PartitionPublisher(job)
 

@@ -23,6 +23,7 @@ from ..errors import SendError
 from ._rows import BatchEncoder, ColumnPlan, columns_of_rows, encode_columns
 
 if TYPE_CHECKING:
+    from ._placement import Placement
     from ._progress import ProgressLine
 
 __all__ = [
@@ -170,10 +171,14 @@ class TaskJob:
     after_partition: Callable[[PartitionResult], None] | None = None
     raise_on_failure: bool = False
     progress: ProgressLine | None = None
+    placement: Placement | None = None
+    """Set for a ``local://`` broker: checked before anything is sent."""
 
     def run(self, batches: Iterable[tuple[dict[str, list[Any]], int]]) -> PartitionResult:
         """Publish a partition given as batches of (columns, row count)."""
         partition, attempt = _task_context()
+        if self.placement is not None:
+            self.placement.check()
         guard = self.guard
         guard.check(partition=partition, attempt=attempt)
         began = time.perf_counter()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from datetime import timedelta
@@ -12,12 +13,14 @@ import pytest
 from spark_helpers import ids_on, orders
 
 from sendonce import ConfigurationError, EntityProfile, MessageSpec, RetryPolicy
+from sendonce.backends.local import LocalBackend
 from sendonce.spark import (
     LateReexecutionError,
     PartitionResult,
     PublishFailedError,
     check_backend_fits,
     is_local_master,
+    partition_publisher,
     publish,
 )
 from sendonce.spark._task import WindowGuard, retry_budget
@@ -132,3 +135,45 @@ def test_a_window_too_short_for_the_retry_budget_refuses_every_reexecution(
     report = caught.value.report
     assert report is not None and not report.complete
     assert (report.delivered, report.sent) == (40, 40)  # the first attempts sent them all
+
+
+@pytest.mark.spark
+def test_a_task_refuses_a_local_broker_it_cannot_share_with_the_driver(
+    spark: Any, broker: tuple[str, Path]
+) -> None:
+    """The driver could not tell (say, the publisher was made before the session existed):
+    each task checks by itself that it runs on the driver's machine, before sending."""
+    url, path = broker
+    publisher = partition_publisher(url, EntityProfile("orders"), SPEC)
+    placement = publisher.job.placement
+    assert placement is not None
+    publisher.job = dataclasses.replace(
+        publisher.job, placement=dataclasses.replace(placement, machine="worker-2/elsewhere")
+    )
+    with pytest.raises(Exception, match="not on the driver's machine"):
+        orders(spark, 40, 2).foreachPartition(publisher)
+    assert ids_on(path) == []  # nothing sent
+
+
+@pytest.mark.spark
+def test_publish_refuses_when_the_task_sees_another_broker_file(
+    spark: Any, broker: tuple[str, Path]
+) -> None:
+    """An executor that sees another file at the same path (another filesystem) sends nothing."""
+    url, path = broker
+    df = orders(spark, 40, 2)
+
+    def replace_the_file(result: PartitionResult) -> None:  # never reached: the check is first
+        raise AssertionError("a task published to a file the driver did not open")
+
+    publisher = partition_publisher(
+        url, EntityProfile("orders"), SPEC, after_partition=replace_the_file
+    )
+    other = path.with_name("elsewhere.db")
+    elsewhere = LocalBackend(str(other))  # a broker a task could send to just as well
+    elsewhere.create_entity(EntityProfile("orders"))
+    elsewhere.close()
+    other.replace(path)  # the path now names another file than the driver opened
+    with pytest.raises(Exception, match="not the file the driver opened"):
+        df.foreachPartition(publisher)
+    assert ids_on(path) == []
