@@ -122,7 +122,7 @@ def _shown(exc: BaseException) -> str:
 
 def _make(cls: type[SendOnceError]) -> Callable[[str], SendOnceError]:
     """How to construct each class with a message (a few take extra context first)."""
-    if cls.__name__ == "BrokerFileError":
+    if cls.__name__ in ("BrokerFileError", "BrokerStorageError"):
         return lambda text: cls("/tmp/broker.db", text)
     return cls
 
