@@ -236,6 +236,7 @@ class _SharedFile:
         self.broken: str | None = None
         self.busy_ms = -1000
         self.synchronous: Synchronous | None = None
+        self.wal_identity: Identity | None = None  # of the -wal, once it exists
         self.suspended = False  # closed around a fork, to be reopened in the parent
         self.fork_locked = False  # its mutex is held across a fork
 
@@ -253,6 +254,7 @@ class _SharedFile:
             raise
         self.busy_ms = int(self.busy_timeout * 1000)
         self.synchronous = None
+        self.wal_identity = None
         return conn
 
     def check_identity(self) -> None:
@@ -269,6 +271,29 @@ class _SharedFile:
             self.broken = (
                 f"{why} while open (moved, deleted or replaced under a running process); "
                 "nothing more is written to it"
+            )
+            raise self.errors.damaged(self.real_path, self.broken)
+        self._check_wal()
+
+    def _check_wal(self) -> None:
+        """Refuse to go on once the write-ahead log was deleted or replaced under us.
+
+        SQLite deletes the ``-wal`` only when the last connection closes, so while
+        ours is open it keeps one inode; a different one (or none) means someone
+        removed it by hand, and our later commits would go where no one reads them.
+        """
+        try:
+            found = _identity(self.real_path + "-wal")
+        except OSError:
+            found = None
+        if self.wal_identity is None:
+            self.wal_identity = found[0] if found is not None else None
+            return
+        if found is None or found[0] != self.wal_identity:
+            self.broken = (
+                "lost its -wal file (the write-ahead log) while open: it was deleted or "
+                "replaced by hand; nothing more is written to it. Stop every process using it, "
+                "then check it with `sendonce broker stats`"
             )
             raise self.errors.damaged(self.real_path, self.broken)
 

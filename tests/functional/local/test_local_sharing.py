@@ -602,3 +602,13 @@ def test_the_backup_command_copies_a_live_broker(db: str, tmp_path: Path) -> Non
         timeout=60,
     )
     assert again.returncode != 0 and "never overwrites" in again.stderr
+
+
+def test_a_write_ahead_log_deleted_by_hand_while_open_is_detected(db: str) -> None:
+    with LocalBackend(db) as broker:
+        broker.send("orders", messages("before", 0, 5), timeout=30)
+        for suffix in ("-wal", "-shm"):  # "cleaning up" the side files of a live broker
+            os.unlink(db + suffix)
+        with pytest.raises(BrokerFileError) as info:
+            broker.send("orders", messages("after", 0, 5), timeout=30)
+        assert "-wal" in str(info.value)
