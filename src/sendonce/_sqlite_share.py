@@ -127,13 +127,16 @@ class _OpenerLock:
 
     def __init__(self, path: str, timeout: float) -> None:
         self.path = path + ".lock"
+        self._fd: int | None = None
+        self.created = False
         flags = os.O_RDWR | os.O_CLOEXEC
-        try:
-            self._fd: int | None = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, 0o644)
-            self.created = True
-        except FileExistsError:
-            self._fd = os.open(self.path, flags)
-            self.created = False
+        while self._fd is None:  # created here, or opened as found (it may vanish between)
+            try:
+                self._fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+                self.created = True
+            except FileExistsError:
+                with contextlib.suppress(FileNotFoundError):
+                    self._fd = os.open(self.path, flags)
         self.first = False
         try:
             self.first = self._acquire(timeout)
