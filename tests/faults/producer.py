@@ -22,12 +22,17 @@ Only the standard library and ``sendonce`` are imported: it runs as a script.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import json
+import multiprocessing
 import os
 import signal
+import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -236,6 +241,102 @@ class AsyncKillSwitch:
         return getattr(self.inner, name)
 
 
+# Holds the broker's write lock (as any other writer may) for argv[2] seconds.
+LOCKER = """
+import sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1], timeout=60, isolation_level=None)
+conn.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+conn.execute("ROLLBACK")
+conn.close()
+"""
+
+
+class LockWaitInterrupt:
+    """At scheduled calls, SIGINTs this process while it waits for the broker's write lock.
+
+    Another process takes the write lock (``BEGIN IMMEDIATE``) and holds it for
+    ``hold_s``; a moment after the call starts waiting for it, the process gets
+    SIGINT: a notebook cell interrupted, a signal-based test timeout. The
+    ``KeyboardInterrupt`` comes out of the call wherever Python delivers it.
+    """
+
+    armed = False  # SIGINT raises KeyboardInterrupt only while a scheduled call runs
+
+    def __init__(
+        self, inner: Any, db: str, plan: dict[str, float], log: Callable[[str], None]
+    ) -> None:
+        self.inner = inner
+        self.db = db
+        self.plan = {int(k): v for k, v in plan.items()}
+        self.calls = 0
+        self.log = log
+
+    @contextlib.contextmanager
+    def _interrupted(self) -> Iterator[None]:
+        hold = self.plan.get(self.calls)
+        self.calls += 1
+        if hold is None:
+            yield
+            return
+        locker = subprocess.Popen(
+            [sys.executable, "-c", LOCKER, self.db, str(hold)], stdout=subprocess.PIPE, text=True
+        )
+        assert locker.stdout is not None
+        locker.stdout.readline()  # "locked": our call will wait for it
+        self.log(f"SIGINT during a lock wait at call {self.calls - 1} (held {hold}s)")
+        timer = threading.Timer(0.02, os.kill, (os.getpid(), signal.SIGINT))
+        LockWaitInterrupt.armed = True
+        timer.start()
+        try:
+            yield
+        finally:
+            LockWaitInterrupt.armed = False
+            timer.cancel()
+            locker.wait()
+
+    def send(
+        self, entity: str, messages: Sequence[Message], *, timeout: float, atomic: bool = False
+    ) -> list[Ack]:
+        with self._interrupted():
+            acks: list[Ack] = self.inner.send(entity, messages, timeout=timeout, atomic=atomic)
+        return acks
+
+    def schedule(
+        self, entity: str, messages: Sequence[Message], at: datetime, *, timeout: float
+    ) -> list[Ack]:
+        with self._interrupted():
+            acks: list[Ack] = self.inner.schedule(entity, messages, at, timeout=timeout)
+        return acks
+
+    def describe(self, entity: str) -> EntityProfile:
+        profile: EntityProfile = self.inner.describe(entity)
+        return profile
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    """Ctrl-C as Python delivers it, but only inside a scheduled call (else it is late)."""
+    if LockWaitInterrupt.armed:
+        raise KeyboardInterrupt
+    print("SIGINT arrived after its call returned: ignored", flush=True)
+
+
+def die_with_parent() -> None:
+    """A forked child is SIGKILLed with its parent, as if the whole process group died."""
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 # -- the journal ---------------------------------------------------------------------------
 
 
@@ -297,12 +398,16 @@ class Producer:
         self.journal = Journal(Path(run["workdir"]) / f"journal-{index}.jsonl")
         self.seq = 0
         self._retry_seed = schedule["seed"] * 1000 + index * 10 + incarnation
+        self.call_prefix = f"{incarnation}."  # a forked child's calls: "{incarnation}.f{c}."
+        self.tag = f"p{index}.{incarnation}"
+        self.kept: list[Any] = []  # helper handles kept open between chunks
+        self.url_senders: dict[str, IdempotentSender] = {}
 
     # -- plumbing ---------------------------------------------------------------------
 
     def log(self, text: str) -> None:
         print(
-            f"[p{self.index}.{self.incarnation} t={self.time.now() - self.time.base:.2f}] {text}",
+            f"[{self.tag} t={self.time.now() - self.time.base:.2f}] {text}",
             flush=True,
         )
 
@@ -355,7 +460,10 @@ class Producer:
             from sendonce.backends import LocalBackend
 
             transport = LocalBackend(db, clock=self.time.now_dt)
-        killer = KillSwitch(ScaledTimeouts(transport, self.time.speed), self.plan["kill"], self.log)
+        scaled = ScaledTimeouts(transport, self.time.speed)
+        if self.plan.get("interrupts"):
+            scaled = LockWaitInterrupt(scaled, db, self.plan["interrupts"], self.log)
+        killer = KillSwitch(scaled, self.plan["kill"], self.log)
         faulty = FaultyBackend(
             killer,
             self.fault_script(),
@@ -388,7 +496,64 @@ class Producer:
             for step in reversed(cleanup):
                 step()
 
+        self.killer, self.faulty = killer, faulty
         return faulty, close
+
+    def reopen_backend(self) -> tuple[Any, Callable[[], None]]:
+        """A new backend stack whose fault and kill schedules go on where the last one was."""
+        calls, faults = self.killer.calls, self.faulty.calls
+        backend, close = self.open_backend()
+        self.killer.calls = calls
+        self.faulty.calls = faults
+        return backend, close
+
+    def open_url_senders(self) -> None:
+        """Two senders that open the broker by url, kept open for the whole incarnation."""
+        spec = self.spec.get("url_senders")
+        if not spec:
+            return
+        url = "local://" + str(Path(self.run["db"]).resolve())
+        self.url_senders["a"] = IdempotentSender(url, self.profile, retry=self.policy())
+        if spec["second"] == "same":
+            self.url_senders["b"] = IdempotentSender(url, self.entity["name"], retry=self.policy())
+        else:
+            side = EntityProfile("orders-side", duplicate_detection_window=timedelta(minutes=10))
+            self.url_senders["side"] = IdempotentSender(url, side, retry=self.policy())
+            self.url_senders["b"] = self.url_senders["a"]
+
+    def url_sender_for(self, kind: str, chunk: int | None) -> IdempotentSender | None:
+        """The url sender that carries chunk ``chunk`` (``None``: the backend stack)."""
+        spec = self.spec.get("url_senders")
+        if not self.url_senders or spec is None or kind != "chunk" or chunk is None:
+            return None
+        choice = spec["pattern"][chunk % len(spec["pattern"])]
+        if choice == "stack":
+            return None
+        if choice == "b" and "side" in self.url_senders:
+            # the second sender, on its own entity, sends between the first one's calls
+            side = Message(f"side {chunk}", message_id=f"side-{self.index}-{chunk}")
+            with contextlib.suppress(InDoubtError, PermanentSendError):
+                self.url_senders["side"].send(side)
+        return self.url_senders[choice]
+
+    def helper_handles(self, k: int) -> None:
+        """Open, use and close other handles on the broker file while the stack's stays open."""
+        from sendonce.backends import LocalBackend
+
+        name = self.entity["name"]
+        for at, action in self.spec.get("handles", []):
+            if at != k:
+                continue
+            if action == "probe":
+                with LocalBackend(self.run["db"], clock=self.time.now_dt) as helper:
+                    helper.stats(name)
+                    helper.describe(name)
+            elif action == "open":
+                helper = LocalBackend(self.run["db"], clock=self.time.now_dt)
+                helper.stats(name)
+                self.kept.append(helper)
+            elif self.kept:
+                self.kept.pop(0).close()
 
     # -- one logical send -----------------------------------------------------------------
 
@@ -450,7 +615,7 @@ class Producer:
         resumes: str | None,
     ) -> None:
         now = self.time.now()
-        call_id = f"{self.incarnation}.{self.seq}"
+        call_id = f"{self.call_prefix}{self.seq}"
         self.seq += 1
         self.journal.write(
             {
@@ -470,14 +635,51 @@ class Producer:
         now_ = [m for m in messages if not (every and id_number(m.message_id) % every == 0)]
         report = SendReport()
         api = self.schedule.get("api", "send_many")
+        try:
+            self._send(backend, report, api, now_, later, chunk, kind, origin, extra)
+        except KeyboardInterrupt:
+            # Ctrl-C mid-call: the call is in flight, as after a crash; resume it at once
+            # with its original first attempt (or exit and let the restart resume it)
+            self.journal.write({"ev": "interrupted", "call": call_id, "t": self.time.now()})
+            if self.spec.get("after_interrupt") == "exit":
+                self.log(f"interrupted in call {call_id}: exiting")
+                raise SystemExit(130) from None
+            self.log(f"interrupted in call {call_id}: resuming it")
+            self.send_call(
+                backend,
+                numbers,
+                kind="resume",
+                chunk=chunk,
+                origin=now if origin is None else origin,
+                resumes=call_id,
+            )
+            return
+        self.journal.write(self.done_event(call_id, report))
+
+    def _send(
+        self,
+        backend: Any,
+        report: SendReport,
+        api: str,
+        now_: list[Message],
+        later: list[Message],
+        chunk: int | None,
+        kind: str,
+        origin: float | None,
+        extra: float,
+    ) -> None:
         if api.startswith("aio"):
             first = origin
             self.loop.run_until_complete(
                 self._aio_send(report, api, now_, later, first, self.policy(extra))
             )
-            self.journal.write(self.done_event(call_id, report))
             return
-        with IdempotentSender(backend, self.profile, retry=self.policy(extra)) as sender:
+        url_sender = self.url_sender_for(kind, chunk)
+        with (
+            contextlib.nullcontext(url_sender)
+            if url_sender is not None
+            else IdempotentSender(backend, self.profile, retry=self.policy(extra))
+        ) as sender:
             first = None if api == "transaction" else origin  # resumes keep their deadline
             if api == "send_many":
                 if now_:
@@ -501,7 +703,6 @@ class Producer:
             at = datetime.fromtimestamp(SCHEDULED_AT, UTC)
             for m in later:
                 self._one(report, m, partial(sender.schedule, m, at, first_attempt=first))
-        self.journal.write(self.done_event(call_id, report))
 
     async def _aio_send(
         self,
@@ -619,8 +820,9 @@ class Producer:
         ids: list[int] = self.spec["ids"]
         chunks = [ids[i : i + chunk] for i in range(0, len(ids), chunk)]
         self.journal.write({"ev": "start", "incarnation": self.incarnation, "t": self.time.now()})
-        backend, close = self.open_backend()
+        backend, self.close_stack = self.open_backend()
         try:
+            self.open_url_senders()
             # 1. whatever an earlier incarnation left in flight
             for attempt, left in self.in_flight():
                 self.log(f"resuming call {attempt['call']} ({len(left)} ids)")
@@ -634,17 +836,22 @@ class Producer:
                     origin=None if naive else attempt["origin"],
                     resumes=attempt["call"],
                 )
-            # 2. the chunks not attempted yet
+            # 2. the chunks not attempted yet (from the fork on, shared with forked children)
             started = {
                 e["chunk"]
                 for e in self.journal.events
                 if e["ev"] in ("attempt", "expired") and e.get("chunk") is not None
             }
-            for k, numbers in enumerate(chunks):
-                if k in started:
+            todo = [k for k in range(len(chunks)) if k not in started]
+            fork = self.spec.get("fork")
+            forked = [k for k in todo if fork and k >= fork["at_chunk"]]
+            for k in todo:
+                if k in forked:
                     continue
-                self.send_call(backend, numbers, kind="chunk", chunk=k, origin=None)
-                print(f"progress {k}", flush=True)
+                self.helper_handles(k)
+                self.send_chunk(backend, k, chunks[k])
+            if forked:
+                backend = self.fork_children(backend, forked, chunks)
             # 3. the final passes
             for _ in range(2):
                 doubt, permanent = self.unresolved()
@@ -665,14 +872,83 @@ class Producer:
                         backend, permanent, kind="redrive_permanent", chunk=None, origin=None
                     )
         finally:
-            close()
+            self.close_stack()
+            for sender in self.url_senders.values():
+                sender.close()
+            for helper in self.kept:
+                helper.close()
         self.journal.write(
             {"ev": "finished", "incarnation": self.incarnation, "t": self.time.now()}
         )
         self.log("finished")
 
+    def send_chunk(self, backend: Any, k: int, numbers: list[int]) -> None:
+        self.send_call(backend, numbers, kind="chunk", chunk=k, origin=None)
+        print(f"progress {k}", flush=True)
+
+    # -- forked children ------------------------------------------------------------------
+
+    def fork_children(self, backend: Any, chunks_left: list[int], chunks: list[list[int]]) -> Any:
+        """Fork children (backend open) to send ``chunks_left``; close ours before they finish.
+
+        Each child opens its own backend. The parent sends its share if it has
+        one, closes its backend while the children still send, waits for them,
+        and opens a new stack for the final passes (which read their journal lines).
+        """
+        fork = self.spec["fork"]
+        n = fork["children"]
+        slots = n + (1 if fork["parent_share"] else 0)
+        shares = [chunks_left[s::slots] for s in range(slots)]
+        context = multiprocessing.get_context("fork")
+        children = []
+        for c in range(n):
+            closes = fork["close_inherited"] == c
+            child = context.Process(target=self.child_main, args=(c, shares[c], chunks, closes))
+            child.start()
+            children.append(child)
+        self.log(f"forked {n} children with the backend open")
+        if fork["parent_share"]:
+            for k in shares[n]:
+                self.send_chunk(backend, k, chunks[k])
+        self.close_stack()  # while the children still send
+        self.close_stack = lambda: None
+        self.log("parent closed its backend")
+        for c, child in enumerate(children):
+            child.join()
+            if child.exitcode != 0:
+                raise RuntimeError(f"forked child {c} exited {child.exitcode}")
+        self.journal.events = read_journal(self.journal.path)
+        backend, self.close_stack = self.reopen_backend()
+        return backend
+
+    def child_main(self, c: int, share: list[int], chunks: list[list[int]], closes: bool) -> None:
+        """A forked child: its own backend and journal handle, its calls named ``N.fC.seq``."""
+        die_with_parent()
+        self.tag += f"/f{c}"
+        if closes:
+            self.log("closing the backend inherited from the parent")
+            self.close_stack()
+        from sendonce.backends import LocalBackend
+
+        self.journal = Journal(self.journal.path)  # appends beside the parent's lines
+        self.call_prefix = f"{self.incarnation}.f{c}."
+        self.seq = 0
+        self.url_senders = {}  # the parent's: neither used nor closed here
+        self.kept = []
+        self._retry_seed += 100_000 * (c + 1)
+        transport = LocalBackend(self.run["db"], clock=self.time.now_dt)
+        try:
+            backend = ScaledTimeouts(transport, self.time.speed)
+            for k in share:
+                self.send_chunk(backend, k, chunks[k])
+        finally:
+            transport.close()
+        self.log("finished its share")
+        self.journal.close()
+
 
 def main(argv: list[str]) -> None:
+    signal.signal(signal.SIGINT, _on_sigint)
     run = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
     Producer(run, int(argv[2]), int(argv[3])).main()
 

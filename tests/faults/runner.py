@@ -27,6 +27,9 @@ from sendonce.backends import LocalBackend
 from .producer import ScaledTime, profile_of, read_journal
 
 PRODUCER = Path(__file__).with_name("producer.py")
+OBSERVER = Path(__file__).with_name("observer.py")
+INTERRUPTED = 130  # a producer that exits after a Ctrl-C: restarted like a crashed one
+READ_TIMEOUT = 60.0  # reading the broker at the end; longer means opening it deadlocked
 SUBSCRIPTIONS = ("audit", "billing")
 
 
@@ -62,6 +65,7 @@ class RunResult:
     errors: list[str]
     elapsed: float
     base: float  # schedule time 0 (epoch seconds)
+    observer_output: list[str] = field(default_factory=list)
 
 
 class _Process:
@@ -123,7 +127,9 @@ def run_schedule(schedule: dict[str, Any], workdir: Path, *, timeout: float = 12
     started = time.monotonic()
     # The emulator's broker keeps the wall clock (emulator schedules run at speed 1):
     # schedule time then starts from the wall clock, so both agree.
-    base = time.time() if schedule["transport"] == "emulator" else schedule["clock"]["base"]
+    # Url senders stamp with the wall clock too (their schedules run at speed 1).
+    wall = schedule["transport"] == "emulator" or schedule.get("wall_clock", False)
+    base = time.time() if wall else schedule["clock"]["base"]
     run: dict[str, Any] = {
         "schedule": schedule,
         "origin": started,
@@ -141,11 +147,32 @@ def run_schedule(schedule: dict[str, Any], workdir: Path, *, timeout: float = 12
         run["connection_string"] = emulator.connection_string
     run_json = workdir / "run.json"
     run_json.write_text(json.dumps(run), encoding="utf-8")
+    observer = None
+    if schedule.get("observer"):
+        observer = subprocess.Popen(
+            [sys.executable, str(OBSERVER), str(run_json)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
     try:
-        return _supervise(schedule, workdir, run_json, clock, emulator, started, timeout)
+        result = _supervise(schedule, workdir, run_json, clock, emulator, started, timeout)
     finally:
         if emulator is not None:
             emulator.stop()
+        if observer is not None:
+            (workdir / "stop-observer").touch()
+            try:
+                out, _ = observer.communicate(timeout=90)
+            except subprocess.TimeoutExpired:
+                observer.kill()
+                out, _ = observer.communicate()
+    if observer is not None:
+        result.observer_output = out.splitlines()
+        if observer.returncode != 0:
+            failed = [line for line in result.observer_output if not line.startswith("ok ")]
+            result.errors.append("observer (sendonce broker commands): " + "\n".join(failed))
+    return result
 
 
 def _supervise(
@@ -214,7 +241,7 @@ def _supervise(
                 records.append(rec)
                 del running[p]
                 plans = schedule["producers"][p]["incarnations"]
-                if rec.returncode == -signal.SIGKILL:
+                if rec.returncode in (-signal.SIGKILL, INTERRUPTED):
                     nxt = rec.index + 1
                     if nxt >= len(plans):
                         errors.append(
@@ -241,7 +268,7 @@ def _supervise(
     }
     if emulator is not None:
         emulator.stop()
-    stored, by_sub = read_broker(workdir / "broker.db", schedule)
+    stored, by_sub = read_broker_guarded(workdir / "broker.db", schedule, errors)
     return RunResult(
         schedule,
         journals,
@@ -252,6 +279,31 @@ def _supervise(
         time.monotonic() - started,
         clock.base,
     )
+
+
+def read_broker_guarded(
+    db: Path, schedule: dict[str, Any], errors: list[str]
+) -> tuple[list[Stored], dict[str, list[str]]]:
+    """:func:`read_broker`, reported as a run error if opening the file hangs or fails."""
+    box: dict[str, Any] = {}
+
+    def read() -> None:
+        try:
+            box["result"] = read_broker(db, schedule)
+        except Exception as exc:  # noqa: BLE001 - reported as the run's error
+            box["error"] = f"{type(exc).__name__}: {exc}"
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(READ_TIMEOUT)
+    if "result" in box:
+        result: tuple[list[Stored], dict[str, list[str]]] = box["result"]
+        return result
+    errors.append(
+        "reading the broker at the end: "
+        + box.get("error", f"opening the file hung for {READ_TIMEOUT}s (deadlock)")
+    )
+    return [], {}
 
 
 def read_broker(db: Path, schedule: dict[str, Any]) -> tuple[list[Stored], dict[str, list[str]]]:

@@ -179,7 +179,7 @@ def generate(seed: int, *, emulator: bool = True) -> dict[str, Any]:
             producers[victim]["incarnations"].append(
                 {"faults": {}, "emulator_faults": [], "kill": None, "restart_delay_s": 0.0}
             )
-    return {
+    schedule = {
         "seed": seed,
         "transport": "emulator" if use_emulator else "local",
         "emulator_shared": emulator_shared,
@@ -198,6 +198,120 @@ def generate(seed: int, *, emulator: bool = True) -> dict[str, Any]:
         "scheduled_every": 0 if api == "transaction" else rng.choice([0, 0, 0, 4, 7]),
         "redrive_in_doubt": rng.random() < 0.6,
     }
+    add_sharing(schedule)
+    return schedule
+
+
+def add_sharing(schedule: dict[str, Any]) -> None:
+    """Add the ways a broker file is shared (local transport only), drawn from their own rng.
+
+    Drawn after, and apart from, everything else, so each seed's other choices
+    stay what they were before these dimensions existed:
+
+    - ``handles`` (per producer): before chunk ``k``, open a helper ``LocalBackend``
+      on the same file and keep it (``open``), close the oldest kept one
+      (``close``), or open one to read ``stats``/``describe`` and close it (``probe``),
+      while the sending backend stays open;
+    - ``url_senders``: two long-lived ``IdempotentSender("local:///...")`` per
+      process, used alternately with the stack for chunks; the second one on the
+      same entity (by name) or on another entity. Url senders stamp with the wall
+      clock, so only wall-clock-speed schedules get them (``wall_clock``);
+    - ``fork``: before chunk ``at_chunk``, the producer (backend open) forks
+      children (multiprocessing, fork context) that open their own backends and
+      send a share of the remaining chunks; the parent closes its backend before
+      they finish (right away, or after its own share); ``close_inherited``
+      names a child that first closes the backend it inherited;
+    - ``interrupts`` (per incarnation plan): at these transport calls a helper
+      process holds the write lock (``BEGIN IMMEDIATE``) for ``hold_s`` and the
+      producer gets SIGINT while waiting for it; ``after_interrupt`` says whether it
+      resumes the call and goes on, or exits (130) and is restarted;
+    - ``observer``: a process running ``sendonce broker`` commands beside the producers.
+    """
+    rng = random.Random(f"sharing:{schedule['seed']}")
+    local = schedule["transport"] == "local"
+    api = schedule["api"]
+    sync_api = not api.startswith("aio")
+    wall_speed = schedule["clock"]["speed"] == 1.0 and schedule["entity"]["window_s"] >= 600
+    schedule["wall_clock"] = False
+    schedule["observer"] = None
+    if local and rng.random() < 0.3:
+        schedule["observer"] = {
+            "commands": rng.choice([["stats"], ["stats", "peek"], ["peek", "stats"]]),
+            "pause_s": rng.choice([0.05, 0.15, 0.3]),
+        }
+    chunk = schedule["chunk"]
+    partitioned = schedule["entity"]["partitioned"]
+    for spec in schedule["producers"]:
+        n_calls = len(spec["ids"]) if partitioned else -(-len(spec["ids"]) // chunk)
+        n_chunks = -(-len(spec["ids"]) // chunk)
+        spec["handles"] = []
+        spec["url_senders"] = None
+        spec["fork"] = None
+        spec["after_interrupt"] = "continue"
+        for plan in spec["incarnations"]:
+            plan["interrupts"] = {}
+        if not local:
+            continue
+        if rng.random() < 0.35:
+            rate = rng.choice([0.3, 0.6, 1.0])
+            for k in range(n_chunks):
+                if rng.random() < rate:
+                    action = rng.choices(["probe", "open", "close"], [3, 2, 2])[0]
+                    spec["handles"].append([k, action])
+        if wall_speed and api in ("send_many", "send") and rng.random() < 0.5:
+            pattern = rng.choice([["a", "b"], ["stack", "a", "b"], ["a", "stack", "b", "b"]])
+            spec["url_senders"] = {"second": rng.choice(["same", "other"]), "pattern": pattern}
+            schedule["wall_clock"] = True
+        if sync_api and n_chunks >= 2 and rng.random() < 0.25:
+            children = rng.randint(1, 3)
+            spec["fork"] = {
+                "at_chunk": rng.randint(0, n_chunks // 2),
+                "children": children,
+                "parent_share": rng.random() < 0.5,
+                "close_inherited": rng.randrange(children) if rng.random() < 0.4 else None,
+            }
+        if sync_api and rng.random() < 0.25:
+            plan = rng.choice(spec["incarnations"])
+            for _ in range(rng.choice([1, 1, 2])):
+                call = rng.randint(0, max(n_calls - 1, 0))
+                plan["interrupts"][str(call)] = rng.choice([0.3, 0.5, 0.8])
+            if rng.random() < 0.4:
+                spec["after_interrupt"] = "exit"
+                spec["incarnations"].append(
+                    {
+                        "faults": {},
+                        "emulator_faults": [],
+                        "kill": None,
+                        "restart_delay_s": round(rng.uniform(0, 0.3), 3),
+                        "interrupts": {},
+                    }
+                )
+
+
+def sharing_traits(schedule: dict[str, Any]) -> list[str]:
+    """The file-sharing dimensions a schedule exercises, for its summary."""
+    traits = []
+    producers = schedule["producers"]
+    handles = sum(len(p.get("handles", [])) for p in producers)
+    if handles:
+        traits.append(f"helper-handles={handles}")
+    urls = [p["url_senders"]["second"] for p in producers if p.get("url_senders")]
+    if urls:
+        traits.append("url-senders(" + ",".join(urls) + ")")
+    forks = [p["fork"] for p in producers if p.get("fork")]
+    for fork in forks:
+        trait = f"fork({fork['children']} children"
+        trait += ", parent shares" if fork["parent_share"] else ", parent closes first"
+        if fork["close_inherited"] is not None:
+            trait += ", child closes inherited"
+        traits.append(trait + ")")
+    interrupts = sum(len(i.get("interrupts", {})) for p in producers for i in p["incarnations"])
+    if interrupts:
+        exits = any(p.get("after_interrupt") == "exit" for p in producers)
+        traits.append(f"sigint-in-lock-wait<={interrupts}" + ("(exit)" if exits else ""))
+    if schedule.get("observer"):
+        traits.append("observer(" + "+".join(schedule["observer"]["commands"]) + ")")
+    return traits
 
 
 def summary(schedule: dict[str, Any]) -> str:
@@ -240,6 +354,7 @@ def summary(schedule: dict[str, Any]) -> str:
     traits.append(f"permanent={schedule['permanent_policy']}")
     if schedule["redrive_in_doubt"]:
         traits.append("redrive-in-doubt")
+    traits.extend(sharing_traits(schedule))
     return " ".join(traits)
 
 
