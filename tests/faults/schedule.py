@@ -271,9 +271,10 @@ def add_sharing(schedule: dict[str, Any]) -> None:
                 "close_inherited": rng.randrange(children) if rng.random() < 0.4 else None,
             }
         if sync_api and rng.random() < 0.25:
-            plan = rng.choice(spec["incarnations"])
+            plan = spec["incarnations"][0]  # before its kill, so that it happens
+            limit = plan["kill"]["at_call"] if plan["kill"] else n_calls // 2 + 1
             for _ in range(rng.choice([1, 1, 2])):
-                call = rng.randint(0, max(n_calls - 1, 0))
+                call = rng.randint(0, max(limit - 1, 0))
                 plan["interrupts"][str(call)] = rng.choice([0.3, 0.5, 0.8])
             if rng.random() < 0.4:
                 spec["after_interrupt"] = "exit"
