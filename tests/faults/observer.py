@@ -1,7 +1,7 @@
 """An observer for the fault-schedule suite: the real ``sendonce broker`` CLI, run again and again.
 
 Run as ``python observer.py RUN_JSON``. Until the runner creates ``stop-observer``
-in the run's directory, it runs its schedule's commands in turn, each a new
+in the run's directory (and one round after), it runs its schedule's commands in turn, each a new
 process of the installed ``sendonce`` command (``stats``/``peek`` only read;
 ``receive`` takes messages away, which the suite's own self-test uses to prove
 a lost message is caught). Each command's exit status is printed; a command
@@ -47,7 +47,9 @@ def main(argv: list[str]) -> int:
     base = sendonce_command()
     failures = 0
     runs = 0
-    while not stop.exists():
+    stopping = False
+    while not stopping:
+        stopping = stop.exists()  # one last round after the producers are done
         for command in spec["commands"]:
             args = base + arguments(command, run["db"], schedule)
             started = time.monotonic()

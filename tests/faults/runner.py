@@ -147,32 +147,44 @@ def run_schedule(schedule: dict[str, Any], workdir: Path, *, timeout: float = 12
         run["connection_string"] = emulator.connection_string
     run_json = workdir / "run.json"
     run_json.write_text(json.dumps(run), encoding="utf-8")
-    observer = None
-    if schedule.get("observer"):
-        observer = subprocess.Popen(
+    observer = _Observer(run_json, workdir) if schedule.get("observer") else None
+    try:
+        return _supervise(schedule, workdir, run_json, clock, emulator, started, timeout, observer)
+    finally:
+        if emulator is not None:
+            emulator.stop()
+        if observer is not None:
+            observer.stop()
+
+
+class _Observer:
+    """The process running ``sendonce broker`` commands beside the producers."""
+
+    def __init__(self, run_json: Path, workdir: Path) -> None:
+        self.stop_file = workdir / "stop-observer"
+        self.proc = subprocess.Popen(
             [sys.executable, str(OBSERVER), str(run_json)],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
-    try:
-        result = _supervise(schedule, workdir, run_json, clock, emulator, started, timeout)
-    finally:
-        if emulator is not None:
-            emulator.stop()
-        if observer is not None:
-            (workdir / "stop-observer").touch()
-            try:
-                out, _ = observer.communicate(timeout=90)
-            except subprocess.TimeoutExpired:
-                observer.kill()
-                out, _ = observer.communicate()
-    if observer is not None:
-        result.observer_output = out.splitlines()
-        if observer.returncode != 0:
-            failed = [line for line in result.observer_output if not line.startswith("ok ")]
-            result.errors.append("observer (sendonce broker commands): " + "\n".join(failed))
-    return result
+        self.output: list[str] = []
+
+    def stop(self) -> str | None:
+        """Let it run one last round and end; what went wrong, if anything."""
+        if self.proc.returncode is not None:
+            return None
+        self.stop_file.touch()
+        try:
+            out, _ = self.proc.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+        self.output = out.splitlines()
+        if self.proc.returncode == 0:
+            return None
+        failed = [line for line in self.output if not line.startswith("ok ")]
+        return "observer (sendonce broker commands): " + "\n".join(failed)
 
 
 def _supervise(
@@ -183,6 +195,7 @@ def _supervise(
     emulator: Any,
     started: float,
     timeout: float,
+    observer: _Observer | None,
 ) -> RunResult:
     def start(p: int, index: int) -> _Process:
         if emulator is not None:
@@ -263,6 +276,10 @@ def _supervise(
                 proc.proc.kill()
                 proc.proc.wait()
 
+    if observer is not None:
+        problem = observer.stop()  # its last round sees the final state too
+        if problem is not None:
+            errors.append(problem)
     journals = {
         p: read_journal(workdir / f"journal-{p}.jsonl") for p in range(len(schedule["producers"]))
     }
@@ -278,6 +295,7 @@ def _supervise(
         errors,
         time.monotonic() - started,
         clock.base,
+        observer.output if observer is not None else [],
     )
 
 

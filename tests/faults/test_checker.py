@@ -157,3 +157,56 @@ def test_reported_sequence_numbers_must_be_the_stored_copies() -> None:
         schedule([1, 2]), {0: journal}, copies(1, 2), sequences={"order-1": {7}, "order-2": {9}}
     )
     assert kinds(wrong) == ["sequence"]
+
+
+# -- the file-sharing dimensions: the shapes in which issue 10 lost acknowledged messages
+
+
+def test_a_forked_childs_confirmed_messages_must_be_stored() -> None:
+    # the parent sent chunk 0, its forked children chunks 1 and 2 (calls "0.fC.seq")
+    journal = [
+        attempt("0.0", [1, 2], chunk=0),
+        done("0.0", sent=[1, 2]),
+        attempt("0.f0.0", [3, 4], chunk=1),
+        attempt("0.f1.0", [5, 6], chunk=2),
+        done("0.f1.0", sent=[5, 6]),
+        done("0.f0.0", sent=[3, 4]),
+    ]
+    ids = [1, 2, 3, 4, 5, 6]
+    assert check(schedule(ids), {0: journal}, copies(*ids)).ok
+    # the parent closed first and the children's acknowledged messages vanished
+    lost = check(schedule(ids), {0: journal}, copies(1, 2, 5))
+    assert kinds(lost) == ["missing"] * 3
+    # an unrelated process then got its own copy of an id the child had stored
+    split = check(schedule(ids), {0: journal}, copies(*ids, 3))
+    assert kinds(split) == ["duplicate"]
+
+
+def test_an_interrupted_call_is_in_doubt_until_its_resume_confirms_it() -> None:
+    interrupted = [
+        attempt("0.0", [1, 2], chunk=0),
+        {"ev": "interrupted", "call": "0.0", "t": 0.5},
+    ]
+    # exited after Ctrl-C, never resumed: in doubt, present at most once
+    assert check(schedule([1, 2]), {0: interrupted}, copies(1)).ok
+    assert kinds(check(schedule([1, 2]), {0: interrupted}, copies(1, 1))) == ["duplicate"]
+    resumed = [
+        *interrupted,
+        attempt("0.1", [1, 2], chunk=0, resumes="0.0"),
+        done("0.1", sent=[1], duplicate=[2]),
+    ]
+    assert check(schedule([1, 2]), {0: resumed}, copies(1, 2)).ok
+    # the resume was acknowledged, yet the stuck transaction never reached the file
+    assert kinds(check(schedule([1, 2]), {0: resumed}, copies(2))) == ["missing"]
+
+
+def test_messages_acknowledged_through_several_handles_must_all_be_stored() -> None:
+    # two producers, each alternating its own stack and url senders (calls are calls)
+    first = [attempt("0.0", [1, 2]), done("0.0", sent=[1, 2]), attempt("0.1", [3])]
+    first.append(done("0.1", sent=[3]))
+    second = [attempt("0.0", [2, 3, 4]), done("0.0", sent=[4], duplicate=[2, 3])]
+    journals = {0: first, 1: second}
+    assert check(schedule([1, 2, 3], [2, 3, 4]), journals, copies(1, 2, 3, 4)).ok
+    # the WAL was checkpointed and deleted under one handle: its later commits are gone
+    lost = check(schedule([1, 2, 3], [2, 3, 4]), journals, copies(1, 2))
+    assert kinds(lost) == ["missing", "missing"]

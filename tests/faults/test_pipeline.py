@@ -88,3 +88,26 @@ def test_a_naive_resend_after_the_window_is_caught_as_duplicates(tmp_path: Path)
     duplicates = [v for v in verdict.violations if v.startswith("duplicate:")]
     assert len(duplicates) == 10, verdict.violations
     assert verdict.stats["stored"] == 40
+
+
+def test_a_consumer_beside_the_producers_is_caught_taking_acknowledged_messages(
+    tmp_path: Path,
+) -> None:
+    # the observer runs `sendonce broker receive` instead of read-only commands: every
+    # message it takes was acknowledged to the producer, and must be reported missing
+    taker = copy.deepcopy(LATE_RESTART)
+    taker["producers"][0]["incarnations"] = taker["producers"][0]["incarnations"][:1]
+    taker["producers"][0]["incarnations"][0]["kill"] = None
+    taker["observer"] = {"commands": ["receive"], "pause_s": 0.05}
+    # the CLI reads with the wall clock: so must the broker's stamps be
+    taker["wall_clock"] = True
+    taker["clock"]["speed"] = 1.0
+    taker["entity"]["window_s"] = 600
+    result = run_schedule(taker, tmp_path)
+    assert not result.errors, result.errors
+    assert any(line.startswith("ok receive") for line in result.observer_output)
+    stored = [(c.message_id, c.body, c.enqueued) for c in result.stored]
+    verdict = check(taker, result.journals, stored)
+    missing = [v for v in verdict.violations if v.startswith("missing:")]
+    assert missing and len(missing) == 30 - len(stored), verdict.violations
+    assert verdict.stats["confirmed"] == 30
