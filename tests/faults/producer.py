@@ -460,7 +460,7 @@ class Producer:
             from sendonce.backends import LocalBackend
 
             transport = LocalBackend(db, clock=self.time.now_dt)
-        scaled = ScaledTimeouts(transport, self.time.speed)
+        scaled: Any = ScaledTimeouts(transport, self.time.speed)
         if self.plan.get("interrupts"):
             scaled = LockWaitInterrupt(scaled, db, self.plan["interrupts"], self.log)
         killer = KillSwitch(scaled, self.plan["kill"], self.log)

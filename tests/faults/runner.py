@@ -308,7 +308,7 @@ def read_broker_guarded(
     def read() -> None:
         try:
             box["result"] = read_broker(db, schedule)
-        except Exception as exc:  # noqa: BLE001 - reported as the run's error
+        except Exception as exc:  # reported as the run's error
             box["error"] = f"{type(exc).__name__}: {exc}"
 
     reader = threading.Thread(target=read, daemon=True)
