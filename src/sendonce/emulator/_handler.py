@@ -175,6 +175,7 @@ class EmulatorHandler(Handler):
         sasl = event.transport.sasl()
         sasl.allowed_mechs("ANONYMOUS")
         self.connections[event.connection] = _ConnState(event.connection)
+        self.emulator._connection_change(+1)
 
     @_guarded
     def on_connection_remote_open(self, event: Any) -> None:
@@ -201,7 +202,8 @@ class EmulatorHandler(Handler):
             self._forget(event.connection)
 
     def _forget(self, connection: Any) -> None:
-        self.connections.pop(connection, None)
+        if self.connections.pop(connection, None) is not None:
+            self.emulator._connection_change(-1)
         for link in [k for k in self.nodes if k.connection == connection]:
             self.nodes.pop(link, None)
         self.senders = [s for s in self.senders if s.connection != connection]
@@ -337,6 +339,7 @@ class EmulatorHandler(Handler):
     def close_all(self) -> None:
         for state in list(self.connections.values()):
             self._hard_close(state.connection, release=True)
+        self.emulator._connection_change(-len(self.connections))
         self.connections.clear()
 
     def shutdown(self, container: Any) -> None:

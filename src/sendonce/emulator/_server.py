@@ -69,6 +69,8 @@ class Emulator:
         self.poll_interval = poll_interval
         self.faults = FaultScript()
         self._transfers: dict[str, int] = {}
+        self._open_connections = 0
+        self._connections_accepted = 0
         self._stats_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -98,6 +100,18 @@ class Emulator:
             if entity is None:
                 return sum(self._transfers.values())
             return self._transfers.get(entity, 0)
+
+    @property
+    def open_connections(self) -> int:
+        """Client connections open right now: a test's leak detector (0 once all closed)."""
+        with self._stats_lock:
+            return self._open_connections
+
+    @property
+    def connections_accepted(self) -> int:
+        """Client connections accepted since start (how many times clients connected)."""
+        with self._stats_lock:
+            return self._connections_accepted
 
     def start(self) -> Emulator:
         if self._thread is not None:
@@ -139,6 +153,12 @@ class Emulator:
         return f"Emulator({self.db_path!r}, {where})"
 
     # -- reactor thread -------------------------------------------------------------------
+
+    def _connection_change(self, change: int) -> None:
+        with self._stats_lock:
+            self._open_connections += change
+            if change > 0:
+                self._connections_accepted += change
 
     def _count(self, entity: str) -> None:
         with self._stats_lock:

@@ -38,6 +38,47 @@ def test_stops_with_the_context_and_frees_the_port(broker_path: Path) -> None:
     emu.stop()  # idempotent
 
 
+def _settled(read: object, want: int, timeout: float = 10.0) -> int:
+    """Poll a counter until it reaches ``want`` (closing is asynchronous)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    value = read()  # type: ignore[operator]
+    while value != want and time.monotonic() < deadline:
+        time.sleep(0.02)
+        value = read()  # type: ignore[operator]
+    return int(value)
+
+
+def test_open_connections_count_clients_until_they_close(emulator: Emulator) -> None:
+    assert (emulator.open_connections, emulator.connections_accepted) == (0, 0)
+    first = ServiceBusClient.from_connection_string(emulator.connection_string)
+    second = ServiceBusClient.from_connection_string(emulator.connection_string)
+    with first, second:
+        a = first.get_queue_sender("orders")
+        a.send_messages(ServiceBusMessage("x", message_id="one"))
+        with second.get_queue_sender("orders") as b:
+            b.send_messages(ServiceBusMessage("y", message_id="two"))
+            assert emulator.open_connections == 2
+        # the client's sender owns its connection: closing it closes the connection
+        assert _settled(lambda: emulator.open_connections, 1) == 1
+        a.close()
+        assert _settled(lambda: emulator.open_connections, 0) == 0
+    assert emulator.connections_accepted == 2
+
+
+def test_a_dropped_connection_is_no_longer_counted(emulator: Emulator) -> None:
+    from sendonce.emulator import Fault, FaultAction
+
+    emulator.faults.add(Fault(FaultAction.DROP_AFTER_COMMIT))
+    client = ServiceBusClient.from_connection_string(emulator.connection_string, retry_total=0)
+    with client, client.get_queue_sender("orders") as sender:
+        with pytest.raises(Exception):  # noqa: B017 - the client's own error for a drop
+            sender.send_messages(ServiceBusMessage("x", message_id="one"))
+        assert _settled(lambda: emulator.open_connections, 0) == 0
+    assert emulator.connections_accepted == 1
+
+
 def test_binds_loopback_only(broker_path: Path) -> None:
     for host in ("0.0.0.0", "192.168.1.10", "example.com", "::1"):
         with pytest.raises(ConfigurationError, match="loopback"):
