@@ -155,6 +155,18 @@ def _profile(url: str, entity: EntityProfile | str, retry: RetryPolicy) -> Entit
         return sender.profile
 
 
+KEEP_CONNECTIONS = 30.0
+"""Default seconds an executor keeps its Service Bus connection open for its next task."""
+
+
+def _keep(seconds: object) -> float:
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+        raise ConfigurationError(
+            "keep_connections must be a number of seconds >= 0", field="keep_connections"
+        )
+    return float(seconds)
+
+
 def _retry(retry: RetryPolicy | None) -> RetryPolicy:
     if retry is None:
         return RetryPolicy()
@@ -188,6 +200,7 @@ def publish(
     check_conflicts: bool = True,
     after_partition: AfterPartition | None = None,
     clock: Clock = time.time,
+    keep_connections: float = KEEP_CONNECTIONS,
 ) -> PublishReport:
     """Publish every row of ``df`` as one message, exactly once; returns exact counts.
 
@@ -196,7 +209,12 @@ def publish(
     two rows with different payloads share an id (:class:`ConflictingRowsError`;
     one distributed aggregation, skipped with ``check_conflicts=False``), and
     that a ``local://`` url is not used on a cluster. Then each partition is
-    published by its own backend and sender on the executors.
+    published by its own sender on the executors; a Service Bus connection is
+    reused by the next task of the same Python worker and closed after
+    ``keep_connections`` idle seconds (0: one connection per partition).
+
+    If the Spark job fails, raises :class:`~sendonce.PublishFailedError` chained
+    to Spark's error, whose ``.report`` counts the rows confirmed before.
 
     ``after_partition(result)`` runs on the executor after a partition is
     published (metrics, or failing the attempt in fault tests). ``clock`` (wall
@@ -226,6 +244,7 @@ def publish(
         after_partition=after_partition,
         progress=None if board is None else board.line,
         placement=Placement.of(url),
+        keep_connection=_keep(keep_connections),
     )
     selected = df.select(*[quoted(c) for c in plan.columns])
     try:
@@ -347,6 +366,7 @@ def partition_publisher(
     schema: Any = None,
     after_partition: AfterPartition | None = None,
     clock: Clock = time.time,
+    keep_connections: float = KEEP_CONNECTIONS,
 ) -> PartitionPublisher:
     """A picklable callable for ``df.foreachPartition`` that publishes each row once.
 
@@ -378,6 +398,7 @@ def partition_publisher(
         after_partition=after_partition,
         raise_on_failure=True,
         placement=Placement.of(url),
+        keep_connection=_keep(keep_connections),
     )
     return PartitionPublisher(job)
 
@@ -405,6 +426,7 @@ class BatchPublisher:
         after_partition: AfterPartition | None,
         on_batch: Callable[[int, PublishReport], None] | None,
         clock: Clock,
+        keep_connections: float = KEEP_CONNECTIONS,
     ) -> None:
         self.url = url
         self.entity = entity
@@ -414,6 +436,7 @@ class BatchPublisher:
         self.after_partition = after_partition
         self.on_batch = on_batch
         self.clock = clock
+        self.keep_connections = keep_connections
 
     def __call__(self, batch_df: Any, batch_id: int) -> None:
         report = publish(
@@ -425,6 +448,7 @@ class BatchPublisher:
             check_conflicts=self.check_conflicts,
             after_partition=self.after_partition,
             clock=self.clock,
+            keep_connections=self.keep_connections,
         )
         report.raise_for_failures()
         if self.on_batch is not None:
@@ -445,6 +469,7 @@ def batch_publisher(
     after_partition: AfterPartition | None = None,
     on_batch: Callable[[int, PublishReport], None] | None = None,
     clock: Clock = time.time,
+    keep_connections: float = KEEP_CONNECTIONS,
 ) -> BatchPublisher:
     """A picklable ``fn(batch_df, batch_id)`` for ``writeStream.foreachBatch``.
 
@@ -463,4 +488,5 @@ def batch_publisher(
         after_partition=after_partition,
         on_batch=on_batch,
         clock=clock,
+        keep_connections=_keep(keep_connections),
     )

@@ -20,6 +20,7 @@ from .._message import MessageSpec
 from .._retry import RetryPolicy
 from .._sender import IdempotentSender
 from ..errors import SendError
+from ._pool import Borrowed
 from ._rows import BatchEncoder, ColumnPlan, columns_of_rows, encode_columns
 
 if TYPE_CHECKING:
@@ -173,6 +174,8 @@ class TaskJob:
     progress: ProgressLine | None = None
     placement: Placement | None = None
     """Set for a ``local://`` broker: checked before anything is sent."""
+    keep_connection: float = 30.0
+    """Seconds an executor keeps a Service Bus connection for its next task (0: never)."""
 
     def run(self, batches: Iterable[tuple[dict[str, list[Any]], int]]) -> PartitionResult:
         """Publish a partition given as batches of (columns, row count)."""
@@ -185,6 +188,8 @@ class TaskJob:
         encoder = BatchEncoder(self.spec, self.plan)
         tally = _Tally()
         sender: IdempotentSender | None = None
+        borrowed: Borrowed | None = None
+        healthy = False
         reporter = None if self.progress is None else self.progress.reporter(partition, attempt)
         try:
             for columns, rows in batches:
@@ -197,7 +202,8 @@ class TaskJob:
                 if encoded.messages:
                     guard.check(partition=partition, attempt=attempt)
                     if sender is None:
-                        sender = IdempotentSender(self.url, self.entity, retry=self.retry)
+                        borrowed = Borrowed(self.url, self.keep_connection)
+                        sender = IdempotentSender(borrowed.backend, self.entity, retry=self.retry)
                     report = sender.send_many(encoded.messages)
                     tally.sent += report.sent
                     tally.duplicates += report.duplicates
@@ -207,11 +213,14 @@ class TaskJob:
                     reporter.report(tally.rows, tally.sent, tally.duplicates, tally.failed)
                 if self.raise_on_failure and tally.failed:
                     break
+            healthy = not tally.failed  # a failed send may have left the connection broken
         finally:
             if reporter is not None:
                 reporter.close()
             if sender is not None:
                 sender.close()
+            if borrowed is not None:
+                borrowed.release(healthy=healthy)
         result = PartitionResult(
             partition,
             attempt,
