@@ -196,12 +196,31 @@ class MessageIdTemplate:
     object indexable by field name) and returns a deterministic id within
     ``max_length``. With ``overflow="hash"``, a longer id becomes a readable
     prefix, ``~`` and a 128-bit SHA-256 digest of the full id.
+
+    A field whose text is empty (``""``, an empty CSV cell) is refused: it is
+    almost always missing data, and ``{a}.{b}`` would then give ``.2017`` to
+    every record lacking ``a``, so the broker would drop the second of them as
+    a duplicate. ``allow_empty=True`` accepts empty values where they are real.
     """
 
-    __slots__ = ("_build", "_fast", "_literals", "fields", "max_length", "overflow", "template")
+    __slots__ = (
+        "_build",
+        "_fast",
+        "_literals",
+        "allow_empty",
+        "fields",
+        "max_length",
+        "overflow",
+        "template",
+    )
 
     def __init__(
-        self, template: str, *, max_length: int = MAX_ID_LENGTH, overflow: Overflow = "error"
+        self,
+        template: str,
+        *,
+        max_length: int = MAX_ID_LENGTH,
+        overflow: Overflow = "error",
+        allow_empty: bool = False,
     ) -> None:
         if not isinstance(template, str) or not template:
             raise MessageIdError("template must be a non-empty str", field="template")
@@ -225,9 +244,12 @@ class MessageIdTemplate:
             raise MessageIdError(
                 f"overflow='hash' needs max_length >= {_DIGEST_CHARS + 2}", field="max_length"
             )
+        if not isinstance(allow_empty, bool):
+            raise MessageIdError("allow_empty must be a bool", field="allow_empty")
         self.template = template
         self.max_length = max_length
         self.overflow: Overflow = overflow
+        self.allow_empty = allow_empty
         literals, fields = _parse(template)
         self._literals: tuple[str, ...] = tuple(literals)
         self.fields: tuple[str, ...] = tuple(fields)
@@ -239,6 +261,7 @@ class MessageIdTemplate:
         steps = [(name, _escaper(chars)) for name, chars in zip(fields, self.escapes, strict=True)]
         head, canon = literals[0], canonical_text
         tails = literals[1:]
+        allow_empty = self.allow_empty
 
         def build(record: Any) -> str:
             parts = [head]
@@ -249,7 +272,14 @@ class MessageIdTemplate:
                     raise MessageIdError(
                         f"field {name!r} is missing from the record", field=name
                     ) from None
-                parts.append(escape(canon(value, name)))
+                text = canon(value, name)
+                if not text and not allow_empty:
+                    raise MessageIdError(
+                        f"field {name!r} is empty; an empty id field is almost always missing "
+                        "data (allow_empty=True accepts it)",
+                        field=name,
+                    )
+                parts.append(escape(text))
                 parts.append(tail)
             return "".join(parts)
 
@@ -299,6 +329,8 @@ class MessageIdTemplate:
                 f"        elif k is not str or not v{i}.isascii(): v{i} = canon(v{i}, {name!r})",
                 f"        if {probe}: v{i} = v{i}.translate(T{i})",
             ]
+            if not self.allow_empty:
+                lines.append(f"        if not v{i}: raise ValueError")  # slow() names it
 
         def literal(text: str) -> str:
             return text.replace("{", "{{").replace("}", "}}")
@@ -346,27 +378,30 @@ class MessageIdTemplate:
     def __repr__(self) -> str:
         return (
             f"MessageIdTemplate({self.template!r}, max_length={self.max_length}, "
-            f"overflow={self.overflow!r})"
+            f"overflow={self.overflow!r}" + (", allow_empty=True)" if self.allow_empty else ")")
         )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, MessageIdTemplate):
             return NotImplemented
-        return (self.template, self.max_length, self.overflow) == (
-            other.template,
-            other.max_length,
-            other.overflow,
-        )
+        return self._key() == other._key()
 
     def __hash__(self) -> int:
-        return hash((self.template, self.max_length, self.overflow))
+        return hash(self._key())
+
+    def _key(self) -> tuple[str, int, str, bool]:
+        return (self.template, self.max_length, self.overflow, self.allow_empty)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (self.template, self.max_length, self.overflow))
+        return (_rebuild, self._key())
 
 
-def _rebuild(template: str, max_length: int, overflow: Overflow) -> MessageIdTemplate:
-    return MessageIdTemplate(template, max_length=max_length, overflow=overflow)
+def _rebuild(
+    template: str, max_length: int, overflow: Overflow, allow_empty: bool = False
+) -> MessageIdTemplate:
+    return MessageIdTemplate(
+        template, max_length=max_length, overflow=overflow, allow_empty=allow_empty
+    )
 
 
 def _parse(template: str) -> tuple[list[str], list[str]]:
@@ -454,13 +489,18 @@ def content_message_id(body: bytes | str, *, prefix: str = "") -> str:
     return message_id
 
 
-def template_of(value: str | MessageIdTemplate, *, field: str) -> MessageIdTemplate:
-    """Accept a template string or a template object for an option named ``field``."""
+def template_of(
+    value: str | MessageIdTemplate, *, field: str, allow_empty: bool = False
+) -> MessageIdTemplate:
+    """Accept a template string or a template object for an option named ``field``.
+
+    A template object keeps its own ``allow_empty``; a string gets ``allow_empty``.
+    """
     if isinstance(value, MessageIdTemplate):
         return value
     if isinstance(value, str):
         try:
-            return MessageIdTemplate(value)
+            return MessageIdTemplate(value, allow_empty=allow_empty)
         except MessageIdError as exc:
             raise MessageIdError(f"{field}: {exc}", field=field) from None
     raise MessageIdError(

@@ -289,6 +289,11 @@ class MessageSpec:
     ``message_id``, ``partition_key`` and ``session_id`` take a template string
     or a :class:`MessageIdTemplate`. ``body`` is a field name, a callable
     ``record -> bytes | str``, or ``None`` for canonical JSON of the whole record.
+
+    An empty value (``""``) in a field of a template string is refused with
+    :class:`MessageIdError` naming the field, as missing data; ``allow_empty=True``
+    accepts it for the templates given as strings (a :class:`MessageIdTemplate`
+    keeps its own setting).
     """
 
     __slots__ = (
@@ -311,13 +316,20 @@ class MessageSpec:
         subject: str | None = None,
         content_type: str | None = None,
         application_properties: Mapping[str, PropertyValue] | None = None,
+        allow_empty: bool = False,
     ) -> None:
-        self.message_id = template_of(message_id, field="message_id")
+        if not isinstance(allow_empty, bool):
+            raise ValidationError("allow_empty must be a bool", field="allow_empty")
+        self.message_id = template_of(message_id, field="message_id", allow_empty=allow_empty)
         self.partition_key = (
-            None if partition_key is None else template_of(partition_key, field="partition_key")
+            None
+            if partition_key is None
+            else template_of(partition_key, field="partition_key", allow_empty=allow_empty)
         )
         self.session_id = (
-            None if session_id is None else template_of(session_id, field="session_id")
+            None
+            if session_id is None
+            else template_of(session_id, field="session_id", allow_empty=allow_empty)
         )
         if body is not None and not isinstance(body, str) and not callable(body):
             raise ValidationError("body must be a field name, a callable or None", field="body")

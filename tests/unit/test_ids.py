@@ -80,7 +80,7 @@ def test_split_between_fields_is_unambiguous() -> None:
 
 
 def test_escape_char_itself_is_escaped_everywhere() -> None:
-    t = MessageIdTemplate("{a}.{b}")
+    t = MessageIdTemplate("{a}.{b}", allow_empty=True)
     assert t.build({"a": "%2E", "b": "%"}) == "%252E.%25"
     assert t.build({"a": "%2E", "b": ""}) != t.build({"a": ".", "b": ""})
 
@@ -98,7 +98,7 @@ def test_non_ascii_separator_is_percent_encoded_as_utf8() -> None:
 
 
 def test_values_equal_to_template_literals() -> None:
-    t = MessageIdTemplate("p/{a}/{b}/s")
+    t = MessageIdTemplate("p/{a}/{b}/s", allow_empty=True)
     ids = {
         t.build({"a": a, "b": b})
         for a, b in [("/", ""), ("", "/"), ("p", "s"), ("/s", ""), ("", "/s"), ("p/", "/s")]
@@ -107,12 +107,34 @@ def test_values_equal_to_template_literals() -> None:
 
 
 def test_empty_strings_are_distinct_from_each_other_positions() -> None:
-    t = MessageIdTemplate("{a}.{b}.{c}")
+    t = MessageIdTemplate("{a}.{b}.{c}", allow_empty=True)
     ids = {
         t.build(dict(zip("abc", v, strict=True)))
         for v in [("", "", "."), ("", ".", ""), (".", "", "")]
     }
     assert len(ids) == 3
+
+
+@pytest.mark.parametrize("record", [{"a": "", "b": 2017}, {"a": "12345", "b": ""}])
+def test_an_empty_field_is_refused_as_missing_data(record: dict[str, Any]) -> None:
+    # Issue 14: ",2017" and another ",2017" record would share the id ".2017/payment".
+    t = MessageIdTemplate("{a}.{b}/payment")
+    name = next(k for k, v in record.items() if v == "")
+    with pytest.raises(MessageIdError, match=f"field '{name}' is empty") as caught:
+        t.build(record)
+    assert caught.value.field == name
+    assert MessageIdTemplate("{a}.{b}/payment", allow_empty=True).build(record) in (
+        ".2017/payment",
+        "12345./payment",
+    )
+
+
+def test_allow_empty_is_part_of_the_template_identity() -> None:
+    strict, lenient = MessageIdTemplate("{a}/x"), MessageIdTemplate("{a}/x", allow_empty=True)
+    assert strict != lenient
+    assert pickle.loads(pickle.dumps(lenient)).build({"a": ""}) == "/x"
+    with pytest.raises(MessageIdError):
+        MessageIdTemplate("{a}/x", allow_empty=1)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("value", ["abc", "ABC-def_123", "0", "-", "_", "a-b-c_d"])

@@ -136,7 +136,7 @@ def splits(full: str, shape: Shape, limit: int = 64) -> list[tuple[str, ...]]:
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), shape=shapes())
 def test_injective_on_adversarial_values(data: st.DataObject, shape: Shape) -> None:
-    t = MessageIdTemplate(shape.text, overflow="error", max_length=128)
+    t = MessageIdTemplate(shape.text, allow_empty=True, overflow="error", max_length=128)
     assert t.fields == shape.fields
     values = adversarial_values(shape)
     r1 = tuple(data.draw(values) for _ in shape.fields)
@@ -164,7 +164,7 @@ def test_injective_on_adversarial_values(data: st.DataObject, shape: Shape) -> N
 @settings(max_examples=300)
 @given(data=st.data(), shape=shapes(max_fields=3))
 def test_injective_over_canonical_texts_of_mixed_types(data: st.DataObject, shape: Shape) -> None:
-    t = MessageIdTemplate(shape.text, overflow="error")
+    t = MessageIdTemplate(shape.text, allow_empty=True, overflow="error")
     r1 = {f: data.draw(id_values) for f in shape.fields}
     r2 = {f: data.draw(id_values) for f in shape.fields}
     try:
@@ -191,7 +191,7 @@ def test_splits_finds_the_naive_collision() -> None:
 @settings(max_examples=300)
 @given(data=st.data(), shape=shapes())
 def test_readable_values_appear_unchanged(data: st.DataObject, shape: Shape) -> None:
-    t = MessageIdTemplate(shape.text)
+    t = MessageIdTemplate(shape.text, allow_empty=True)
     values = tuple(data.draw(st.text(READABLE, max_size=12)) for _ in shape.fields)
     naive = shape.naive(values)
     assume(naive and len(naive) <= 128)
@@ -208,13 +208,17 @@ def test_readable_values_appear_unchanged(data: st.DataObject, shape: Shape) -> 
     max_length=st.integers(34, 128),
 )
 def test_every_id_within_max_length(data: st.DataObject, shape: Shape, max_length: int) -> None:
-    hashing = MessageIdTemplate(shape.text, max_length=max_length, overflow="hash")
-    strict = MessageIdTemplate(shape.text, max_length=max_length, overflow="error")
+    hashing = MessageIdTemplate(
+        shape.text, allow_empty=True, max_length=max_length, overflow="hash"
+    )
+    strict = MessageIdTemplate(
+        shape.text, allow_empty=True, max_length=max_length, overflow="error"
+    )
     values = adversarial_values(shape)
     record = {f: data.draw(values) for f in shape.fields}
     assume(shape.naive(tuple(record.values())))  # an empty id is refused, tested elsewhere
     try:
-        full = MessageIdTemplate(shape.text, max_length=128).build(record)
+        full = MessageIdTemplate(shape.text, allow_empty=True, max_length=128).build(record)
     except MessageIdError:
         full = None  # over 128: only the hashing template may build it
     hashed = hashing.build(record)
@@ -242,7 +246,7 @@ def test_every_id_within_max_length(data: st.DataObject, shape: Shape, max_lengt
 def test_hashed_ids_of_distinct_records_are_distinct(
     shape: Shape, max_length: int, bulk: list[str]
 ) -> None:
-    t = MessageIdTemplate(shape.text, max_length=max_length, overflow="hash")
+    t = MessageIdTemplate(shape.text, allow_empty=True, max_length=max_length, overflow="hash")
     records = [{f: f"{v}|{i}" for i, f in enumerate(shape.fields)} for v in bulk]
     ids = [t.build(r) for r in records]
     assert len(set(ids)) == len(records)
@@ -312,7 +316,10 @@ _CHILD = """
 import pickle, sys
 from sendonce import MessageIdTemplate
 jobs = pickle.load(sys.stdin.buffer)
-out = [MessageIdTemplate(t, max_length=m, overflow=o).build(r) for t, m, o, r in jobs]
+out = [
+    MessageIdTemplate(t, max_length=m, overflow=o, allow_empty=True).build(r)
+    for t, m, o, r in jobs
+]
 pickle.dump(out, sys.stdout.buffer)
 """
 
@@ -341,7 +348,7 @@ def test_deterministic_across_processes_and_hash_seeds(
     shape: Shape, option: tuple[int, str], pool: list[Any]
 ) -> None:
     max_length, overflow = option
-    t = MessageIdTemplate(shape.text, max_length=max_length, overflow=overflow)  # type: ignore[arg-type]
+    t = MessageIdTemplate(shape.text, allow_empty=True, max_length=max_length, overflow=overflow)  # type: ignore[arg-type]
     n = len(shape.fields)
     jobs: list[tuple[str, int, str, dict[str, Any]]] = []
     here: list[str] = []
@@ -367,7 +374,10 @@ spec = importlib.util.spec_from_file_location(
 sys.modules["sendonce"] = importlib.util.module_from_spec(spec)
 from sendonce._ids import MessageIdTemplate
 jobs = pickle.load(sys.stdin.buffer)
-out = [MessageIdTemplate(t, max_length=m, overflow=o).build(r) for t, m, o, r in jobs]
+out = [
+    MessageIdTemplate(t, max_length=m, overflow=o, allow_empty=True).build(r)
+    for t, m, o, r in jobs
+]
 pickle.dump(out, sys.stdout.buffer, protocol=4)
 """
 
@@ -422,7 +432,7 @@ def test_deterministic_across_python_versions() -> None:
     here: list[Any] = []
     for t, m, o, r in jobs:
         try:
-            here.append(MessageIdTemplate(t, max_length=m, overflow=o).build(r))  # type: ignore[arg-type]
+            here.append(MessageIdTemplate(t, max_length=m, overflow=o, allow_empty=True).build(r))  # type: ignore[arg-type]
         except MessageIdError:
             here.append(None)
     kept = [j for j, h in zip(jobs, here, strict=True) if h is not None]
@@ -462,7 +472,7 @@ def test_fixed_ids_never_change() -> None:
 
 @given(st.data(), shapes())
 def test_rebuilt_and_unpickled_templates_agree(data: st.DataObject, shape: Shape) -> None:
-    t = MessageIdTemplate(shape.text, overflow="hash")
+    t = MessageIdTemplate(shape.text, allow_empty=True, overflow="hash")
     copy = pickle.loads(pickle.dumps(t))
     record = {f: data.draw(id_values) for f in shape.fields}
     try:
@@ -472,5 +482,5 @@ def test_rebuilt_and_unpickled_templates_agree(data: st.DataObject, shape: Shape
     assert (
         copy.build(record)
         == expected
-        == MessageIdTemplate(shape.text, overflow="hash").build(record)
+        == MessageIdTemplate(shape.text, allow_empty=True, overflow="hash").build(record)
     )
