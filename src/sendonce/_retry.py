@@ -10,6 +10,7 @@ flight when the broker may have forgotten the id.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -23,6 +24,8 @@ from tenacity import RetryCallState
 from .errors import ConfigurationError, InDoubtError, SendError, TransientSendError
 
 __all__ = ["Attempted", "RetryPolicy"]
+
+logger = logging.getLogger("sendonce.retry")
 
 T = TypeVar("T")
 Clock = Callable[[], float]
@@ -204,7 +207,12 @@ class RetryPolicy:
             raise call.exhausted(exc) from exc
         in_doubt_before = False
         retrying = tenacity.Retrying(
-            stop=call.stop(), wait=call.wait(), retry=_RETRYABLE, sleep=self.sleep, reraise=True
+            stop=call.stop(),
+            wait=call.wait(),
+            retry=_RETRYABLE,
+            sleep=self.sleep,
+            reraise=True,
+            before_sleep=call.announce,
         )
         try:
             for attempt_state in retrying:
@@ -249,6 +257,7 @@ class RetryPolicy:
             retry=_RETRYABLE,
             sleep=self.async_sleep,
             reraise=True,
+            before_sleep=call.announce,
         )
         try:
             async for attempt_state in retrying:
@@ -324,6 +333,19 @@ class _Call:
         except TransientSendError:
             self.in_doubt = True
             raise
+
+    def announce(self, retry_state: RetryCallState) -> None:
+        """Log each retry, so a slow or unreachable broker is never silent."""
+        error = retry_state.outcome.exception() if retry_state.outcome else None
+        sleep = retry_state.next_action.sleep if retry_state.next_action else 0.0
+        logger.info(
+            "retrying %s: attempt %d of %d failed (%s); next attempt in %.1fs",
+            self.message_id,
+            retry_state.attempt_number,
+            self.policy.max_attempts,
+            error,
+            sleep,
+        )
 
     def stop(self) -> tenacity.stop.stop_base:
         return tenacity.stop_after_attempt(self.policy.max_attempts) | self.at_deadline

@@ -636,6 +636,13 @@ class IdempotentSender(SenderCore):
         for batch in plan.batches:
             self._send_batch(batch, report, failed, started)
         self._account_repeats(items, plan, report, failed)
+        logger.debug(
+            "send_many to %r: %d message(s) in %d transfer(s): %r",
+            self.profile.name,
+            len(items),
+            len(plan.batches),
+            report,
+        )
         return report
 
     def _send_batch(

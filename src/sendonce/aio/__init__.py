@@ -34,7 +34,10 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # The Service Bus backend imports azure-servicebus, an optional extra: load on use.
     if name == "AzureServiceBusBackend":
-        from ._servicebus import AzureServiceBusBackend
+        from .._extras import requires_extra
+
+        with requires_extra("sendonce.aio.AzureServiceBusBackend", "aio"):
+            from ._servicebus import AzureServiceBusBackend
 
         return AzureServiceBusBackend
     raise AttributeError(f"module 'sendonce.aio' has no attribute {name!r}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._extras import requires_extra
 from ..backends._url import LOCAL_SCHEME, is_connection_string, local_path
 from ..errors import ConfigurationError, redact
 from ._base import AsyncBackend
@@ -31,7 +32,8 @@ def connect(url: str, **options: Any) -> AsyncBackend:
         path, query = local_path(url)
         return ThreadedBackend(LocalBackend(path, **{**query, **options}))
     if is_connection_string(url):
-        from ._servicebus import AzureServiceBusBackend
+        with requires_extra("a Service Bus connection string in sendonce.aio", "aio"):
+            from ._servicebus import AzureServiceBusBackend
 
         return AzureServiceBusBackend.from_connection_string(url, **options)
     raise ConfigurationError(

@@ -30,7 +30,10 @@ def __getattr__(name: str) -> Any:
 
         return getattr(local, name)
     if name == "AzureServiceBusBackend":
-        from .servicebus import AzureServiceBusBackend
+        from .._extras import requires_extra
+
+        with requires_extra("sendonce.backends.AzureServiceBusBackend", "azure"):
+            from .servicebus import AzureServiceBusBackend
 
         return AzureServiceBusBackend
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

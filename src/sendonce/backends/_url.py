@@ -6,6 +6,7 @@ import os
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from .._extras import requires_extra
 from ..errors import ConfigurationError, redact
 from ._base import Backend
 
@@ -58,7 +59,8 @@ def connect(url: str, **options: Any) -> Backend:
         merged: dict[str, Any] = {**query, **options}
         return LocalBackend(path, **merged)
     if is_connection_string(url):
-        from .servicebus import AzureServiceBusBackend
+        with requires_extra("a Service Bus connection string", "azure"):
+            from .servicebus import AzureServiceBusBackend
 
         return AzureServiceBusBackend.from_connection_string(url, **options)
     raise ConfigurationError(

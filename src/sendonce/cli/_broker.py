@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -15,53 +14,38 @@ import click
 
 from .._entity import EntityProfile
 from ..backends.local import LocalBackend, ReceivedMessage
-from ..errors import SendOnceError
+from ..errors import SendOnceError, ValidationError
+from ._words import (
+    EXIT_CODES_HELP,
+    InputError,
+    cli_text,
+    command_error,
+    duration_option,
+    format_duration,
+    parse_duration,
+    profile_difference,
+)
 
 __all__ = ["broker", "parse_duration"]
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
-_UNITS = {"d": "days", "h": "hours", "m": "minutes", "s": "seconds"}
-
-
-def parse_duration(text: str) -> timedelta:
-    """``"10m"``, ``"1h30m"``, ``"45s"``, ``"7d"``, or a number of seconds."""
-    text = text.strip().lower()
-    try:
-        return timedelta(seconds=float(text))
-    except ValueError:
-        pass
-    pos, total = 0, timedelta(0)
-    for match in _DURATION.finditer(text):
-        if match.start() != pos:
-            break
-        total += timedelta(**{_UNITS[match.group(2)]: float(match.group(1))})
-        pos = match.end()
-    if pos != len(text) or not text:
-        raise ValueError(f"{text!r} is not a duration such as 10m, 1h30m, 45s or 7d")
-    return total
-
-
-def _window_option(ctx: click.Context, param: click.Parameter, value: str) -> timedelta:
-    try:
-        return parse_duration(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
 
 
 _EXISTING_FILE = click.Path(exists=True, dir_okay=False)
 
 
 @contextmanager
-def _open(path: str, *, create: bool = True) -> Iterator[LocalBackend]:
-    """Open the broker; a sendonce error inside the block becomes a clean CLI error."""
+def _open(path: str, *, create: bool = False) -> Iterator[LocalBackend]:
+    """Open the broker; a sendonce error inside the block becomes a clean CLI error.
+
+    Only ``create`` makes a new file: every other command opens an existing broker.
+    """
     try:
         with LocalBackend(path, create=create) as backend:
             yield backend
     except SendOnceError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise command_error(exc) from None
 
 
-@click.group()
+@click.group(epilog=EXIT_CODES_HELP)
 def broker() -> None:
     """Create and inspect a local broker file (the embedded broker)."""
 
@@ -74,7 +58,7 @@ def broker() -> None:
 @click.option("--sessions", is_flag=True, help="Require a session id on every message.")
 @click.option(
     "--window",
-    callback=_window_option,
+    callback=duration_option,
     default="10m",
     show_default=True,
     help="Duplicate-detection window (20s to 7d).",
@@ -104,7 +88,8 @@ def create(
     """Create a queue or topic in FILE (the file is created if needed)."""
     if subscriptions and not topic:
         raise click.UsageError("--subscription needs --topic: queues have no subscriptions")
-    with _open(file) as backend:
+    assert window is not None  # it has a default
+    try:  # checked before the file is opened: a refused option leaves no file behind
         profile = EntityProfile(
             name,
             kind="topic" if topic else "queue",
@@ -115,10 +100,47 @@ def create(
             id_cache_size=id_cache_size,
             persist_id_cache=not no_persist_id_cache,
         )
-        backend.create_entity(profile, exist_ok=exist_ok)
+    except ValidationError as exc:
+        option = "--window" if exc.field == "duplicate_detection_window" else "--entity"
+        raise click.BadParameter(cli_text(exc), param_hint=option) from None
+    with _open(file, create=True) as backend:
+        existing = {p.name: p for p in backend.entities()}.get(name)
+        if existing is not None:
+            if not exist_ok:
+                raise InputError(
+                    f"entity {name!r} already exists in {os.path.abspath(file)} "
+                    "(--exist-ok accepts an identical one)"
+                )
+            difference = profile_difference(existing, profile)
+            if difference is not None:
+                raise InputError(difference)
+        else:
+            backend.create_entity(profile, exist_ok=exist_ok)
+        had = set(backend.subscriptions(name)) if topic else set()
         for subscription in subscriptions:
             backend.create_subscription(name, subscription, exist_ok=exist_ok)
-    click.echo(f"created {profile.kind} {name!r} in {os.path.abspath(file)}")
+    where = os.path.abspath(file)
+    if existing is None:
+        click.echo(f"created {profile.kind} {name!r} in {where}")
+    else:
+        click.echo(f"{profile.kind} {name!r} already exists in {where} with these settings")
+    for subscription in subscriptions:
+        verb = "already exists" if subscription in had else "created"
+        click.echo(f"subscription {subscription!r} {verb}")
+
+
+def _settings(profile: EntityProfile) -> dict[str, Any]:
+    """The profile as JSON fields, for scripts (``stats --json``)."""
+    return {
+        "kind": profile.kind,
+        "duplicate_detection": profile.duplicate_detection,
+        "window_seconds": (None if profile.window is None else profile.window.total_seconds()),
+        "partitioned": profile.partitioned,
+        "sessions": profile.sessions,
+        "id_cache_size": profile.id_cache_size,
+        "persist_id_cache": profile.persist_id_cache,
+        "max_message_size": profile.max_message_size,
+    }
 
 
 def _describe(profile: EntityProfile) -> str:
@@ -128,7 +150,7 @@ def _describe(profile: EntityProfile) -> str:
         persisted = "persisted" if profile.persist_id_cache else "not persisted"
         dedup = f"id cache {profile.id_cache_size} ({persisted})"
     else:
-        dedup = f"window {profile.duplicate_detection_window}"
+        dedup = f"window {format_duration(profile.duplicate_detection_window)}"
     flags = [f for f in ("partitioned", "sessions") if getattr(profile, f)]
     return ", ".join([profile.kind, dedup, *flags])
 
@@ -143,6 +165,9 @@ def stats(file: str, name: str | None, as_json: bool) -> None:
         profiles = [backend.describe(name)] if name else backend.entities()
         result = {p.name: {"profile": _describe(p), **backend.stats(p.name)} for p in profiles}
     if as_json:
+        by_name = {p.name: p for p in profiles}
+        for entity_name, counts in result.items():
+            counts["settings"] = _settings(by_name[entity_name])
         click.echo(json.dumps(result, indent=2, sort_keys=True))
         return
     if not result:

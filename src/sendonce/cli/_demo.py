@@ -166,7 +166,14 @@ def run_demo(workdir: str | None = None, count: int = 1000) -> int:
 
 
 @click.command("demo")
-@click.option("--orders", "count", default=1000, show_default=True, help="How many orders.")
+@click.option(
+    "--orders",
+    "count",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="How many orders.",
+)
 @click.option("--workdir", type=click.Path(file_okay=False), help="Keep the broker file here.")
 @click.option("--spark", is_flag=True, help="Run the Spark demo (needs the spark extra, Java 17).")
 def demo(count: int, workdir: str | None, spark: bool) -> None:

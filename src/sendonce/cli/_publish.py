@@ -1,121 +1,450 @@
 """``sendonce publish``: publish a JSON Lines or CSV file, each record exactly once.
 
-The whole file is read and every record turned into a message before anything
-is sent: a malformed line, a missing template field or a message the entity
-would refuse is reported with its line number and nothing is published. So a
-run either sends nothing (exit 2) or sends every line and accounts for each one
-(sent, duplicate, or failed with its error; exit 1 if any failed). Running the
-same file again is safe: the broker drops the copies as duplicates.
+Two passes over the file, so memory stays bounded whatever its size. The
+validation pass reads every record, builds its message and keeps a few numbers
+per record (line, size, hashes of its id and body); then every message is
+checked against the entity's rules and two records that build one id with
+different bodies are refused. Any problem is reported with its line number and
+nothing is published (exit 2). The sending pass reads the file again and sends
+it in chunks, accounting for every record (sent, duplicate, or failed with its
+error; exit 1 if any failed). Running the same file again is safe: the broker
+drops the copies as duplicates. Standard input is spooled to a temporary file
+so it can be read twice.
 """
 
 from __future__ import annotations
 
-import csv
+import hashlib
 import io
 import json
+import logging
+import os
+import shutil
 import sys
+import tempfile
+from array import array
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import IO, Any, Literal
+from itertools import pairwise
+from typing import Any, NoReturn
 
 import click
 
 from .._entity import EntityProfile
 from .._message import Message, MessageSpec
+from .._retry import RetryPolicy
 from .._sender import IdempotentSender, SendReport
-from ..errors import SendOnceError, ValidationError, redact
-from ._broker import parse_duration
+from ..backends import Backend, connect
+from ..backends._url import LOCAL_SCHEME, local_path
+from ..errors import InDoubtError, SendOnceError, ValidationError
+from ._records import BadLine, Format, Header, Record, format_of, open_input, read_records
+from ._words import (
+    EXIT_CODES_HELP,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    CommandError,
+    InputError,
+    cli_text,
+    command_error,
+    duration_option,
+    profile_difference,
+)
 
 __all__ = ["Record", "publish", "read_records"]
 
-Format = Literal["jsonl", "csv"]
 _MAX_SHOWN = 20
-EXIT_INVALID = 2
-EXIT_FAILED = 1
+_PROGRESS_EVERY = 1000
 _OPTION_OF = {
     "message_id": "--id",
     "partition_key": "--partition-key",
     "session_id": "--session-id",
     "body": "--body-field",
+    "template": "--id",
 }
 
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    line: int
-    fields: dict[str, Any]
+retry_logger = logging.getLogger("sendonce.retry")
 
 
-class BadLine(Exception):
-    def __init__(self, line: int, reason: str) -> None:
-        super().__init__(f"line {line}: {reason}")
-        self.line = line
+def _hash64(text: str) -> int:
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
 
 
-def read_records(stream: IO[str], fmt: Format) -> Iterator[Record | BadLine]:
-    """Yield each record with its line number, or a :class:`BadLine` for a malformed one."""
-    if fmt == "csv":
-        reader = csv.DictReader(stream, strict=True)
-        try:
-            for row in reader:
-                line = reader.line_num
-                if None in row or any(v is None for v in row.values()):
-                    yield BadLine(line, f"expected {len(reader.fieldnames or [])} columns")
-                    continue
-                yield Record(line, dict(row))
-        except csv.Error as exc:
-            yield BadLine(reader.line_num, f"malformed CSV: {exc}")
-        return
-    for number, text in enumerate(stream, start=1):
-        if not text.strip():
-            continue
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            yield BadLine(number, f"malformed JSON: {exc.msg} (column {exc.colno})")
-            continue
-        if not isinstance(value, dict):
-            yield BadLine(number, f"expected a JSON object, got {type(value).__name__}")
-            continue
-        yield Record(number, value)
+@dataclass
+class Facts:
+    """What the validation pass keeps per record: a few numbers, never the record."""
+
+    lines: array[int] = field(default_factory=lambda: array("q"))
+    ids: array[int] = field(default_factory=lambda: array("q"))
+    keyed_ids: array[int] = field(default_factory=lambda: array("q"))
+    bodies: array[int] = field(default_factory=lambda: array("q"))
+    sizes: array[int] = field(default_factory=lambda: array("q"))
+    without_session: list[int] = field(default_factory=list)
+    without_session_count: int = 0
+    problems: list[str] = field(default_factory=list)
+    bad: int = 0
+    missing_fields: bool = False
+
+    def add(self, line: int, message: Message) -> None:
+        self.lines.append(line)
+        self.ids.append(_hash64(message.message_id))
+        key = message.partition_key or message.session_id or message.message_id
+        self.keyed_ids.append(_hash64(message.message_id + "\0" + key))
+        self.bodies.append(message._body_hash)
+        self.sizes.append(message.size)
+        if message.session_id is None:
+            self.without_session_count += 1
+            if len(self.without_session) < _MAX_SHOWN:
+                self.without_session.append(line)
+
+    def problem(self, text: str) -> None:
+        self.bad += 1
+        if len(self.problems) < _MAX_SHOWN:
+            self.problems.append(text)
+
+    def check(self, profile: EntityProfile) -> None:
+        """The entity's rules and the one-body-per-id rule, for every record at once."""
+        if profile.sessions and self.without_session_count:
+            for line in self.without_session:
+                self.problem(
+                    f"line {line}: entity {profile.name!r} requires sessions: give --session-id"
+                )
+            self.bad += self.without_session_count - len(self.without_session)
+        limit = profile.max_message_size
+        for line, size in zip(self.lines, self.sizes, strict=True):
+            if size > limit:
+                self.problem(
+                    f"line {line}: the message is {size} bytes, over the {limit}-byte limit of "
+                    f"entity {profile.name!r}"
+                )
+        keys = self.keyed_ids if profile.partitioned else self.ids
+        order = sorted(range(len(keys)), key=keys.__getitem__)
+        first = order[0] if order else 0
+        for previous, index in pairwise(order):
+            if keys[index] != keys[previous]:
+                first = index
+                continue
+            if self.bodies[index] != self.bodies[first]:
+                self.problem(
+                    f"line {self.lines[index]}: builds the same message id as line "
+                    f"{self.lines[first]}, with a different body; the broker would keep only "
+                    "the first (give distinct records distinct ids)"
+                )
+
+
+@dataclass
+class Outcome:
+    """What the sending pass accounted for."""
+
+    records: int = 0
+    sent: int = 0
+    duplicates: int = 0
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    in_doubt: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> int:
+        return len(self.failures)
+
+    @property
+    def stored(self) -> int:
+        return self.sent + self.duplicates
+
+    def add(self, report: SendReport, chunk: list[tuple[Message, int]]) -> None:
+        self.records += len(chunk)
+        self.sent += report.sent
+        self.duplicates += report.duplicates
+        if not report.failures:
+            return
+        line_of: dict[tuple[str, str | None], int] = {}
+        for message, line in chunk:
+            line_of.setdefault((message.message_id, message.partition_key), line)
+        for failure in report.failures:
+            in_doubt = isinstance(failure.error, InDoubtError)
+            self.failures.append(
+                {
+                    "line": line_of.get((failure.message_id, failure.partition_key)),
+                    "message_id": failure.message_id,
+                    "error": cli_text(failure.error),
+                    "in_doubt": in_doubt,
+                }
+            )
+            if in_doubt:
+                self.in_doubt.append(failure.message_id)
 
 
 @contextmanager
-def _open_input(path: str) -> Iterator[IO[str]]:
-    if path == "-":
-        yield sys.stdin
+def _source(path: str) -> Iterator[str]:
+    """A path that can be read twice: the file itself, or standard input spooled to disk."""
+    if path != "-":
+        yield path
         return
-    with open(path, encoding="utf-8", newline="") as stream:
-        yield stream
+    with tempfile.TemporaryDirectory(prefix="sendonce-stdin-") as tmp:
+        spooled = os.path.join(tmp, "stdin")
+        with open(spooled, "wb") as out:
+            shutil.copyfileobj(sys.stdin.buffer, out)
+        yield spooled
 
 
-def _window(ctx: click.Context, param: click.Parameter, value: str | None) -> timedelta | None:
-    if value is None:
-        return None
+def _progress(label: str, length: int, shown: bool) -> Any:
+    return click.progressbar(
+        length=length, label=label, file=sys.stderr if shown else io.StringIO()
+    )
+
+
+def _validate(path: str, fmt: Format, spec: MessageSpec, progress: bool) -> Facts:
+    """Pass 1: every record parsed and built; nothing kept but :class:`Facts`."""
+    facts = Facts()
+    header = Header()
+    with open(path, "rb") as raw, _progress("validating", os.path.getsize(path), progress) as bar:
+        done = 0
+        try:
+            with open_input(raw) as stream:
+                for count, item in enumerate(read_records(stream, fmt, header), start=1):
+                    if count % _PROGRESS_EVERY == 0:
+                        bar.update(raw.tell() - done)
+                        done = raw.tell()
+                    if isinstance(item, BadLine):
+                        facts.problem(str(item))
+                        continue
+                    try:
+                        message = spec.to_message(item.fields)
+                    except ValidationError as exc:
+                        if exc.field is not None and exc.field not in item.fields:
+                            facts.missing_fields = True
+                        facts.problem(f"line {item.line}: {cli_text(exc)}")
+                        continue
+                    facts.add(item.line, message)
+        except UnicodeDecodeError as exc:
+            facts.problem(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})")
+        bar.update(max(os.path.getsize(path) - done, 0))
+    if facts.missing_fields and header.columns is not None:
+        columns = ", ".join(repr(c) for c in header.columns)
+        facts.problems.append(f"note: the CSV header has the columns {columns}")
+    return facts
+
+
+def _chunks(
+    path: str, fmt: Format, spec: MessageSpec, size: int
+) -> Iterator[list[tuple[Message, int]]]:
+    """Pass 2: the messages again, ``size`` at a time, each with its line."""
+    chunk: list[tuple[Message, int]] = []
+    with open(path, "rb") as raw, open_input(raw) as stream:
+        for item in read_records(stream, fmt):
+            if isinstance(item, BadLine):
+                raise CommandError(f"{path} changed while publishing: {item}")
+            try:
+                chunk.append((spec.to_message(item.fields), item.line))
+            except ValidationError as exc:
+                raise CommandError(
+                    f"{path} changed while publishing: line {item.line}: {cli_text(exc)}"
+                ) from None
+            if len(chunk) >= size:
+                yield chunk
+                chunk = []
+    if chunk:
+        yield chunk
+
+
+def _without_create(url: str) -> str:
+    """A local url that opens an existing broker only: a typo must not start a new one."""
+    if not url.strip().startswith(LOCAL_SCHEME):
+        return url
+    _, query = local_path(url.strip())
+    if "create" in query:
+        return url
+    return url.strip() + ("&" if "?" in url else "?") + "create=false"
+
+
+def _open_backend(url: str) -> Backend:
+    if url.strip().startswith(LOCAL_SCHEME):
+        try:
+            path, _ = local_path(url.strip())
+        except ValidationError as exc:
+            raise InputError(f"--to: {cli_text(exc)}") from None
+        if not os.path.exists(path):
+            raise InputError(
+                f"--to: there is no broker file {path!r}. sendonce publish never creates one (a "
+                "typo must not start an empty broker): create it with `sendonce broker create "
+                f"{path} --entity NAME`"
+            )
     try:
-        return parse_duration(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+        return connect(_without_create(url))
+    except ModuleNotFoundError as exc:
+        raise InputError(_install_hint(exc)) from None
+    except ValidationError as exc:
+        raise InputError(f"--to: {cli_text(exc)}") from None
+    except SendOnceError as exc:
+        raise command_error(exc) from None
 
 
-def _format_of(path: str, fmt: str | None) -> Format:
-    if fmt is not None:
-        return "csv" if fmt == "csv" else "jsonl"
-    return "csv" if path.lower().endswith(".csv") else "jsonl"
+def _install_hint(exc: ModuleNotFoundError) -> str:
+    name = (exc.name or "").split(".")[0]
+    extra = {"azure": "azure", "pyspark": "spark", "uamqp": "azure"}.get(name, "azure")
+    return f"this backend needs the {name or 'missing'!s} package: pip install 'sendonce[{extra}]'"
 
 
-def _fail_invalid(problems: list[str], total_bad: int) -> None:
-    for problem in problems[:_MAX_SHOWN]:
-        click.echo(f"error: {problem}", err=True)
-    if total_bad > _MAX_SHOWN:
-        click.echo(f"error: ... and {total_bad - _MAX_SHOWN} more", err=True)
-    click.echo(f"{total_bad} bad line(s): nothing was published", err=True)
-    click.get_current_context().exit(EXIT_INVALID)
+def _target(
+    backend: Backend,
+    entity: str,
+    window: timedelta | None,
+    partitioned: bool,
+    sessions: bool,
+) -> EntityProfile | str:
+    if window is None:
+        if partitioned or sessions:
+            raise click.UsageError("--partitioned and --sessions declare a profile: add --window")
+        return entity
+    try:
+        profile = EntityProfile(
+            entity, duplicate_detection_window=window, partitioned=partitioned, sessions=sessions
+        )
+    except ValidationError as exc:
+        raise click.BadParameter(cli_text(exc), param_hint="--window") from None
+    entities = getattr(backend, "entities", None)
+    if entities is not None:
+        existing = {p.name: p for p in entities()}.get(entity)
+        if existing is not None:
+            difference = profile_difference(existing, profile)
+            if difference is not None:
+                raise InputError(difference + "; nothing was sent")
+    return profile
 
 
-@click.command()
+def _warn_without_subscriptions(backend: Backend, profile: EntityProfile) -> None:
+    subscriptions = getattr(backend, "subscriptions", None)
+    if profile.kind != "topic" or subscriptions is None:
+        return
+    if not subscriptions(profile.name):
+        click.echo(
+            f"warning: topic {profile.name!r} has no subscriptions: its messages are kept "
+            "nowhere, yet their ids are remembered, so publishing them again after adding a "
+            "subscription would drop them as duplicates (within the window). Add subscriptions "
+            "first: sendonce broker create FILE --entity "
+            f"{profile.name} --topic --subscription NAME --exist-ok",
+            err=True,
+        )
+
+
+class _RetryEcho(logging.Handler):
+    """Prints each retry on stderr, so a slow or unreachable broker is never silent."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        click.echo(f"\n{record.getMessage()}", err=True)
+
+
+@contextmanager
+def _retry_progress() -> Iterator[None]:
+    handler = _RetryEcho(logging.INFO)
+    level, propagate = retry_logger.level, retry_logger.propagate
+    retry_logger.addHandler(handler)
+    retry_logger.setLevel(logging.INFO)
+    retry_logger.propagate = False  # shown once, here, whatever --log-level says
+    try:
+        yield
+    finally:
+        retry_logger.removeHandler(handler)
+        retry_logger.setLevel(level)
+        retry_logger.propagate = propagate
+
+
+def _send(
+    sender: IdempotentSender,
+    path: str,
+    fmt: Format,
+    spec: MessageSpec,
+    *,
+    total: int,
+    chunk_size: int,
+    progress: bool,
+) -> Outcome:
+    """Pass 2; on Ctrl-C, say what is stored and that a re-run is safe."""
+    outcome = Outcome()
+    with _progress("publishing", total, progress) as bar, _retry_progress():
+        try:
+            for chunk in _chunks(path, fmt, spec, chunk_size):
+                report = sender.send_many([m for m, _ in chunk])
+                outcome.add(report, chunk)
+                bar.update(len(chunk))
+        except KeyboardInterrupt:
+            click.echo(
+                f"\ninterrupted: {outcome.stored} of {total} record(s) are stored (sent "
+                f"{outcome.sent}, duplicates {outcome.duplicates}, failed {outcome.failed}); "
+                "records being sent at that moment may or may not be. Running the same command "
+                "again is safe: the broker drops every record it already has.",
+                err=True,
+            )
+            sys.exit(EXIT_INTERRUPTED)
+        except SendOnceError as exc:
+            # Not expected after validation; still, say exactly what was sent before it.
+            click.echo(
+                f"\nstopped after {outcome.records} record(s) (sent {outcome.sent}, duplicates "
+                f"{outcome.duplicates}, failed {outcome.failed}): {cli_text(exc)}. Running the "
+                "same command again is safe.",
+                err=True,
+            )
+            sys.exit(EXIT_FAILED)
+    return outcome
+
+
+def _fail_invalid(facts: Facts, as_json: bool) -> NoReturn:
+    for problem in facts.problems:
+        click.echo(problem if problem.startswith("note:") else f"error: {problem}", err=True)
+    shown = sum(1 for p in facts.problems if not p.startswith("note:"))
+    if facts.bad > shown:
+        click.echo(f"error: ... and {facts.bad - shown} more", err=True)
+    click.echo(f"{facts.bad} bad line(s): nothing was published", err=True)
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "status": "invalid",
+                    "bad_lines": facts.bad,
+                    "errors": [p for p in facts.problems if not p.startswith("note:")],
+                    "sent": 0,
+                    "exit_status": EXIT_USAGE,
+                }
+            )
+        )
+    sys.exit(EXIT_USAGE)
+
+
+def _retry_policy(timeout: timedelta | None, attempts: int | None) -> RetryPolicy:
+    options: dict[str, Any] = {}
+    if timeout is not None:
+        options["attempt_timeout"] = timeout.total_seconds()
+    if attempts is not None:
+        options["max_attempts"] = attempts
+    try:
+        return RetryPolicy(**options)
+    except ValidationError as exc:
+        raise click.BadParameter(cli_text(exc), param_hint="--timeout") from None
+
+
+def _spec(
+    id_template: str,
+    body_field: str | None,
+    partition_key: str | None,
+    session_id: str | None,
+    allow_empty: bool,
+) -> MessageSpec:
+    try:
+        return MessageSpec(
+            id_template,
+            body=body_field,
+            partition_key=partition_key,
+            session_id=session_id,
+            allow_empty=allow_empty,
+        )
+    except ValidationError as exc:
+        option = _OPTION_OF.get(exc.field or "", "--id")
+        raise click.BadParameter(cli_text(exc), param_hint=option) from None
+
+
+@click.command(epilog=EXIT_CODES_HELP)
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
 @click.option(
     "--to",
@@ -134,6 +463,11 @@ def _fail_invalid(problems: list[str], total_bad: int) -> None:
 @click.option("--session-id", help="Session id template.")
 @click.option("--body-field", help="Field holding the body (default: the whole record as JSON).")
 @click.option(
+    "--allow-empty",
+    is_flag=True,
+    help="Accept empty values in id fields (by default an empty cell is missing data).",
+)
+@click.option(
     "--format",
     "fmt",
     type=click.Choice(["jsonl", "csv"]),
@@ -144,12 +478,12 @@ def _fail_invalid(problems: list[str], total_bad: int) -> None:
     type=click.IntRange(min=1),
     default=1000,
     show_default=True,
-    help="Messages handed to the sender per call.",
+    help="Records read, built and handed to the sender at a time.",
 )
-@click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
+@click.option("--progress/--no-progress", default=True, help="Progress bars on stderr.")
 @click.option(
     "--window",
-    callback=_window,
+    callback=duration_option,
     help="Declare the entity's duplicate-detection window (e.g. 10m) instead of reading it "
     "from the backend; with --partitioned / --sessions. For backends that cannot describe "
     "entities (the Service Bus emulator). A local broker creates a missing entity with it "
@@ -157,6 +491,17 @@ def _fail_invalid(problems: list[str], total_bad: int) -> None:
 )
 @click.option("--partitioned", is_flag=True, help="With --window: the entity is partitioned.")
 @click.option("--sessions", is_flag=True, help="With --window: the entity requires sessions.")
+@click.option(
+    "--timeout",
+    callback=duration_option,
+    help="Time limit of each send attempt, e.g. 30s (default 30s).",
+)
+@click.option(
+    "--attempts",
+    type=click.IntRange(min=1),
+    help="Attempts per transfer before giving up (default 5).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 def publish(
     file: str,
     url: str,
@@ -165,133 +510,94 @@ def publish(
     partition_key: str | None,
     session_id: str | None,
     body_field: str | None,
+    allow_empty: bool,
     fmt: str | None,
     chunk_size: int,
     progress: bool,
     window: timedelta | None,
     partitioned: bool,
     sessions: bool,
+    timeout: timedelta | None,
+    attempts: int | None,
+    as_json: bool,
 ) -> None:
     """Publish each record of FILE (JSON Lines or CSV) exactly once.
 
     The file is validated completely first; if any line is bad, nothing is sent.
     """
-    try:
-        spec = MessageSpec(
-            id_template, body=body_field, partition_key=partition_key, session_id=session_id
-        )
-    except ValidationError as exc:
-        option = _OPTION_OF.get(exc.field or "", "--id")
-        raise click.BadParameter(str(exc), param_hint=option) from None
-    fmt_ = _format_of(file, fmt)
-    messages: list[Message] = []
-    lines: list[int] = []
-    problems: list[str] = []
-    bad = 0
-    first_seen: dict[object, tuple[int, bytes]] = {}
-    try:
-        with _open_input(file) as stream:
-            for item in read_records(stream, fmt_):
-                if isinstance(item, BadLine):
-                    bad += 1
-                    problems.append(str(item))
-                    continue
-                try:
-                    message = spec.to_message(item.fields)
-                except ValidationError as exc:
-                    bad += 1
-                    problems.append(f"line {item.line}: {exc}")
-                    continue
-                messages.append(message)
-                lines.append(item.line)
-    except UnicodeDecodeError as exc:
-        bad += 1
-        problems.append(f"{file}: not UTF-8 text ({exc.reason} at byte {exc.start})")
-    if bad:
-        _fail_invalid(problems, bad)
-
-    try:
-        target: EntityProfile | str = entity
-        if window is not None:
-            target = EntityProfile(
-                entity,
-                duplicate_detection_window=window,
-                partitioned=partitioned,
-                sessions=sessions,
-            )
-        elif partitioned or sessions:
-            raise click.UsageError("--partitioned and --sessions declare a profile: add --window")
-        sender = IdempotentSender(url, target)
-    except SendOnceError as exc:
-        raise click.ClickException(redact(str(exc))) from None
-    with sender:
-        # Check every message against the entity's rules before sending any.
-        for message, line in zip(messages, lines, strict=True):
+    spec = _spec(id_template, body_field, partition_key, session_id, allow_empty)
+    retry = _retry_policy(timeout, attempts)
+    fmt_ = format_of(file, fmt)
+    with _source(file) as path:
+        try:
+            facts = _validate(path, fmt_, spec, progress)
+        except KeyboardInterrupt:
+            click.echo("\ninterrupted while validating: nothing was sent", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        if facts.bad:
+            _fail_invalid(facts, as_json)
+        backend = _open_backend(url)
+        try:
+            target = _target(backend, entity, window, partitioned, sessions)
             try:
-                sender.profile.check(message)
-            except ValidationError as exc:
-                bad += 1
-                problems.append(f"line {line}: {exc}")
-                continue
-            key = sender.profile.dedup_key(message)
-            earlier = first_seen.setdefault(key, (line, message.body_bytes))
-            if earlier[1] != message.body_bytes:
-                bad += 1
-                problems.append(
-                    f"line {line}: message id {message.message_id!r} was built on line "
-                    f"{earlier[0]} too, with a different body"
-                )
-        if bad:
-            _fail_invalid(problems, bad)
-        report = _send(sender, messages, chunk_size=chunk_size, progress=progress)
-
-    click.echo(
-        f"{len(messages)} record(s) to {entity!r}: sent {report.sent}, "
-        f"duplicates {report.duplicates}, failed {report.failed}"
-    )
-    if report.failures:
-        line_of: dict[tuple[str, str | None], int] = {}
-        for message, line in zip(messages, lines, strict=True):
-            line_of.setdefault((message.message_id, message.partition_key), line)
-        for failure in report.failures[:_MAX_SHOWN]:
-            line = line_of.get((failure.message_id, failure.partition_key), 0)
-            click.echo(
-                f"failed: line {line}: {failure.message_id!r}: {redact(str(failure.error))}",
-                err=True,
-            )
-        if report.failed > _MAX_SHOWN:
-            click.echo(f"failed: ... and {report.failed - _MAX_SHOWN} more", err=True)
-        if report.in_doubt:
-            click.echo(
-                f"{len(report.in_doubt)} message(s) are in doubt: run the same command again "
-                "within the entity's duplicate-detection window to settle them",
-                err=True,
-            )
-        click.get_current_context().exit(EXIT_FAILED)
-
-
-def _send(
-    sender: IdempotentSender, messages: list[Message], *, chunk_size: int, progress: bool
-) -> SendReport:
-    total = SendReport()
-    with click.progressbar(
-        length=len(messages),
-        label="publishing",
-        file=sys.stderr if progress else io.StringIO(),
-    ) as bar:
-        for start in range(0, len(messages), chunk_size):
-            chunk = messages[start : start + chunk_size]
-            try:
-                report = sender.send_many(chunk)
+                sender = IdempotentSender(backend, target, retry=retry)
             except SendOnceError as exc:
-                # Not expected after validation; still, say exactly what was sent before it.
-                click.echo(
-                    f"\nstopped after {start} record(s) (sent {total.sent}, duplicates "
-                    f"{total.duplicates}, failed {total.failed}): {redact(str(exc))}",
-                    err=True,
+                raise command_error(exc) from None
+            with sender:
+                facts.check(sender.profile)
+                if facts.bad:
+                    _fail_invalid(facts, as_json)
+                _warn_without_subscriptions(backend, sender.profile)
+                outcome = _send(
+                    sender,
+                    path,
+                    fmt_,
+                    spec,
+                    total=len(facts.lines),
+                    chunk_size=chunk_size,
+                    progress=progress and not as_json,
                 )
-                click.get_current_context().exit(EXIT_FAILED)
-            total.results.extend(report.results)
-            total.failures.extend(report.failures)
-            bar.update(len(chunk))
-    return total
+        finally:
+            backend.close()
+    _report(outcome, entity, len(facts.lines), as_json)
+
+
+def _report(outcome: Outcome, entity: str, total: int, as_json: bool) -> None:
+    code = EXIT_FAILED if outcome.failures else 0
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "status": "failed" if code else "ok",
+                    "entity": entity,
+                    "records": total,
+                    "sent": outcome.sent,
+                    "duplicates": outcome.duplicates,
+                    "failed": outcome.failed,
+                    "in_doubt": outcome.in_doubt,
+                    "failures": outcome.failures,
+                    "exit_status": code,
+                },
+                ensure_ascii=False,
+            )
+        )
+    else:
+        click.echo(
+            f"{total} record(s) to {entity!r}: sent {outcome.sent}, "
+            f"duplicates {outcome.duplicates}, failed {outcome.failed}"
+        )
+    for failure in outcome.failures[:_MAX_SHOWN]:
+        click.echo(
+            f"failed: line {failure['line']}: {failure['message_id']!r}: {failure['error']}",
+            err=True,
+        )
+    if outcome.failed > _MAX_SHOWN:
+        click.echo(f"failed: ... and {outcome.failed - _MAX_SHOWN} more", err=True)
+    if outcome.in_doubt:
+        click.echo(
+            f"{len(outcome.in_doubt)} message(s) are in doubt: run the same command again "
+            "within the entity's duplicate-detection window to settle them",
+            err=True,
+        )
+    if code:
+        sys.exit(code)

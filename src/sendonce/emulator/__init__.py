@@ -8,7 +8,10 @@ in-doubt sends end to end. Needs the ``emulator`` extra (python-qpid-proton).
 
 from __future__ import annotations
 
-from ._faults import Fault, FaultAction, FaultScript
-from ._server import Emulator
+from .._extras import requires_extra
+
+with requires_extra("sendonce.emulator", "emulator"):
+    from ._faults import Fault, FaultAction, FaultScript
+    from ._server import Emulator
 
 __all__ = ["Emulator", "Fault", "FaultAction", "FaultScript"]

@@ -218,6 +218,8 @@ class _ColumnTemplate:
                 texts = [str(v) for v in values]
             else:
                 texts = [canonical_text(v, name) for v in values]
+            if kind != "int" and not self.template.allow_empty and "" in texts:
+                raise MessageIdError(f"field {name!r} is empty", field=name)  # rows name it
             if kind != "int" or "-" in chars:
                 if len(chars) == 1:
                     c = chars

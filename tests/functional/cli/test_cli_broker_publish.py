@@ -130,7 +130,7 @@ def test_entity_rules_are_checked_for_every_line_first(tmp_path):
     source = write(tmp_path, "o.jsonl", jsonl({"order_id": 1, "year": 2026}))
     result = run("publish", source, "--to", f"local://{db}", "--entity", "s", "--id", ID)
     assert result.exit_code == 2
-    assert "line 1:" in result.stderr and "session_id" in result.stderr
+    assert "line 1:" in result.stderr and "--session-id" in result.stderr
     assert stored(db, "s") == []
 
 
@@ -225,24 +225,28 @@ def test_broker_commands(tmp_path):
 def test_broker_create_errors(tmp_path):
     db = str(tmp_path / "b.db")
     window = run("broker", "create", db, "--entity", "q", "--window", "5s")
-    assert window.exit_code == 1 and "duplicate_detection_window" in window.output
+    assert window.exit_code == 2 and "--window" in window.output and "20s" in window.output
+    assert not Path(db).exists()  # a refused option leaves no file behind
     bad = run("broker", "create", db, "--entity", "q", "--window", "ten minutes")
     assert bad.exit_code == 2 and "--window" in bad.output
     sub = run("broker", "create", db, "--entity", "q", "--subscription", "s")
     assert sub.exit_code == 2
     assert run("broker", "create", db, "--entity", "q").exit_code == 0
     again = run("broker", "create", db, "--entity", "q")
-    assert again.exit_code == 1 and "already exists" in again.output
-    assert run("broker", "create", db, "--entity", "q", "--exist-ok").exit_code == 0
+    assert again.exit_code == 2 and "already exists" in again.output
+    exists = run("broker", "create", db, "--entity", "q", "--exist-ok")
+    assert exists.exit_code == 0 and "already exists" in exists.stdout
+    assert "created" not in exists.stdout
     missing = run("broker", "stats", str(tmp_path / "nope.db"))
     assert missing.exit_code == 2
     unknown = run("broker", "peek", db, "--entity", "nope")
-    assert unknown.exit_code == 1 and "nope" in unknown.output
+    assert unknown.exit_code == 2 and "nope" in unknown.output
 
 
 def test_declared_profile_creates_or_must_match(tmp_path, db):
     source = write(tmp_path, "o.jsonl", jsonl({"order_id": 1, "year": 2026}))
     fresh = str(tmp_path / "fresh.db")
+    assert run("broker", "create", fresh, "--entity", "other").exit_code == 0
     created = run(
         "publish",
         source,
@@ -272,7 +276,8 @@ def test_declared_profile_creates_or_must_match(tmp_path, db):
         "--window",
         "5m",
     )
-    assert clash.exit_code == 1 and "duplicate_detection_window" in clash.output
+    assert clash.exit_code == 2 and "--window" in clash.output and "1h" in clash.output
+    assert "datetime" not in clash.output
     assert stored(db) == []
     lonely = run(
         "publish",

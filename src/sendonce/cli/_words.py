@@ -1,0 +1,211 @@
+"""What the command line says: durations, exit codes, and API errors in CLI terms.
+
+The library's errors name Python parameters (``allow_empty=True``,
+``profiles=...``); a shell user needs the option that does the same thing. The
+translation lives here, in one place, so every command speaks the same way.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import click
+
+from .._entity import EntityProfile
+from ..errors import SendOnceError, ValidationError, redact
+
+__all__ = [
+    "CommandError",
+    "InputError",
+    "EXIT_CODES_HELP",
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "cli_text",
+    "command_error",
+    "duration_option",
+    "format_duration",
+    "parse_duration",
+    "profile_difference",
+]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+EXIT_CODES_HELP = (
+    "Exit status: 0 done; 1 some records failed or the backend could not be reached "
+    "(each reported; running the same command again is safe); 2 invalid command line or "
+    "input, nothing was sent; 130 interrupted (what was stored is printed; a re-run is safe)."
+)
+
+_DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?")
+_SECONDS = re.compile(r"\d+(?:\.\d+)?")
+
+
+def parse_duration(text: str) -> timedelta:
+    """``"10m"``, ``"1h30m"``, ``"45s"``, ``"7d"``, or a plain number of seconds.
+
+    Strict on purpose: each unit at most once, largest first, lowercase, no
+    exponents (``10m10m``, ``1e3`` and ``10M`` are refused, not guessed at).
+    """
+    text = text.strip()
+    if _SECONDS.fullmatch(text):
+        return timedelta(seconds=float(text))
+    match = _DURATION.fullmatch(text)
+    if not text or match is None:
+        raise ValueError(
+            f"{text!r} is not a duration: use e.g. 45s, 10m, 1h30m, 7d or a number of seconds "
+            "(units d, h, m, s, lowercase, each once, largest first)"
+        )
+    days, hours, minutes, seconds = match.groups()
+    return timedelta(
+        days=int(days or 0),
+        hours=int(hours or 0),
+        minutes=int(minutes or 0),
+        seconds=float(seconds or 0),
+    )
+
+
+def format_duration(value: timedelta) -> str:
+    """``timedelta(seconds=300)`` as ``5m``: the form the options take."""
+    total = value.total_seconds()
+    if total != int(total):
+        return f"{total:g}s"
+    rest = int(total)
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if rest >= size:
+            parts.append(f"{rest // size}{unit}")
+            rest %= size
+    return "".join(parts) or "0s"
+
+
+def duration_option(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> timedelta | None:
+    """A click callback turning a duration option into a ``timedelta``."""
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+
+
+# Python spellings in library errors, and what the command line calls them.
+_REPLACEMENTS: list[tuple[re.Pattern[str], str]] = [
+    (
+        re.compile(
+            r"pass an explicit profile, e\.g\. AzureServiceBusBackend\(.*?the entity was "
+            r"created with"
+        ),
+        "declare its profile with --window (and --partitioned / --sessions), with the values "
+        "the entity was created with",
+    ),
+    (
+        re.compile(
+            r", or pass require_duplicate_detection=False to accept at-least-once "
+            r"delivery\."
+        ),
+        "; sendonce publish refuses such an entity: exactly-once needs duplicate detection.",
+    ),
+    (re.compile(r"\(allow_empty=True accepts it\)"), "(--allow-empty accepts it)"),
+    (re.compile(r"duplicate_detection_window"), "--window"),
+]
+_TIMEDELTA = re.compile(r"datetime\.timedelta\(([^)]*)\)")
+_CLOCK = re.compile(r"\b(?:(\d+) days?, )?(\d+):(\d\d):(\d\d(?:\.\d+)?)\b")
+
+
+def _timedelta_text(match: re.Match[str]) -> str:
+    kwargs: dict[str, float] = {}
+    for part in match.group(1).split(","):
+        key, _, value = part.strip().partition("=")
+        if key and value:
+            try:
+                kwargs[key] = float(value)
+            except ValueError:
+                return match.group(0)
+    try:
+        return format_duration(timedelta(**kwargs))
+    except TypeError:
+        return match.group(0)
+
+
+def _clock_text(match: re.Match[str]) -> str:
+    days, hours, minutes, seconds = match.groups()
+    return format_duration(
+        timedelta(
+            days=int(days or 0), hours=int(hours), minutes=int(minutes), seconds=float(seconds)
+        )
+    )
+
+
+def cli_text(error: BaseException | str) -> str:
+    """An error's text in command-line terms, with every secret masked."""
+    text = redact(str(error))
+    text = _TIMEDELTA.sub(_timedelta_text, text)
+    text = _CLOCK.sub(_clock_text, text)
+    for pattern, replacement in _REPLACEMENTS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+_OPTION_OF_FIELD = {
+    "kind": "--topic",
+    "duplicate_detection": "--no-dedup",
+    "duplicate_detection_window": "--window",
+    "partitioned": "--partitioned",
+    "sessions": "--sessions",
+    "id_cache_size": "--id-cache-size",
+    "persist_id_cache": "--no-persist-id-cache",
+}
+
+
+def _shown(field: str, value: object) -> str:
+    if isinstance(value, timedelta):
+        return format_duration(value)
+    if field == "duplicate_detection":
+        return "dedup on" if value else "dedup off (--no-dedup)"
+    if field == "persist_id_cache":
+        return "persisted" if value else "not persisted (--no-persist-id-cache)"
+    if field in ("partitioned", "sessions"):
+        return f"--{field}" if value else f"not {field}"
+    return str(value)
+
+
+def profile_difference(existing: EntityProfile, wanted: EntityProfile) -> str | None:
+    """How an existing entity differs from the one the options describe, in option terms."""
+    for field, option in _OPTION_OF_FIELD.items():
+        have, want = getattr(existing, field), getattr(wanted, field)
+        if field == "duplicate_detection_window" and existing.count_bounded:
+            continue
+        if have != want:
+            return (
+                f"entity {existing.name!r} exists with {_shown(field, have)}, but the options "
+                f"ask for {_shown(field, want)} ({option}); the settings of an existing entity "
+                "cannot change"
+            )
+    return None
+
+
+class CommandError(click.ClickException):
+    """A failure while working: exit status 1."""
+
+    exit_code = EXIT_FAILED
+
+
+class InputError(CommandError):
+    """A refusal before anything was attempted (bad option, file or setup): exit status 2."""
+
+    exit_code = EXIT_USAGE
+
+
+def command_error(exc: SendOnceError) -> CommandError:
+    """A library error as a CLI error: bad input or setup exits 2, the rest 1."""
+    if isinstance(exc, ValidationError):
+        return InputError(cli_text(exc))
+    return CommandError(cli_text(exc))
