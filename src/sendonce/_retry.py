@@ -21,7 +21,15 @@ from typing import Any, Generic, TypeVar
 import tenacity
 from tenacity import RetryCallState
 
-from .errors import ConfigurationError, InDoubtError, SendError, TransientSendError
+from .errors import (
+    ConfigurationError,
+    InDoubtError,
+    NotSentError,
+    NotStoredError,
+    SendError,
+    TransientSendError,
+    ValidationError,
+)
 
 __all__ = ["Attempted", "RetryPolicy"]
 
@@ -205,6 +213,8 @@ class RetryPolicy:
             failure: BaseException | None = exc
         except _DeadlinePassed as exc:
             raise call.exhausted(exc) from exc
+        except _Refused as refused:
+            raise refused.error from None
         in_doubt_before = False
         retrying = tenacity.Retrying(
             stop=call.stop(),
@@ -224,6 +234,8 @@ class RetryPolicy:
                     value: T = call.run(attempt)
         except (TransientSendError, _DeadlinePassed) as exc:
             raise call.exhausted(exc) from exc
+        except _Refused as refused:
+            raise refused.error from None
         except SendError as exc:
             raise call.refused_after_doubt(exc) from exc
         return Attempted(value, call.attempts, in_doubt_before)
@@ -250,6 +262,8 @@ class RetryPolicy:
             failure: BaseException | None = exc
         except _DeadlinePassed as exc:
             raise call.exhausted(exc) from exc
+        except _Refused as refused:
+            raise refused.error from None
         in_doubt_before = False
         retrying = tenacity.AsyncRetrying(
             stop=call.stop(),
@@ -269,6 +283,8 @@ class RetryPolicy:
                     avalue: T = await call.arun(attempt)
         except (TransientSendError, _DeadlinePassed) as exc:
             raise call.exhausted(exc) from exc
+        except _Refused as refused:
+            raise refused.error from None
         except SendError as exc:
             raise call.refused_after_doubt(exc) from exc
         return Attempted(avalue, call.attempts, in_doubt_before)
@@ -289,6 +305,7 @@ class _Call:
         "message_id",
         "partition_key",
         "policy",
+        "resumed",
     )
 
     def __init__(
@@ -306,6 +323,7 @@ class _Call:
         self.partition_key = partition_key
         self.attempts = 0
         self.in_doubt = False
+        self.resumed = started is not None  # an earlier process may have sent it
         self.at_deadline = _StopAtDeadline(policy.clock, self.deadline)
 
     def timeout(self) -> float:
@@ -322,17 +340,25 @@ class _Call:
         timeout = self.timeout()
         try:
             return attempt(timeout)
+        except NotSentError:
+            raise  # it never reached the broker: no doubt
         except TransientSendError:
             self.in_doubt = True
             raise
+        except ValidationError as exc:
+            raise _Refused(exc) from None
 
     async def arun(self, attempt: Callable[[float], Awaitable[T]]) -> T:
         timeout = self.timeout()
         try:
             return await attempt(timeout)
+        except NotSentError:
+            raise  # it never reached the broker: no doubt
         except TransientSendError:
             self.in_doubt = True
             raise
+        except ValidationError as exc:
+            raise _Refused(exc) from None
 
     def announce(self, retry_state: RetryCallState) -> None:
         """Log each retry, so a slow or unreachable broker is never silent."""
@@ -357,10 +383,22 @@ class _Call:
     def _elapsed(self) -> timedelta:
         return timedelta(seconds=max(self.policy.clock() - self.first, 0.0))
 
-    def exhausted(self, exc: BaseException) -> InDoubtError:
+    def exhausted(self, exc: BaseException) -> SendError:
         """Transient failures outlasted the attempts or the deadline."""
         last = exc if isinstance(exc, TransientSendError) else None
         elapsed = self._elapsed()
+        if not self.in_doubt and not self.resumed and self.attempts:
+            return NotStoredError(
+                f"message {self.message_id!r} (partition key {self.partition_key!r}) was not "
+                f"stored: none of {self.attempts} attempts over {elapsed.total_seconds():.1f}s "
+                "reached the broker, so nothing was sent. Sending it again is safe. "
+                f"Last error: {last}",
+                message_id=self.message_id,
+                partition_key=self.partition_key,
+                attempts=self.attempts,
+                elapsed=elapsed,
+                last_error=last,
+            )
         reason = (
             "the duplicate-detection deadline (first attempt + window - safety margin) "
             "would pass before another attempt could finish"
@@ -381,6 +419,8 @@ class _Call:
 
     def refused_after_doubt(self, exc: SendError) -> SendError:
         """A refusal after an in-doubt attempt cannot prove that attempt was not stored."""
+        if not self.in_doubt and not self.resumed:
+            return exc  # the earlier attempts never reached the broker
         return InDoubtError(
             f"message {self.message_id!r} (partition key {self.partition_key!r}) is in doubt: "
             f"an earlier attempt may have been stored, then attempt {self.attempts} was refused "
@@ -396,3 +436,12 @@ class _Call:
 
 class _DeadlinePassed(Exception):
     """Internal: no time is left for another attempt."""
+
+
+class _Refused(Exception):
+    """Internal: carries a ``ValidationError`` out of tenacity, to re-raise it without
+    tenacity's frames (a bad setup is not a send failure worth 40 lines of traceback)."""
+
+    def __init__(self, error: ValidationError) -> None:
+        super().__init__(str(error))
+        self.error = error

@@ -21,6 +21,8 @@ __all__ = [
     "KeyRuleError",
     "MessageIdError",
     "MessageSizeError",
+    "NotSentError",
+    "NotStoredError",
     "PayloadConflictError",
     "PermanentSendError",
     "PublishFailedError",
@@ -113,6 +115,41 @@ class TransientSendError(SendError):
 
 class PermanentSendError(SendError):
     """The broker refused the send; retrying cannot help."""
+
+
+class NotSentError(TransientSendError):
+    """The send never reached the broker: the connection was refused or the link never opened.
+
+    Nothing can have been stored, so the message is not in doubt; retrying is safe.
+    """
+
+
+class NotStoredError(PermanentSendError):
+    """Every attempt failed before reaching the broker (see :class:`NotSentError`).
+
+    Nothing was stored: the message is not in doubt, and sending it again at any
+    time (after the broker is reachable) is safe.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        message_id: str | None = None,
+        partition_key: str | None = None,
+        attempts: int = 0,
+        elapsed: timedelta = timedelta(0),
+        last_error: BaseException | None = None,
+    ) -> None:
+        super().__init__(
+            message,
+            message_id=message_id,
+            partition_key=partition_key,
+            condition="sendonce:not-sent",
+        )
+        self.attempts = attempts
+        self.elapsed = elapsed
+        self.last_error = last_error
 
 
 class PayloadConflictError(SendError):

@@ -51,6 +51,7 @@ from ..errors import (
     ConfigurationError,
     KeyRuleError,
     MessageSizeError,
+    NotSentError,
     TransientSendError,
     ValidationError,
     redact,
@@ -270,7 +271,7 @@ class AzureServiceBusBackend:
                 await sender.create_message_batch()
         except TimeoutError:
             self._discard_sender(entity, "opening the link timed out")
-            raise TransientSendError(
+            raise NotSentError(
                 f"opening a link to {entity!r} on {self._namespace!r} took longer than the "
                 f"{timeout:g} s timeout; nothing was sent",
                 **_ids(messages),
@@ -278,7 +279,7 @@ class AzureServiceBusBackend:
         self._open.add(entity)
         left = timeout - (time.monotonic() - started)
         if left <= _MIN_TRANSFER_TIME:
-            raise TransientSendError(
+            raise NotSentError(
                 f"opening a link to {entity!r} used up the {timeout:g} s timeout; nothing was sent",
                 **_ids(messages),
             )
@@ -308,9 +309,11 @@ class AzureServiceBusBackend:
         """Run ``transfer(sender, time_left)`` under the lock, the timeout and the error map."""
         async with self._lock:
             sender = self._sender(entity)
+            opened = False
             try:
                 started = time.monotonic()
                 left = await self._open_link(entity, sender, timeout, messages)
+                opened = True
                 remaining = max(timeout - (time.monotonic() - started), _MIN_TRANSFER_TIME)
                 async with asyncio.timeout(remaining):
                     return await transfer(sender, left)
@@ -332,7 +335,12 @@ class AzureServiceBusBackend:
                 if not is_sdk_error(exc):
                     raise
                 error = map_error(
-                    exc, operation=operation, entity=entity, count=len(messages), **_ids(messages)
+                    exc,
+                    operation=operation,
+                    entity=entity,
+                    count=len(messages),
+                    reached=opened,
+                    **_ids(messages),
                 )
                 reason = "connection-level error" if is_connection_level(exc) else "failed call"
                 self._discard_sender(entity, reason)

@@ -38,7 +38,7 @@ from azure.servicebus.exceptions import (
     SessionLockLostError,
 )
 
-from ..errors import PermanentSendError, SendError, TransientSendError, redact
+from ..errors import NotSentError, PermanentSendError, SendError, TransientSendError, redact
 
 __all__ = [
     "PERMANENT_CONDITIONS",
@@ -211,6 +211,7 @@ def map_error(
     message_id: str | None = None,
     partition_key: str | None = None,
     count: int = 1,
+    reached: bool = True,
 ) -> SendError:
     """The sendonce error for an exception the client raised during ``operation``.
 
@@ -218,19 +219,25 @@ def map_error(
     ``ValueError`` raised by the client before sending. The result keeps the AMQP
     condition in ``.condition``; its text is redacted. The caller raises it
     ``from None`` so the client's own (unredacted) text is not chained.
+    ``reached=False`` says the failure came while opening the connection or link,
+    before any transfer: nothing can have been stored, so a transient failure is a
+    :class:`NotSentError`, not in doubt.
     """
     condition = condition_of(exc)
     permanent = _is_permanent(exc, condition)
     what = f"message {message_id!r}" if message_id is not None else f"{count} messages"
-    verdict = (
-        "the broker refused it; nothing was stored and retrying cannot help"
-        if permanent
-        else "the outcome is in doubt; resending the same id inside the window is safe"
-    )
+    if permanent:
+        verdict = "the broker refused it; nothing was stored and retrying cannot help"
+    elif not reached:
+        verdict = "the link to the broker never opened, so nothing was sent; retrying is safe"
+    else:
+        verdict = "the outcome is in doubt; resending the same id inside the window is safe"
     text = f"{operation} of {what} to {entity!r} failed ({_describe(exc)}): {verdict}"
     if condition and f"condition: {condition}" not in text.lower():
         text += f" [condition {condition}]"
-    cls: type[SendError] = PermanentSendError if permanent else TransientSendError
+    cls: type[SendError] = (
+        PermanentSendError if permanent else TransientSendError if reached else NotSentError
+    )
     error = cls(text, message_id=message_id, partition_key=partition_key, condition=condition)
     logger.log(
         logging.WARNING if permanent else logging.INFO,

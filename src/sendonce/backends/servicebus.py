@@ -38,6 +38,7 @@ from ..errors import (
     ConfigurationError,
     KeyRuleError,
     MessageSizeError,
+    NotSentError,
     SendError,
     TransientSendError,
     ValidationError,
@@ -328,7 +329,7 @@ class AzureServiceBusBackend:
                 entity,
                 timeout,
             )
-            raise TransientSendError(
+            raise NotSentError(
                 f"opening a link to {entity!r} on {self._namespace!r} took longer than the "
                 f"{timeout:g} s timeout; nothing was sent",
                 **_ids(messages),
@@ -338,11 +339,32 @@ class AzureServiceBusBackend:
         self._open.add(entity)
         left = timeout - (time.monotonic() - started)
         if left <= _MIN_TRANSFER_TIME:
-            raise TransientSendError(
+            raise NotSentError(
                 f"opening a link to {entity!r} used up the {timeout:g} s timeout; nothing was sent",
                 **_ids(messages),
             )
         return left
+
+    def _open_mapped(
+        self,
+        entity: str,
+        sender: ServiceBusSender,
+        timeout: float,
+        messages: list[Message],
+        *,
+        operation: str,
+    ) -> float:
+        """:meth:`_open_link`, with its failures mapped: nothing is sent while opening."""
+        try:
+            return self._open_link(entity, sender, timeout, messages)
+        except (ValidationError, TransientSendError):
+            raise
+        except Exception as exc:
+            if not is_sdk_error(exc):
+                raise
+            raise self._fail(
+                exc, operation=operation, entity=entity, messages=messages, reached=False
+            ) from None
 
     def _discard_sender(self, entity: str, reason: str) -> None:
         self._open.discard(entity)
@@ -355,10 +377,21 @@ class AzureServiceBusBackend:
         _close_quietly(sender, entity)
 
     def _fail(
-        self, exc: BaseException, *, operation: str, entity: str, messages: Sequence[Message]
+        self,
+        exc: BaseException,
+        *,
+        operation: str,
+        entity: str,
+        messages: Sequence[Message],
+        reached: bool = True,
     ) -> SendError:
         error = map_error(
-            exc, operation=operation, entity=entity, count=len(messages), **_ids(messages)
+            exc,
+            operation=operation,
+            entity=entity,
+            count=len(messages),
+            reached=reached,
+            **_ids(messages),
         )
         # After any failure the client may have shut the handler; reopening it inside
         # send_messages would not be bounded (see _open_link), so start from a new sender.
@@ -390,8 +423,8 @@ class AzureServiceBusBackend:
         converted = [to_servicebus_message(m) for m in messages]
         with self._lock:
             sender = self._sender(entity)
+            left = self._open_mapped(entity, sender, timeout, messages, operation="send")
             try:
-                left = self._open_link(entity, sender, timeout, messages)
                 # One message goes as itself: wrapping it in a batch encodes it twice.
                 payload: Any = (
                     converted[0]
@@ -474,8 +507,8 @@ class AzureServiceBusBackend:
         converted = [to_servicebus_message(m) for m in messages]
         with self._lock:
             sender = self._sender(entity)
+            left = self._open_mapped(entity, sender, timeout, messages, operation="schedule")
             try:
-                left = self._open_link(entity, sender, timeout, messages)
                 numbers = sender.schedule_messages(converted, at, timeout=left)
             except (ValidationError, TransientSendError):
                 raise

@@ -12,10 +12,12 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from click.testing import CliRunner
 
-from sendonce import Message
+from sendonce import EntityProfile, IdempotentSender, Message, RetryPolicy
 from sendonce.backends.servicebus import AzureServiceBusBackend
-from sendonce.errors import TransientSendError
+from sendonce.cli import main
+from sendonce.errors import InDoubtError, NotSentError, NotStoredError, TransientSendError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -94,11 +96,11 @@ def test_a_silent_peer_cannot_hang_send_or_schedule(silent: Peer) -> None:
         assert not worker.is_alive(), "the abandoned link-opening thread must end"
 
 
-def test_a_peer_that_hangs_up_is_in_doubt_and_retryable(hang_up: Peer) -> None:
+def test_a_peer_that_hangs_up_before_the_link_opens_is_not_sent(hang_up: Peer) -> None:
     with AzureServiceBusBackend.from_connection_string(_conn_str(hang_up.port)) as backend:
-        with pytest.raises(TransientSendError):
+        with pytest.raises(NotSentError):
             backend.send("orders", [Message("x", message_id="m-1")], timeout=5)
-        with pytest.raises(TransientSendError):  # and again, on a fresh sender
+        with pytest.raises(NotSentError):  # and again, on a fresh sender
             backend.send("orders", [Message("x", message_id="m-1")], timeout=5)
 
 
@@ -111,3 +113,65 @@ def test_a_refused_connection_carries_the_socket_error_condition() -> None:
             backend.send("orders", [Message("x", message_id="m-1")], timeout=5)
     assert info.value.condition == "amqp:socket-error"
     assert info.value.message_id == "m-1"
+
+
+def _refused_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+# Issue 14 (3): a send that never reached the broker is "not stored", never "in doubt".
+
+_QUICK = {"max_attempts": 3, "initial_backoff": 0.01, "max_backoff": 0.02, "attempt_timeout": 1}
+
+
+@pytest.mark.parametrize("peer", ["refused", "silent", "hang_up"])
+def test_a_broker_never_reached_is_not_stored_after_the_retries(peer: str) -> None:
+    server = None if peer == "refused" else Peer(hang_up=peer == "hang_up")
+    port = _refused_port() if server is None else server.port
+    profile = EntityProfile("orders", duplicate_detection_window=timedelta(minutes=1))
+    backend = AzureServiceBusBackend.from_connection_string(
+        _conn_str(port), profiles={"orders": profile}
+    )
+    try:
+        with IdempotentSender(backend, "orders", retry=RetryPolicy(**_QUICK)) as sender:
+            with pytest.raises(NotStoredError, match="was not stored") as info:
+                sender.send(Message("x", message_id="m-1"))
+            assert not isinstance(info.value, InDoubtError)
+            assert info.value.attempts == 3 and "in doubt" not in str(info.value)
+            report = sender.send_many([Message("y", message_id="m-2")])
+            assert report.failed == 1 and report.in_doubt == []
+            assert isinstance(report.failures[0].error, NotStoredError)
+    finally:
+        backend.close()
+        if server is not None:
+            server.close()
+
+
+def test_publish_to_an_unreachable_broker_retries_visibly_then_says_not_stored(tmp_path) -> None:
+    source = tmp_path / "o.jsonl"
+    source.write_text('{"order_id": 1}\n')
+    result = CliRunner().invoke(
+        main,
+        [
+            "publish",
+            str(source),
+            "--to",
+            _conn_str(_refused_port()),
+            "--entity",
+            "orders",
+            "--id",
+            "{order_id}",
+            "--window",
+            "1m",
+            "--attempts",
+            "2",
+            "--timeout",
+            "2s",
+            "--no-progress",
+        ],
+    )
+    assert result.exit_code == 1, result.output
+    assert "retrying 1: attempt 1 of 2 failed" in result.stderr
+    assert "was not stored" in result.stderr and "in doubt" not in result.stderr
