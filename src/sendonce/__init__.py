@@ -16,6 +16,7 @@ from .errors import (
     ConfigurationError,
     InDoubtError,
     KeyRuleError,
+    LedgerError,
     MessageIdError,
     MessageSizeError,
     NotSentError,
@@ -28,6 +29,7 @@ from .errors import (
     TransientSendError,
     ValidationError,
 )
+from .ledger import Ledger
 
 __all__ = [
     "ConfigurationError",
@@ -35,6 +37,8 @@ __all__ = [
     "IdempotentSender",
     "InDoubtError",
     "KeyRuleError",
+    "Ledger",
+    "LedgerError",
     "Message",
     "MessageIdError",
     "MessageIdTemplate",

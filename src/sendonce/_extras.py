@@ -16,6 +16,7 @@ EXTRA_OF_MODULE = {
     "pyspark": "spark",
     "pyarrow": "spark",
     "pandas": "spark",
+    "psycopg": "postgres",
 }
 
 

@@ -10,6 +10,7 @@ input message ends in the report as sent, duplicate or failed.
 
 from __future__ import annotations
 
+import copy
 import logging
 from bisect import bisect_right
 from collections import deque
@@ -18,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from itertools import accumulate
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, Protocol
 
 from ._entity import EntityProfile
 from ._message import Message
@@ -27,12 +28,14 @@ from .backends._base import Ack, Backend
 from .errors import (
     ConfigurationError,
     InDoubtError,
+    LedgerError,
     MessageSizeError,
     PayloadConflictError,
     PermanentSendError,
     SendError,
     ValidationError,
 )
+from .ledger import Key, Ledger
 
 __all__ = [
     "DEFAULT_MAX_BATCH_MESSAGES",
@@ -109,7 +112,7 @@ class SendReport:
     ``failures`` one :class:`SendFailure` per message that did not (or may not have).
     """
 
-    __slots__ = ("_chunks", "_results", "failures")
+    __slots__ = ("_chunks", "_results", "failures", "from_ledger")
 
     def __init__(
         self,
@@ -121,6 +124,8 @@ class SendReport:
         # caller who only reads the counts never pays for one object per message.
         self._chunks: list[tuple[Sequence[Message], list[Ack], int, bool]] = []
         self.failures: list[SendFailure] = list(failures or ())
+        self.from_ledger: list[str] = []
+        """Ids reported ``duplicate`` because the ledger says an earlier run sent them."""
 
     def _add_chunk(self, batch: Sequence[Message], attempted: Attempted[list[Ack]]) -> None:
         self._chunks.append((batch, attempted.value, attempted.attempts, attempted.in_doubt_before))
@@ -248,12 +253,23 @@ class SenderCore:
         require_duplicate_detection: bool,
         memory_size: int,
         max_batch_messages: int,
+        ledger: Ledger | None = None,
     ) -> None:
         self.profile = profile
         self.retry = retry if retry is not None else RetryPolicy()
         if not isinstance(self.retry, RetryPolicy):
             raise ConfigurationError("retry must be a RetryPolicy", field="retry")
-        if require_duplicate_detection:
+        self._ledger = ledger
+        self._ledger_window = timedelta(0)
+        if ledger is not None:
+            # The ledger decides what may be resent; without duplicate detection the
+            # broker remembers nothing, so any unconfirmed send is in doubt at once.
+            if profile.duplicate_detection and profile.window is not None:
+                self._ledger_window = profile.window
+            ledger.check_window(profile.window, profile.name)
+            if not profile.duplicate_detection and ledger.in_doubt == "error":
+                self.retry = _single_attempt(self.retry)
+        elif require_duplicate_detection:
             profile.require_duplicate_detection()
         self.retry.check_window(profile.window, entity=profile.name)
         if not isinstance(memory_size, int) or memory_size < 1:
@@ -497,6 +513,7 @@ class IdempotentSender(SenderCore):
         require_duplicate_detection: bool = True,
         memory_size: int = DEFAULT_MEMORY_SIZE,
         max_batch_messages: int = DEFAULT_MAX_BATCH_MESSAGES,
+        ledger: Ledger | str | None = None,
     ) -> None:
         if isinstance(backend, str):
             from .backends._url import connect
@@ -506,14 +523,23 @@ class IdempotentSender(SenderCore):
         else:
             self._owns_backend = False
         self._backend = backend
+        self._owns_ledger = False
         try:
-            self._configure(
-                self._resolve(backend, entity),
-                retry=retry,
-                require_duplicate_detection=require_duplicate_detection,
-                memory_size=memory_size,
-                max_batch_messages=max_batch_messages,
-            )
+            resolved = _open_ledger(ledger)
+            self._owns_ledger = isinstance(ledger, str)
+            try:
+                self._configure(
+                    self._resolve(backend, entity),
+                    retry=retry,
+                    require_duplicate_detection=require_duplicate_detection,
+                    memory_size=memory_size,
+                    max_batch_messages=max_batch_messages,
+                    ledger=resolved,
+                )
+            except BaseException:
+                if resolved is not None and self._owns_ledger:
+                    resolved.close()
+                raise
         except BaseException:
             if self._owns_backend:
                 backend.close()
@@ -544,11 +570,19 @@ class IdempotentSender(SenderCore):
         return self._backend
 
     def close(self) -> None:
-        """Close the backend if this sender opened it. Idempotent."""
+        """Close the backend (and ledger) if this sender opened it from a url. Idempotent."""
         if not self._closed:
             self._closed = True
-            if self._owns_backend:
-                self._backend.close()
+            try:
+                if self._owns_backend:
+                    self._backend.close()
+            finally:
+                if self._owns_ledger and self._ledger is not None:
+                    self._ledger.close()
+
+    @property
+    def ledger(self) -> Ledger | None:
+        return self._ledger
 
     def __enter__(self) -> IdempotentSender:
         return self
@@ -586,6 +620,14 @@ class IdempotentSender(SenderCore):
             started=started,
         )
 
+    def _refuse_with_ledger(self, what: str) -> None:
+        if self._ledger is not None:
+            raise ConfigurationError(
+                f"{what}() is not supported on a sender with a ledger yet: use a sender "
+                "without one for scheduled messages and all-or-nothing groups",
+                field="ledger",
+            )
+
     def _check_open(self) -> None:
         if self._closed:
             raise ConfigurationError("this sender is closed", field="sender")
@@ -609,9 +651,12 @@ class IdempotentSender(SenderCore):
         self._check_open()
         started = self._started(first_attempt)
         self._remember(self._plan((message,), what="message", batch=False))
-        attempted = self._attempt_transfer([message], started=started)
         report = SendReport()
-        self._account(report, [message], attempted, {})
+        if self._ledger is not None:
+            self._send_through_ledger([[message]], report, {}, started)
+        else:
+            attempted = self._attempt_transfer([message], started=started)
+            self._account(report, [message], attempted, {})
         if report.failures:
             raise report.failures[0].error
         return report.results[0]
@@ -633,8 +678,11 @@ class IdempotentSender(SenderCore):
         self._remember(plan)
         report = SendReport()
         failed: dict[object, SendError] = {}
-        for batch in plan.batches:
-            self._send_batch(batch, report, failed, started)
+        if self._ledger is not None:
+            self._send_through_ledger(plan.batches, report, failed, started)
+        else:
+            for batch in plan.batches:
+                self._send_batch(batch, report, failed, started)
         self._account_repeats(items, plan, report, failed)
         logger.debug(
             "send_many to %r: %d message(s) in %d transfer(s): %r",
@@ -651,6 +699,7 @@ class IdempotentSender(SenderCore):
         report: SendReport,
         failed: dict[object, SendError],
         started: float | None = None,
+        done: _Done | None = None,
     ) -> None:
         try:
             attempted = self._attempt_transfer(batch, started=started)
@@ -658,13 +707,137 @@ class IdempotentSender(SenderCore):
             if len(batch) == 1:
                 raise
             half = len(batch) // 2  # the transport's real limit is below our estimate: split
-            self._send_batch(batch[:half], report, failed, started)
-            self._send_batch(batch[half:], report, failed, started)
+            self._send_batch(batch[:half], report, failed, started, done)
+            self._send_batch(batch[half:], report, failed, started, done)
             return
         except (InDoubtError, PermanentSendError) as exc:
             self._fail(batch, exc, report, failed)
+            if done is not None:
+                done(batch, None, exc)
             return
         self._account(report, batch, attempted, failed)
+        if done is not None:
+            done(batch, attempted, None)
+
+    # -- the ledger ------------------------------------------------------------------
+
+    def _ledger_key(self, message: Message) -> Key:
+        mid, pk = self.profile.dedup_key(message)
+        return Key(mid, pk or "")
+
+    def _send_through_ledger(
+        self,
+        batches: list[list[Message]],
+        report: SendReport,
+        failed: dict[object, SendError],
+        started: float | None,
+    ) -> None:
+        """Intent before each transfer, confirmation after its ack (with the next intent)."""
+        ledger = self._ledger
+        assert ledger is not None
+        entity = self.profile.name
+        owner = ledger.new_owner()
+        pending: dict[Key, str] = {}
+
+        def done(
+            sent: Sequence[Message], attempted: Attempted[list[Ack]] | None, exc: SendError | None
+        ) -> None:
+            if attempted is not None:
+                for message, ack in zip(sent, attempted.value, strict=True):
+                    if ack.outcome != "ignored":
+                        outcome = "duplicate" if ack.outcome == "duplicate" else "sent"
+                        pending[self._ledger_key(message)] = outcome
+            elif isinstance(exc, PermanentSendError):
+                # Refused without an earlier doubtful attempt: nothing was stored.
+                ledger.release(entity, [self._ledger_key(m) for m in sent], owner)
+
+        for index, batch in enumerate(batches):
+            keys = [self._ledger_key(m) for m in batch]
+            try:
+                prepared = ledger.prepare(
+                    entity,
+                    batch,
+                    keys,
+                    window=self._ledger_window,
+                    margin=self.retry.safety_margin,
+                    owner=owner,
+                    confirm=pending,
+                )
+            except ConfigurationError:
+                raise
+            except Exception as exc:
+                # No durable intent, so nothing may be sent: this and every later transfer
+                # fail (the acknowledged ones above stay unconfirmed: decided on a re-run).
+                cause = exc if isinstance(exc, LedgerError) else f"{type(exc).__name__}: {exc}"
+                for rest in batches[index:]:
+                    error = LedgerError(
+                        f"the ledger could not record the intent to send ({cause}); not sent",
+                        message_id=rest[0].message_id,
+                    )
+                    self._fail(rest, error, report, failed)
+                return
+            pending.clear()
+            self._account_ledger(prepared.confirmed, prepared.conflicts, prepared.in_doubt, report)
+            for message, _row in prepared.conflicts + prepared.in_doubt:
+                failed[self._key_of(message)] = report.failures[-1].error
+            if prepared.send:
+                resumed = started
+                if prepared.started is not None:
+                    age = (ledger.clock() - prepared.started).total_seconds()
+                    earlier = self.retry.clock() - max(age, 0.0)
+                    resumed = earlier if resumed is None else min(resumed, earlier)
+                self._send_batch(prepared.send, report, failed, resumed, done)
+        if pending:
+            try:
+                ledger.confirm(entity, pending)
+            except Exception as exc:
+                logger.warning(
+                    "ledger: %d acknowledged message(s) to %r could not be confirmed (%s); "
+                    "they stay unconfirmed intents, decided like in-doubt sends on a re-run",
+                    len(pending),
+                    entity,
+                    exc,
+                )
+        ledger.maybe_prune()
+
+    def _account_ledger(
+        self,
+        confirmed: list[tuple[Message, Any]],
+        conflicts: list[tuple[Message, Any]],
+        in_doubt: list[tuple[Message, Any]],
+        report: SendReport,
+    ) -> None:
+        for message, _row in confirmed:
+            report._results.append(
+                SendResult(message.message_id, message.partition_key, "duplicate", 0, None)
+            )
+            report.from_ledger.append(message.message_id)
+        for message, row in conflicts:
+            error: SendError = PayloadConflictError(
+                f"message {message.message_id!r} was sent at {row.first_attempt.isoformat()} "
+                "with a different body (according to the ledger); the broker would silently "
+                "drop this one, so it was not sent. Give distinct business messages distinct ids.",
+                message_id=message.message_id,
+                partition_key=message.partition_key,
+            )
+            report.failures.append(SendFailure(message.message_id, message.partition_key, error))
+        for message, row in in_doubt:
+            window = self._ledger_window
+            why = (
+                "the entity has no duplicate detection"
+                if window == timedelta(0)
+                else f"its duplicate-detection window ({window}) has passed"
+            )
+            error = InDoubtError(
+                f"message {message.message_id!r} is in doubt: a send first attempted at "
+                f"{row.first_attempt.isoformat()} was never confirmed (the sender stopped "
+                f"before the ack was recorded) and {why}, so resending could duplicate it. "
+                "It was not sent. Check the entity, or use Ledger(in_doubt='resend') to "
+                "accept at-least-once.",
+                message_id=message.message_id,
+                partition_key=message.partition_key,
+            )
+            report.failures.append(SendFailure(message.message_id, message.partition_key, error))
 
     def schedule(
         self, message: Message, at: datetime, *, first_attempt: float | datetime | None = None
@@ -682,6 +855,7 @@ class IdempotentSender(SenderCore):
                 "timezone-aware datetime",
                 field="at",
             )
+        self._refuse_with_ledger("schedule")
         started = self._started(first_attempt)
         self._remember(self._plan((message,), what="message", batch=False))
         entity = self.profile.name
@@ -720,6 +894,7 @@ class IdempotentSender(SenderCore):
         Service Bus has no transactions in the Python client: ``ConfigurationError``.
         """
         self._check_open()
+        self._refuse_with_ledger("transaction")
         if getattr(self._backend, "supports_atomic", None) is False:
             raise ConfigurationError(
                 f"backend {type(self._backend).__name__} cannot send all-or-nothing groups "
@@ -745,6 +920,30 @@ class IdempotentSender(SenderCore):
             attempted = self._attempt_transfer(messages, atomic=True, started=started)
             self._account(report, messages, attempted, {})
         return report
+
+
+class _Done(Protocol):
+    def __call__(
+        self,
+        sent: Sequence[Message],
+        attempted: Attempted[list[Ack]] | None,
+        exc: SendError | None,
+    ) -> None: ...
+
+
+def _open_ledger(ledger: Ledger | str | None) -> Ledger | None:
+    if ledger is None or isinstance(ledger, Ledger):
+        return ledger
+    if isinstance(ledger, str):
+        return Ledger(ledger)
+    raise ConfigurationError("ledger must be a Ledger, a ledger url or None", field="ledger")
+
+
+def _single_attempt(policy: RetryPolicy) -> RetryPolicy:
+    """The policy without retries: without duplicate detection a retry could duplicate."""
+    clone = copy.copy(policy)
+    object.__setattr__(clone, "max_attempts", 1)
+    return clone
 
 
 def _conflict(message: Message, where: str, earlier: str) -> PayloadConflictError:

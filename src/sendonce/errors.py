@@ -19,6 +19,7 @@ __all__ = [
     "ConfigurationError",
     "InDoubtError",
     "KeyRuleError",
+    "LedgerError",
     "MessageIdError",
     "MessageSizeError",
     "NotSentError",
@@ -180,6 +181,14 @@ class InDoubtError(SendError):
         self.attempts = attempts
         self.elapsed = elapsed
         self.last_error = last_error
+
+
+class LedgerError(SendError):
+    """The send ledger could not be read or written (or its file is not a ledger).
+
+    Messages whose intent could not be recorded were not sent; messages sent but
+    not confirmed stay unconfirmed intents, decided on the next run (see docs/ledger.md).
+    """
 
 
 class PublishFailedError(SendError):

@@ -1,0 +1,237 @@
+"""The ledger's logic: what a sender may send, skip, resend or must report in doubt.
+
+Per entity and broker key the ledger holds an *intent* (first-attempt time, body
+digest) written before the first attempt, and a *confirmation* written after the
+broker's ack. Decisions for a key that already has a row:
+
+- a different body digest: ``PayloadConflictError``;
+- confirmed: not sent again, reported ``duplicate`` (from the ledger);
+- unconfirmed, first attempt + window - margin not yet passed: resent, keeping the
+  original deadline (the broker still remembers the id);
+- unconfirmed past that point (at once when the entity has no duplicate
+  detection): in doubt. ``in_doubt="error"`` reports ``InDoubtError`` and sends
+  nothing; ``in_doubt="resend"`` sends it again (at-least-once, logged loudly).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Literal
+
+from .._message import Message
+from ..errors import ConfigurationError
+from ._store import Entry, Key, LedgerStore
+
+__all__ = ["DEFAULT_RETENTION", "InDoubtPolicy", "Ledger", "Prepared", "body_digest", "open_store"]
+
+logger = logging.getLogger("sendonce.ledger")
+
+InDoubtPolicy = Literal["error", "resend"]
+DEFAULT_RETENTION = timedelta(days=30)
+WallClock = Callable[[], datetime]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def body_digest(message: Message) -> bytes:
+    """A stable digest of the body (the same in every process, unlike ``hash``)."""
+    return hashlib.blake2b(message.body_bytes, digest_size=16).digest()
+
+
+def open_store(url: str) -> LedgerStore:
+    """The store a url names: ``sqlite:///abs/path.db`` or ``postgresql://...``."""
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigurationError("ledger url must be a non-empty str", field="ledger")
+    url = url.strip()
+    if url.startswith("sqlite:"):
+        from ._sqlite import SQLiteStore
+
+        return SQLiteStore.from_url(url)
+    if url.startswith(("postgresql://", "postgres://")):
+        from ._postgres import PostgresStore
+
+        return PostgresStore(url)
+    from ..errors import redact
+
+    raise ConfigurationError(
+        f"ledger url {redact(url)!r} names no known store: use sqlite:///path/ledger.db "
+        "or postgresql://user@host/db",
+        field="ledger",
+    )
+
+
+@dataclass(slots=True)
+class Prepared:
+    """The ledger's decision for one transfer, its intents already durable."""
+
+    send: list[Message] = field(default_factory=list)
+    started: datetime | None = None
+    """The earliest first attempt among resumed keys (their deadline is kept)."""
+    confirmed: list[tuple[Message, Entry]] = field(default_factory=list)
+    conflicts: list[tuple[Message, Entry]] = field(default_factory=list)
+    in_doubt: list[tuple[Message, Entry]] = field(default_factory=list)
+
+
+class Ledger:
+    """A durable record of what was sent, so exactly-once outlives the broker's window.
+
+    ``store`` is a :class:`LedgerStore` or a url (``sqlite:///path`` or
+    ``postgresql://...``). ``in_doubt`` says what to do with a key whose send was
+    never confirmed and whose window has passed: ``"error"`` (report ``InDoubtError``,
+    the default) or ``"resend"`` (at-least-once). ``retention`` (default 30 days, or
+    None: forever) is how long keys are kept; pruning is bounded per call.
+    ``clock`` (wall time, aware ``datetime``) is injectable for tests.
+    """
+
+    def __init__(
+        self,
+        store: LedgerStore | str,
+        *,
+        in_doubt: InDoubtPolicy = "error",
+        retention: timedelta | None = DEFAULT_RETENTION,
+        clock: WallClock | None = None,
+        prune_limit: int = 1000,
+        prune_interval: timedelta = timedelta(hours=1),
+    ) -> None:
+        if in_doubt not in ("error", "resend"):
+            raise ConfigurationError('in_doubt must be "error" or "resend"', field="in_doubt")
+        if retention is not None and (
+            not isinstance(retention, timedelta) or retention <= timedelta(0)
+        ):
+            raise ConfigurationError(
+                "retention must be a positive timedelta or None (forever)", field="retention"
+            )
+        if not isinstance(prune_limit, int) or isinstance(prune_limit, bool) or prune_limit < 1:
+            raise ConfigurationError("prune_limit must be an int >= 1", field="prune_limit")
+        if clock is not None and not callable(clock):
+            raise ConfigurationError("clock must be a callable", field="clock")
+        self._owns_store = isinstance(store, str)
+        self.store: LedgerStore = open_store(store) if isinstance(store, str) else store
+        self.in_doubt: InDoubtPolicy = in_doubt
+        self.retention = retention
+        self.clock: WallClock = clock or _now
+        self.prune_limit = prune_limit
+        self.prune_interval = prune_interval
+        self._last_prune: datetime | None = None
+
+    @property
+    def url(self) -> str:
+        """The store's url: what Spark executors open."""
+        return self.store.url
+
+    def __repr__(self) -> str:
+        return f"Ledger({type(self.store).__name__}, in_doubt={self.in_doubt!r})"
+
+    def close(self) -> None:
+        """Close the store if this ledger opened it from a url."""
+        if self._owns_store:
+            self.store.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def check_window(self, window: timedelta | None, entity: str) -> None:
+        """Keys must outlive the broker's memory of them, or the ledger would forget first."""
+        if self.retention is not None and window is not None and self.retention <= window:
+            raise ConfigurationError(
+                f"ledger retention {self.retention} is not longer than entity {entity!r}'s "
+                f"duplicate-detection window {window}",
+                field="retention",
+            )
+
+    # -- the per-transfer protocol ----------------------------------------------------
+
+    def new_owner(self) -> str:
+        return secrets.token_hex(8)
+
+    def prepare(
+        self,
+        entity: str,
+        batch: Sequence[Message],
+        keys: Sequence[Key],
+        *,
+        window: timedelta,
+        margin: timedelta,
+        owner: str,
+        confirm: Mapping[Key, str] | None = None,
+    ) -> Prepared:
+        """Write the intents of ``batch`` durably and decide what to send.
+
+        ``window`` is how long the broker remembers an id (zero without duplicate
+        detection); ``confirm`` carries the previous transfer's confirmations.
+        """
+        now = self.clock()
+        digests = [body_digest(m) for m in batch]
+        intents = [Entry(k, d, now, owner) for k, d in zip(keys, digests, strict=True)]
+        existing = self.store.record_intents(
+            entity, intents, confirm=confirm or None, confirmed_at=now if confirm else None
+        )
+        prepared = Prepared()
+        if not existing:
+            prepared.send = list(batch)
+            return prepared
+        for message, key, digest in zip(batch, keys, digests, strict=True):
+            row = existing.get(key)
+            if row is None or (row.owner == owner and row.confirmed_at is None):
+                prepared.send.append(message)
+            elif row.digest != digest:
+                prepared.conflicts.append((message, row))
+            elif row.confirmed_at is not None:
+                prepared.confirmed.append((message, row))
+            elif window > timedelta(0) and now < row.first_attempt + window - margin:
+                prepared.send.append(message)
+                if prepared.started is None or row.first_attempt < prepared.started:
+                    prepared.started = row.first_attempt
+            elif self.in_doubt == "resend":
+                logger.warning(
+                    "ledger: message %r of %r was sent at %s and never confirmed, and the "
+                    "broker's window has passed: resending it (in_doubt='resend', "
+                    "at-least-once: it may now be delivered twice)",
+                    message.message_id,
+                    entity,
+                    row.first_attempt.isoformat(),
+                )
+                prepared.send.append(message)
+            else:
+                prepared.in_doubt.append((message, row))
+        return prepared
+
+    def confirm(self, entity: str, outcomes: Mapping[Key, str]) -> None:
+        if outcomes:
+            self.store.confirm(entity, outcomes, self.clock())
+
+    def release(self, entity: str, keys: Sequence[Key], owner: str) -> None:
+        if keys:
+            self.store.release(entity, keys, owner)
+
+    # -- retention -------------------------------------------------------------------
+
+    def prune(self, limit: int | None = None) -> int:
+        """Delete at most ``limit`` keys older than the retention; returns how many."""
+        if self.retention is None:
+            return 0
+        now = self.clock()
+        self._last_prune = now
+        return self.store.prune(now - self.retention, limit or self.prune_limit)
+
+    def maybe_prune(self) -> None:
+        """Prune a bounded amount, at most once per ``prune_interval`` in this process."""
+        if self.retention is None:
+            return
+        last = self._last_prune
+        if last is not None and self.clock() - last < self.prune_interval:
+            return
+        try:
+            self.prune()
+        except Exception as exc:  # pruning is housekeeping: never fail a send for it
+            logger.warning("ledger: pruning failed (%s); will retry later", exc)

@@ -1,0 +1,74 @@
+"""A throwaway PostgreSQL cluster for tests: initdb + pg_ctl as a non-root user on 127.0.0.1.
+
+Debian's ``postgresql`` package provides the binaries (``.ci/run`` installs it);
+``initdb`` and ``pg_ctl`` refuse to run as root, so as root they run as ``postgres``.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = ["pg_bin", "throwaway_cluster"]
+
+
+def pg_bin() -> str | None:
+    """The directory of initdb/pg_ctl, or None if PostgreSQL is not installed."""
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if found:
+        return os.path.dirname(found[-1])
+    initdb = shutil.which("initdb")
+    return os.path.dirname(initdb) if initdb else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def throwaway_cluster() -> Iterator[str]:
+    """Start a cluster; yield its url (``postgresql://postgres@127.0.0.1:PORT/postgres``)."""
+    bindir = pg_bin()
+    if bindir is None:
+        raise RuntimeError("PostgreSQL is not installed (apt-get install postgresql)")
+    root = tempfile.mkdtemp(prefix="sendonce-pg-")
+    as_user: list[str] = []
+    if os.geteuid() == 0:
+        shutil.chown(root, "postgres", "postgres")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    data = os.path.join(root, "data")
+    port = _free_port()
+    env = {**os.environ, "LC_ALL": "C.UTF-8"}
+    subprocess.run(
+        [*as_user, f"{bindir}/initdb", "-D", data, "-A", "trust", "-U", "postgres", "--no-sync"],
+        check=True,
+        capture_output=True,
+        env=env,
+    )
+    options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
+    log = os.path.join(root, "log")
+    try:
+        subprocess.run(
+            [*as_user, f"{bindir}/pg_ctl", "-D", data, "-o", options, "-l", log, "-w", "start"],
+            check=True,
+            capture_output=True,
+            env=env,
+        )
+        try:
+            yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        finally:
+            subprocess.run(
+                [*as_user, f"{bindir}/pg_ctl", "-D", data, "-m", "immediate", "-w", "stop"],
+                capture_output=True,
+                env=env,
+            )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
