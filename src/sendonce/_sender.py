@@ -132,6 +132,7 @@ class SendReport:
 
     @property
     def results(self) -> list[SendResult]:
+        """One result per message that reached the broker, in the order of the input."""
         if self._chunks:
             chunks, self._chunks = self._chunks, []
             built: list[SendResult] = []
@@ -142,6 +143,7 @@ class SendReport:
 
     @property
     def duplicates(self) -> int:
+        """Messages the broker already had (dropped as duplicates)."""
         count = sum(1 for r in self._results if r.outcome == "duplicate")
         for _, acks, _, in_doubt in self._chunks:
             if not in_doubt:
@@ -150,14 +152,17 @@ class SendReport:
 
     @property
     def failed(self) -> int:
+        """Messages that failed (not stored, or in doubt): see ``failures``."""
         return len(self.failures)
 
     @property
     def total(self) -> int:
+        """Every message of the call: results plus failures."""
         return len(self._results) + sum(len(c[1]) for c in self._chunks) + len(self.failures)
 
     @property
     def sent(self) -> int:
+        """Messages stored by this call (neither duplicates nor failures)."""
         return self.total - self.failed - self.duplicates
 
     @property
@@ -225,12 +230,14 @@ class _IdMemory:
 class _Plan:
     """A validated call: the transfers to make, and the in-call repeats."""
 
-    __slots__ = ("batches", "repeats", "seen")
+    __slots__ = ("batches", "reordered", "repeated_results", "repeats", "seen")
 
     def __init__(self) -> None:
         self.batches: list[list[Message]] = []
         self.repeats: list[int] = []
         self.seen: dict[object, int] = {}
+        self.reordered = False  # a batch took a message after a later batch had started
+        self.repeated_results: list[int] = []  # input index of each repeat reported as a result
 
 
 class SenderCore:
@@ -353,6 +360,8 @@ class SenderCore:
                 open_batches[group] = entry
                 batches.append(entry[0])
             else:
+                if entry[0] is not batches[-1]:
+                    plan.reordered = True
                 entry[0].append(message)
                 entry[1] += size
         return plan
@@ -492,6 +501,9 @@ class SenderCore:
                 report._results.append(
                     SendResult(message.message_id, message.partition_key, "duplicate", 0, None)
                 )
+                plan.repeated_results.append(index)
+        if plan.reordered or plan.repeats:
+            _in_input_order(items, plan, report)
 
 
 class IdempotentSender(SenderCore):
@@ -567,6 +579,7 @@ class IdempotentSender(SenderCore):
 
     @property
     def backend(self) -> Backend:
+        """The backend this sender sends through (closed with the sender only if it opened it)."""
         return self._backend
 
     def close(self) -> None:
@@ -946,6 +959,30 @@ def _single_attempt(policy: RetryPolicy) -> RetryPolicy:
     return clone
 
 
+def _in_input_order(items: Sequence[Message], plan: _Plan, report: SendReport) -> None:
+    """Put ``report.results`` (and ``failures``) in the order of ``items``.
+
+    Transfers group messages by partition key and repeats are settled last; a
+    caller zipping results with its input needs them back in input order.
+    """
+    position: dict[int, int] = {}
+    first: dict[tuple[str, str | None], int] = {}
+    for index, message in enumerate(items):
+        position.setdefault(id(message), index)
+        first.setdefault((message.message_id, message.partition_key), index)
+    keys = [position[id(m)] for batch, *_ in report._chunks for m in batch]
+    results = report.results  # transfers, then results known without one (ledger), repeats
+    known = len(results) - len(keys) - len(plan.repeated_results)
+    keys.extend(first.get((r.message_id, r.partition_key), 0) for r in results[len(keys) :][:known])
+    keys.extend(plan.repeated_results)
+    if len(keys) != len(results):  # pragma: no cover - a safety net: keep the order as is
+        return
+    order = sorted(range(len(results)), key=keys.__getitem__)
+    report._results = [results[i] for i in order]
+    if report.failures:
+        report.failures.sort(key=lambda f: first.get((f.message_id, f.partition_key), 0))
+
+
 def _conflict(message: Message, where: str, earlier: str) -> PayloadConflictError:
     return PayloadConflictError(
         f"message {message.message_id!r} ({where}) was already sent by this sender, in "
@@ -986,10 +1023,12 @@ class Transaction:
         self.report: SendReport | None = None
 
     def send(self, message: Message) -> None:
+        """Add ``message`` to the group (validated now, sent when the ``with`` block exits)."""
         self._sender._plan((message,), what="message", batch=False)
         self.messages.append(message)
 
     def send_many(self, messages: Iterable[Message]) -> None:
+        """Add ``messages`` to the group (validated now, sent when the ``with`` block exits)."""
         batch = list(messages)
         self._sender._plan(batch, what="messages", batch=False)
         self.messages.extend(batch)

@@ -63,6 +63,7 @@ class SendOnceError(Exception):
 
     @property
     def message(self) -> str:
+        """The (redacted) error text."""
         return str(self.args[0]) if self.args else ""
 
     def __str__(self) -> str:

@@ -88,6 +88,7 @@ class FaultyBackend:
 
     @property
     def supports_atomic(self) -> bool | None:
+        """Whether the wrapped backend can send all-or-nothing groups."""
         return getattr(self.inner, "supports_atomic", None)
 
     def _next(self, method: str, entity: str, messages: Sequence[Message]) -> Fault:
@@ -145,11 +146,13 @@ class FaultyBackend:
     # -- Backend protocol ------------------------------------------------------------
 
     def describe(self, entity: str) -> EntityProfile:
+        """The wrapped backend's profile of ``entity`` (never faulted)."""
         return self.inner.describe(entity)
 
     def send(
         self, entity: str, messages: Sequence[Message], *, timeout: float, atomic: bool = False
     ) -> list[Ack]:
+        """Send through the wrapped backend, applying the next scripted fault."""
         return self._run(
             "send",
             entity,
@@ -161,6 +164,7 @@ class FaultyBackend:
     def schedule(
         self, entity: str, messages: Sequence[Message], at: datetime, *, timeout: float
     ) -> list[Ack]:
+        """Schedule through the wrapped backend, applying the next scripted fault."""
         return self._run(
             "schedule",
             entity,
@@ -170,6 +174,7 @@ class FaultyBackend:
         )
 
     def close(self) -> None:
+        """Close the wrapped backend."""
         self.inner.close()
 
     def __getattr__(self, name: str) -> Any:

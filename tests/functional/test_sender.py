@@ -425,3 +425,30 @@ def test_transaction_resumed_past_its_deadline_sends_nothing(
             tx.send(msg(3))
         assert tx.report is not None and tx.report.sent == 1
     assert broker.message_ids("orders") == ["order-3"]
+
+
+# -- issue 14: results in input order --------------------------------------------------
+
+
+def test_results_and_failures_come_back_in_input_order(
+    broker: LocalBackend, retry: RetryPolicy
+) -> None:
+    # Sessions group the transfers (s0, s1, s2) and repeats are settled last; the report
+    # still lists results as the caller gave the messages.
+    profile = EntityProfile("orders", sessions=True)
+    messages = [msg(i, session_id=f"s{i % 3}") for i in range(9)]
+    messages.insert(4, messages[1])  # a repeat inside the call
+    with IdempotentSender(broker, profile, retry=retry) as sender:
+        report = sender.send_many(messages)
+    assert [r.message_id for r in report.results] == [m.message_id for m in messages]
+    assert [r.outcome for r in report.results].count("duplicate") == 1
+    assert report.results[4].outcome == "duplicate"
+
+
+def test_failures_follow_input_order_too(broker: LocalBackend, retry: RetryPolicy) -> None:
+    profile = EntityProfile("orders", sessions=True)
+    messages = [msg(i, session_id=f"s{i % 2}") for i in range(4)]
+    faulty = FaultyBackend(broker, [Fault.PERMANENT, Fault.PERMANENT])
+    with IdempotentSender(faulty, profile, retry=retry) as sender:
+        report = sender.send_many(messages)
+    assert [f.message_id for f in report.failures] == [m.message_id for m in messages]

@@ -106,6 +106,7 @@ class IdempotentSender(SenderCore):
 
     @property
     def backend(self) -> AsyncBackend:
+        """The async backend this sender sends through."""
         return self._backend
 
     async def open(self) -> IdempotentSender:
@@ -339,6 +340,7 @@ class Transaction:
         self.messages.append(message)
 
     def send_many(self, messages: Iterable[Message]) -> None:
+        """Add ``messages`` to the group (validated now, sent when the ``async with`` exits)."""
         batch = list(messages)
         self._sender._plan(batch, what="messages", batch=False)
         self.messages.extend(batch)

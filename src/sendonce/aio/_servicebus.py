@@ -137,6 +137,7 @@ class AzureServiceBusBackend:
 
     @property
     def namespace(self) -> str:
+        """The fully qualified namespace (never a credential)."""
         return self._namespace
 
     supports_atomic = False

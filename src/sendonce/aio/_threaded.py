@@ -65,6 +65,7 @@ class ThreadedBackend:
 
     @property
     def supports_atomic(self) -> bool | None:
+        """Whether the wrapped backend can send all-or-nothing groups."""
         return getattr(self._inner, "supports_atomic", None)
 
     async def run(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
@@ -79,16 +80,19 @@ class ThreadedBackend:
     # -- AsyncBackend ---------------------------------------------------------------
 
     async def describe(self, entity: str) -> EntityProfile:
+        """The wrapped backend's profile of ``entity``, read on the worker thread."""
         return await self.run(self._inner.describe, entity)
 
     async def send(
         self, entity: str, messages: Sequence[Message], *, timeout: float, atomic: bool = False
     ) -> list[Ack]:
+        """The wrapped backend's ``send``, run on the worker thread."""
         return await self.run(self._inner.send, entity, messages, timeout=timeout, atomic=atomic)
 
     async def schedule(
         self, entity: str, messages: Sequence[Message], at: datetime, *, timeout: float
     ) -> list[Ack]:
+        """The wrapped backend's ``schedule``, run on the worker thread."""
         return await self.run(self._inner.schedule, entity, messages, at, timeout=timeout)
 
     async def close(self) -> None:

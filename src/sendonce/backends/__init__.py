@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._base import Ack, AckOutcome, Backend
-from ._url import connect, describe_url
+from ._url import connect, connect_local, describe_url
 
 if TYPE_CHECKING:
     from .local import LocalBackend, ReceivedMessage
@@ -19,6 +19,7 @@ __all__ = [
     "LocalBackend",
     "ReceivedMessage",
     "connect",
+    "connect_local",
     "describe_url",
 ]
 

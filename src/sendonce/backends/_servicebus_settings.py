@@ -15,7 +15,87 @@ from azure.servicebus import parse_connection_string
 from .._entity import EntityKind, EntityProfile
 from ..errors import ConfigurationError, redact
 
-__all__ = ["ServiceBusSettings", "check_timeout", "is_emulator", "settle"]
+__all__ = [
+    "CLIENT_OPTIONS",
+    "ServiceBusSettings",
+    "canonical_connection_string",
+    "check_timeout",
+    "is_emulator",
+    "settle",
+]
+
+# The keyword options ServiceBusClient documents; anything else would be ignored silently.
+CLIENT_OPTIONS = frozenset(
+    {
+        "connection_verify",
+        "custom_endpoint_address",
+        "http_proxy",
+        "logging_enable",
+        "retry_backoff_factor",
+        "retry_backoff_max",
+        "retry_mode",
+        "retry_total",
+        "socket_timeout",
+        "ssl_context",
+        "transport_type",
+        "try_timeout",
+        "uamqp_transport",
+        "user_agent",
+    }
+)
+
+# Connection-string keys, matched case-insensitively as the client does.
+_KEYS = {
+    k.lower(): k
+    for k in (
+        "Endpoint",
+        "HostName",
+        "SharedAccessKeyName",
+        "SharedAccessKey",
+        "SharedAccessSignature",
+        "EntityPath",
+        "UseDevelopmentEmulator",
+    )
+}
+_SHAPE = (
+    "expected Endpoint=sb://<namespace>/;SharedAccessKeyName=<name>;SharedAccessKey=<key> "
+    "(or SharedAccessSignature=...; add UseDevelopmentEmulator=true for the emulator)"
+)
+
+
+def canonical_connection_string(conn_str: str) -> str:
+    """``conn_str`` with its keys spelled canonically, or a ``ConfigurationError`` naming
+    the missing or unknown key (never showing a secret)."""
+    parts: dict[str, str] = {}
+    for raw in conn_str.strip().strip(";").split(";"):
+        if not raw.strip():
+            continue
+        key, sep, value = raw.partition("=")
+        name = _KEYS.get(key.strip().lower())
+        if not sep or name is None:
+            shown = key.strip()[:40] if sep else "a part without '='"
+            raise ConfigurationError(
+                f"connection_string has an unknown part {shown!r}; known keys are "
+                f"{', '.join(_KEYS.values())} (any case)",
+                field="connection_string",
+            )
+        if name in parts:
+            raise ConfigurationError(
+                f"connection_string names {name} twice", field="connection_string"
+            )
+        parts[name] = value.strip()
+    if not parts.get("Endpoint") and not parts.get("HostName"):
+        raise ConfigurationError(
+            f"connection_string has no Endpoint part: {_SHAPE}",
+            field="connection_string",
+        )
+    if "SharedAccessSignature" not in parts:
+        for needed in ("SharedAccessKeyName", "SharedAccessKey"):
+            if not parts.get(needed):
+                raise ConfigurationError(
+                    f"connection_string has no {needed} part: {_SHAPE}", field="connection_string"
+                )
+    return ";".join(f"{k}={v}" for k, v in parts.items())
 
 
 def check_timeout(timeout: object) -> float:
@@ -94,6 +174,14 @@ def settle(
         raise ConfigurationError(
             "max_batch_size must be an int of at least 1024 bytes or None", field="max_batch_size"
         )
+    unknown = sorted(set(client_kwargs) - CLIENT_OPTIONS)
+    if unknown:
+        raise ConfigurationError(
+            f"unknown Service Bus backend option {unknown[0]!r}: the backend takes profiles, "
+            "kinds, link_timeout, admin_timeout, max_batch_size, transport_type and the "
+            f"ServiceBusClient options {', '.join(sorted(CLIENT_OPTIONS))}",
+            field=unknown[0],
+        )
     retries = client_kwargs.pop("retry_total", 0)
     if retries != 0:
         raise ConfigurationError(
@@ -131,6 +219,7 @@ def settle(
     elif connection_string is not None:
         if not isinstance(connection_string, str):
             raise ConfigurationError("connection_string must be a str", field="connection_string")
+        connection_string = canonical_connection_string(connection_string)
         try:
             props = parse_connection_string(connection_string)
         except (ValueError, TypeError, KeyError, AttributeError):

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .._extras import requires_extra
 from ..errors import ConfigurationError, redact
 from ._base import Backend
 
-__all__ = ["connect", "describe_url", "local_path"]
+if TYPE_CHECKING:
+    from .local import LocalBackend
+
+__all__ = ["connect", "connect_local", "describe_url", "local_path"]
 
 LOCAL_SCHEME = "local:"
 
@@ -36,9 +39,18 @@ def local_path(url: str) -> tuple[str, dict[str, str]]:
     return os.path.abspath(path), dict(parse_qsl(parts.query))
 
 
+_CONNECTION_KEYS = frozenset(
+    {"endpoint", "sharedaccesskeyname", "sharedaccesskey", "sharedaccesssignature"}
+)
+
+
 def is_connection_string(url: str) -> bool:
-    """Service Bus connection strings start with (or contain) ``Endpoint=sb://``."""
-    return url.startswith("Endpoint=") or ";Endpoint=" in url
+    """A Service Bus connection string: ``Key=value`` parts such as ``Endpoint=sb://...``
+    (keys in any case, as the client reads them)."""
+    return any(
+        "=" in part and part.partition("=")[0].strip().lower() in _CONNECTION_KEYS
+        for part in url.split(";")
+    )
 
 
 def connect(url: str, **options: Any) -> Backend:
@@ -68,6 +80,27 @@ def connect(url: str, **options: Any) -> Backend:
         "Service Bus connection string (Endpoint=sb://...)",
         field="url",
     )
+
+
+def connect_local(url: str | os.PathLike[str], **options: Any) -> LocalBackend:
+    """Open the embedded broker, typed as :class:`LocalBackend`.
+
+    ``connect`` returns the ``Backend`` protocol, so the local broker's own methods
+    (``receive``, ``peek``, ``message_ids``) do not type-check on its result; this
+    takes a ``local:`` url or a plain path and returns the concrete type.
+    """
+    from .local import LocalBackend
+
+    if isinstance(url, str) and url.strip().startswith(LOCAL_SCHEME):
+        path, query = local_path(url.strip())
+        return LocalBackend(path, **{**query, **options})
+    if isinstance(url, str) and is_connection_string(url):
+        raise ConfigurationError(
+            "connect_local opens the local broker; use connect() for a Service Bus connection "
+            "string",
+            field="url",
+        )
+    return LocalBackend(url, **options)
 
 
 def describe_url(url: str) -> str:

@@ -114,6 +114,11 @@ _REPLACEMENTS: list[tuple[re.Pattern[str], str]] = [
         "; sendonce publish refuses such an entity: exactly-once needs duplicate detection.",
     ),
     (re.compile(r"\(allow_empty=True accepts it\)"), "(--allow-empty accepts it)"),
+    (
+        re.compile(r"body field ('[^']*') must hold bytes or str, got (\w+)"),
+        r"--body-field \1 holds \2 values, not text: name a text field, or leave "
+        "--body-field out to send the whole record as JSON",
+    ),
     (re.compile(r"duplicate_detection_window"), "--window"),
 ]
 _TIMEDELTA = re.compile(r"datetime\.timedelta\(([^)]*)\)")

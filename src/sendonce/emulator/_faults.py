@@ -67,6 +67,7 @@ class Fault:
             )
 
     def matches(self, entity: str, operation: str) -> bool:
+        """Whether this fault applies to ``operation`` (send, schedule, ...) on ``entity``."""
         return (self.entity is None or self.entity == entity) and (
             self.operation is None or self.operation == operation
         )
@@ -87,9 +88,11 @@ class FaultScript:
             self._pending.extend(items)
 
     def extend(self, faults: Iterable[Fault | FaultAction]) -> None:
+        """Queue ``faults``, applied in order to the next transfers."""
         self.add(*faults)
 
     def clear(self) -> None:
+        """Drop every fault not yet applied."""
         with self._lock:
             self._pending.clear()
 

@@ -114,6 +114,7 @@ class Emulator:
             return self._connections_accepted
 
     def start(self) -> Emulator:
+        """Start serving on a background thread; returns once the port is bound."""
         if self._thread is not None:
             raise RuntimeError("the emulator is already started")
         self._thread = threading.Thread(

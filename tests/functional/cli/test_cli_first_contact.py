@@ -296,3 +296,12 @@ def test_json_error_columns_count_from_the_line(tmp_path, db):
     source.write_text('{"order_id": 1\n')
     result = publish(db, source)
     assert result.exit_code == 2 and "(column 15)" in result.stderr
+
+
+def test_errors_name_cli_options_not_python(tmp_path, db):
+    source = tmp_path / "o.jsonl"
+    source.write_text('{"order_id": 1, "year": 2017, "amount": 5}\n')
+    result = publish(db, source, "--body-field", "amount")
+    assert result.exit_code == 2
+    assert "--body-field 'amount' holds int values, not text" in result.stderr
+    assert "bytes or str" not in result.stderr

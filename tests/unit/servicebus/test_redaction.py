@@ -15,6 +15,7 @@ from azure.servicebus.exceptions import (
 )
 
 from sendonce import Message
+from sendonce.backends import connect
 from sendonce.backends.servicebus import AzureServiceBusBackend
 from sendonce.errors import ConfigurationError, SendError
 
@@ -110,3 +111,38 @@ def unused_port() -> Any:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# Issue 14 (11): connection strings as the client reads them, problems named precisely.
+
+
+@pytest.mark.parametrize(
+    ("conn_str", "named"),
+    [
+        ("Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=k", "SharedAccessKey part"),
+        ("Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKey=TOPSECRET42", "KeyName part"),
+        ("SharedAccessKeyName=k;SharedAccessKey=TOPSECRET42", "no Endpoint part"),
+        (
+            "Endpoint=sb://ns/;SharedAccessKeyName=k;SharedAccessKey=TOPSECRET42;link_timout=5",
+            "unknown part 'link_timout'",
+        ),
+    ],
+)
+def test_a_bad_connection_string_names_what_is_wrong(conn_str: str, named: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        connect(conn_str)
+    assert named in str(info.value) and "TOPSECRET42" not in str(info.value)
+    assert info.value.field == "connection_string"
+
+
+def test_lowercase_keys_are_accepted_as_the_client_accepts_them() -> None:
+    conn_str = "endpoint=sb://ns.servicebus.windows.net/;sharedaccesskeyname=k;sharedaccesskey=v"
+    with connect(conn_str) as backend:
+        assert backend.namespace == "ns.servicebus.windows.net"
+
+
+def test_unknown_backend_options_are_refused() -> None:
+    conn_str = "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=v"
+    with pytest.raises(ConfigurationError, match="unknown Service Bus backend option") as info:
+        connect(conn_str, link_timout=5)
+    assert info.value.field == "link_timout"

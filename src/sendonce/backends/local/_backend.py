@@ -225,6 +225,7 @@ class LocalBackend:
 
     @property
     def durability(self) -> Durability:
+        """``"normal"`` (survives process crashes) or ``"full"`` (also power loss)."""
         return self._durability
 
     def __repr__(self) -> str:
@@ -689,6 +690,7 @@ class LocalBackend:
         self._write(work, timeout=self._busy_timeout)
 
     def entities(self) -> list[EntityProfile]:
+        """The profile of every queue and topic in the broker, by name."""
         rows = self._read(
             lambda conn: conn.execute("SELECT name, profile FROM entities ORDER BY name").fetchall()
         )
@@ -720,6 +722,8 @@ class LocalBackend:
         self._write(work, timeout=self._busy_timeout)
 
     def subscriptions(self, topic: str) -> list[str]:
+        """The names of ``topic``'s subscriptions (none: its messages are kept nowhere)."""
+
         def work(conn: sqlite3.Connection) -> list[str]:
             eid = self._entity(conn, topic)[0]
             return [
