@@ -595,6 +595,7 @@ class IdempotentSender(SenderCore):
 
     @property
     def ledger(self) -> Ledger | None:
+        """The durable send ledger this sender records its intents in, if any."""
         return self._ledger
 
     def __enter__(self) -> IdempotentSender:

@@ -152,6 +152,7 @@ class Ledger:
     # -- the per-transfer protocol ----------------------------------------------------
 
     def new_owner(self) -> str:
+        """A fresh owner token for one sender call's intents."""
         return secrets.token_hex(8)
 
     def prepare(
@@ -207,10 +208,12 @@ class Ledger:
         return prepared
 
     def confirm(self, entity: str, outcomes: Mapping[Key, str]) -> None:
+        """Record the broker's acknowledgement (sent or duplicate) of these intents."""
         if outcomes:
             self.store.confirm(entity, outcomes, self.clock())
 
     def release(self, entity: str, keys: Sequence[Key], owner: str) -> None:
+        """Drop ``owner``'s intents for ``keys``: the broker refused them, nothing is stored."""
         if keys:
             self.store.release(entity, keys, owner)
 
