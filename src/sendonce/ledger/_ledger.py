@@ -41,8 +41,12 @@ def _now() -> datetime:
 
 
 def body_digest(message: Message) -> bytes:
-    """A stable digest of the body (the same in every process, unlike ``hash``)."""
-    return hashlib.blake2b(message.body_bytes, digest_size=16).digest()
+    """A stable 64-bit digest of the body (the same in every process, unlike ``hash``)."""
+    body = message.body
+    return _blake2b(body.encode() if isinstance(body, str) else body, digest_size=8).digest()
+
+
+_blake2b = hashlib.blake2b
 
 
 def open_store(url: str) -> LedgerStore:
@@ -172,8 +176,9 @@ class Ledger:
         detection); ``confirm`` carries the previous transfer's confirmations.
         """
         now = self.clock()
-        digests = [body_digest(m) for m in batch]
-        intents = [Entry(k, d, now, owner) for k, d in zip(keys, digests, strict=True)]
+        digests = list(map(body_digest, batch))
+        make = Entry._make
+        intents = [make((k, d, now, owner, None, None)) for k, d in zip(keys, digests, strict=True)]
         existing = self.store.record_intents(
             entity, intents, confirm=confirm or None, confirmed_at=now if confirm else None
         )

@@ -8,12 +8,13 @@ transactions that an interruption cannot leave open.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sqlite3
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .._sqlite_share import FileErrors, SharedHandle, is_busy, open_shared
 from ..errors import ConfigurationError, LedgerError
@@ -31,14 +32,13 @@ CREATE TABLE IF NOT EXISTS sendonce_ledger (
     entity TEXT NOT NULL,
     message_id TEXT NOT NULL,
     partition_key TEXT NOT NULL,
-    digest BLOB NOT NULL,
+    digest TEXT NOT NULL,
     first_attempt INTEGER NOT NULL,
     owner TEXT NOT NULL,
     confirmed_at INTEGER,
     outcome TEXT,
     PRIMARY KEY (entity, message_id, partition_key)
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS sendonce_ledger_age ON sendonce_ledger (first_attempt);
 """
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
@@ -85,7 +85,6 @@ def _create(path: str) -> None:
 
 
 def _configure(conn: sqlite3.Connection) -> None:
-    conn.execute("PRAGMA synchronous=FULL")
     conn.execute("PRAGMA temp_store=MEMORY")
 
 
@@ -129,7 +128,7 @@ def _select(conn: sqlite3.Connection, entity: str, keys: Sequence[Key]) -> dict[
             key = Key(mid, pk)
             found[key] = Entry(
                 key,
-                bytes(digest),
+                bytes.fromhex(digest),
                 _time(first),
                 owner,
                 None if confirmed is None else _time(confirmed),
@@ -138,26 +137,57 @@ def _select(conn: sqlite3.Connection, entity: str, keys: Sequence[Key]) -> dict[
     return found
 
 
+def _packed_key(key: Key) -> str:
+    """A key as one string SQL can split: partition key length (3 digits), key, id."""
+    mid, pk = key
+    return f"{len(pk):03d}{pk}{mid}"
+
+
+# The columns of a packed key (``value`` of json_each): cheaper than JSON objects per row.
+_PK_LEN = "CAST(substr(value, 1, 3) AS INTEGER)"
+_UNPACK = f"substr(value, 4 + {_PK_LEN}), substr(value, 4, {_PK_LEN})"
+# A packed intent: 16 hex digits of digest, then the packed key.
+_I_PK_LEN = "CAST(substr(value, 17, 3) AS INTEGER)"
+_INSERT = (
+    "INSERT OR IGNORE INTO sendonce_ledger "
+    "(entity, message_id, partition_key, digest, first_attempt, owner) "
+    f"SELECT ?, substr(value, 20 + {_I_PK_LEN}), substr(value, 20, {_I_PK_LEN}), "
+    "substr(value, 1, 16), ?, ? FROM json_each(?)"
+)
+
+
 def _apply_confirm(
     conn: sqlite3.Connection, entity: str, outcomes: Mapping[Key, str], at: datetime
 ) -> None:
     when = _us(at)
-    conn.executemany(
-        "UPDATE sendonce_ledger SET confirmed_at = ?, outcome = ? "
-        "WHERE entity = ? AND message_id = ? AND partition_key = ?",
-        [(when, outcome, entity, k[0], k[1]) for k, outcome in outcomes.items()],
-    )
+    by_outcome: dict[str, list[str]] = {}
+    for (mid, pk), outcome in outcomes.items():
+        by_outcome.setdefault(outcome, []).append(f"{len(pk):03d}{pk}{mid}")
+    for outcome, packed in by_outcome.items():
+        conn.execute(
+            "UPDATE sendonce_ledger SET confirmed_at = ?, outcome = ? WHERE entity = ? AND "
+            f"(message_id, partition_key) IN (SELECT {_UNPACK} FROM json_each(?))",
+            (when, outcome, entity, json.dumps(packed)),
+        )
 
 
 class SQLiteStore:
     """Ledger rows in one SQLite file (WAL), shared safely by many processes."""
 
-    def __init__(self, path: str, *, busy_timeout: float = 60.0) -> None:
+    def __init__(
+        self, path: str, *, durability: str = "normal", busy_timeout: float = 60.0
+    ) -> None:
         if not isinstance(path, str) or not path:
             raise ConfigurationError("ledger path must be a non-empty str", field="ledger")
+        if durability not in ("normal", "full"):
+            raise ConfigurationError(
+                'ledger durability must be "normal" (survives process crashes, like the '
+                'broker\'s default) or "full" (also power loss)',
+                field="durability",
+            )
         real = os.path.abspath(path)
         self.path = real
-        self.url = f"sqlite://{real}" if real.startswith("/") else f"sqlite:{real}"
+        self.url = f"sqlite://{real}" + ("?durability=full" if durability == "full" else "")
         self.busy_timeout = busy_timeout
         self._handle: SharedHandle = open_shared(
             real,
@@ -165,7 +195,7 @@ class SQLiteStore:
             setup=_setup(real),  # type: ignore[arg-type]
             configure=_configure,
             errors=_ERRORS,
-            synchronous="FULL",
+            synchronous="FULL" if durability == "full" else "NORMAL",
             busy_timeout=busy_timeout,
         )
 
@@ -180,7 +210,13 @@ class SQLiteStore:
         path = unquote(parts.path)
         if not path or path.endswith("/"):
             raise ConfigurationError(f"ledger url {url!r} names no file", field="ledger")
-        return cls(path)
+        options = dict(parse_qsl(parts.query))
+        unknown = set(options) - {"durability"}
+        if unknown:
+            raise ConfigurationError(
+                f"ledger url {url!r}: unknown option(s) {sorted(unknown)}", field="ledger"
+            )
+        return cls(path, durability=options.get("durability", "normal"))
 
     def __repr__(self) -> str:
         return f"SQLiteStore({self.path!r})"
@@ -200,21 +236,17 @@ class SQLiteStore:
         confirm: Mapping[Key, str] | None = None,
         confirmed_at: datetime | None = None,
     ) -> dict[Key, Entry]:
-        rows = [
-            (entity, e.key[0], e.key[1], e.digest, _us(e.first_attempt), e.owner) for e in intents
-        ]
+        if not intents:
+            return {}
+        first = intents[0]
+        packed = json.dumps([f"{e[1].hex()}{len(e[0][1]):03d}{e[0][1]}{e[0][0]}" for e in intents])
 
         def work(conn: sqlite3.Connection) -> dict[Key, Entry]:
             if confirm:
-                _apply_confirm(conn, entity, confirm, confirmed_at or intents[0].first_attempt)
+                _apply_confirm(conn, entity, confirm, confirmed_at or first.first_attempt)
             before = conn.total_changes
-            conn.executemany(
-                "INSERT OR IGNORE INTO sendonce_ledger "
-                "(entity, message_id, partition_key, digest, first_attempt, owner) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                rows,
-            )
-            if conn.total_changes - before == len(rows):
+            conn.execute(_INSERT, (entity, _us(first.first_attempt), first.owner, packed))
+            if conn.total_changes - before == len(intents):
                 return {}  # every key was new: the common case costs no read
             return _select(conn, entity, [e.key for e in intents])
 
@@ -226,10 +258,11 @@ class SQLiteStore:
 
     def release(self, entity: str, keys: Sequence[Key], owner: str) -> None:
         self._tx(
-            lambda conn: conn.executemany(
-                "DELETE FROM sendonce_ledger WHERE entity = ? AND message_id = ? AND "
-                "partition_key = ? AND owner = ? AND confirmed_at IS NULL",
-                [(entity, k[0], k[1], owner) for k in keys],
+            lambda conn: conn.execute(
+                "DELETE FROM sendonce_ledger WHERE entity = ? AND owner = ? AND "
+                "confirmed_at IS NULL AND (message_id, partition_key) IN "
+                f"(SELECT {_UNPACK} FROM json_each(?))",
+                (entity, owner, json.dumps([_packed_key(k) for k in keys])),
             )
         )
 
@@ -242,7 +275,7 @@ class SQLiteStore:
             cursor = conn.execute(
                 "DELETE FROM sendonce_ledger WHERE (entity, message_id, partition_key) IN ("
                 "SELECT entity, message_id, partition_key FROM sendonce_ledger "
-                "WHERE first_attempt < ? ORDER BY first_attempt LIMIT ?)",
+                "WHERE first_attempt < ? LIMIT ?)",
                 (_us(before), limit),
             )
             return cursor.rowcount
