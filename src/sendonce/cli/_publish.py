@@ -57,6 +57,7 @@ __all__ = ["Record", "publish", "read_records"]
 
 _MAX_SHOWN = 20
 _PROGRESS_EVERY = 1000
+_LOW = (1 << 32) - 1
 _OPTION_OF = {
     "message_id": "--id",
     "partition_key": "--partition-key",
@@ -121,10 +122,14 @@ class Facts:
                     f"entity {profile.name!r}"
                 )
         keys = self.keyed_ids if profile.partitioned else self.ids
-        order = sorted(range(len(keys)), key=keys.__getitem__)
-        first = order[0] if order else 0
-        for previous, index in pairwise(order):
-            if keys[index] != keys[previous]:
+        # One int per record, id hash above the record's index: sorting groups equal ids in
+        # file order without a separate key list.
+        order = [(key << 32) | index for index, key in enumerate(keys)]
+        order.sort()
+        first = order[0] & _LOW if order else 0
+        for previous, packed in pairwise(order):
+            index = packed & _LOW
+            if packed >> 32 != previous >> 32:
                 first = index
                 continue
             if self.bodies[index] != self.bodies[first]:
@@ -540,7 +545,11 @@ def publish(
         try:
             target = _target(backend, entity, window, partitioned, sessions)
             try:
-                sender = IdempotentSender(backend, target, retry=retry)
+                # The validation pass already refused one id with two bodies across the whole
+                # file; the sender's own memory of ids then only needs to span a few chunks.
+                sender = IdempotentSender(
+                    backend, target, retry=retry, memory_size=max(4 * chunk_size, 10_000)
+                )
             except SendOnceError as exc:
                 raise command_error(exc) from None
             with sender:
