@@ -189,9 +189,47 @@ def _decode(buf: bytes, section: Section) -> Any:
     data.decode(bytes(buf[section.start : section.end]))
     data.rewind()
     data.next()
-    described = data.get_object()
-    value = described.value if isinstance(described, Described) else described
-    return _copy(value)
+    described = _get(data)
+    return described.value if isinstance(described, Described) else described
+
+
+def _get(data: Data) -> Any:
+    """The value at the cursor, as proton's ``get_object`` but safe for binary map keys.
+
+    Proton builds a dict keyed by a writable memoryview for a binary key, which
+    cannot be hashed (a map body ``{b"k": ...}`` made every send fail).
+    """
+    kind = data.type()
+    if kind == Data.MAP:
+        result: dict[Any, Any] = {}
+        if data.enter():
+            try:
+                while data.next():
+                    key = _get(data)
+                    result[key] = _get(data) if data.next() else None
+            finally:
+                data.exit()
+        return result
+    if kind == Data.LIST:
+        items: list[Any] = []
+        if data.enter():
+            try:
+                while data.next():
+                    items.append(_get(data))
+            finally:
+                data.exit()
+        return items
+    if kind == Data.DESCRIBED:
+        data.enter()
+        try:
+            data.next()
+            descriptor = _get(data)
+            data.next()
+            value = _get(data)
+        finally:
+            data.exit()
+        return Described(descriptor, value)
+    return _copy(data.get_object())
 
 
 def _copy(value: Any) -> Any:
@@ -225,11 +263,12 @@ def body_bytes(payload: bytes, sections: list[Section] | None = None) -> bytes:
         return b"".join(_binary(payload, s) for s in data)
     for s in sections:
         if s.code == VALUE:
-            value = _decode(payload, s)
-            if isinstance(value, bytes):
-                return value
-            if isinstance(value, str):
-                return value.encode("utf-8")
+            # Only a binary or string value is read; any other value stays encoded.
+            ctor = payload[s.value_start]
+            if ctor in (0xA0, 0xA1):
+                return bytes(payload[s.value_start + 2 : s.end])
+            if ctor in (0xB0, 0xB1):
+                return bytes(payload[s.value_start + 5 : s.end])
             return bytes(payload[s.start : s.end])
         if s.code == SEQUENCE:
             return bytes(payload[s.start : s.end])
