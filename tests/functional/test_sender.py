@@ -452,3 +452,20 @@ def test_failures_follow_input_order_too(broker: LocalBackend, retry: RetryPolic
     with IdempotentSender(faulty, profile, retry=retry) as sender:
         report = sender.send_many(messages)
     assert [f.message_id for f in report.failures] == [m.message_id for m in messages]
+
+
+def test_a_configuration_error_on_a_retry_carries_no_tenacity_frames(
+    broker: LocalBackend, retry: RetryPolicy
+) -> None:
+    import traceback
+
+    from sendonce import ConfigurationError
+
+    faulty = FaultyBackend(broker, [Fault.BEFORE_COMMIT])
+    with IdempotentSender(faulty, EntityProfile("orders"), retry=retry) as sender:
+        broker.close()  # the retry meets a setup error (a closed backend), not a send error
+        with pytest.raises(ConfigurationError) as info:
+            sender.send(msg(1))
+    shown = "".join(traceback.format_exception(info.value))
+    assert "/tenacity/" not in shown and "/concurrent/" not in shown
+    assert "During handling" not in shown and "direct cause" not in shown

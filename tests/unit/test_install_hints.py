@@ -59,3 +59,10 @@ def test_spark_column_ids_refuse_empty_values_as_the_template_does(values: list[
     bad = values.index("")
     assert list(failed) == [bad] and ids[bad] == ""
     assert "is empty" in str(failed[bad])
+
+
+def test_the_spark_demo_names_the_spark_extra() -> None:
+    code = "from sendonce.cli import main; main(['demo', '--spark'])"
+    proc = _run("pyspark", code)
+    assert proc.returncode == 2
+    assert "pip install 'sendonce[spark]'" in proc.stdout + proc.stderr
