@@ -1,6 +1,7 @@
 """Spark publishing speed: publish() against a bare foreachPartition, measured in one run.
 
 Run: python bench/bench_spark.py [--rows 1000000] [--master local[2]] [--body json|column]
+     [--rounds 2]
 
 Each variant reads the same five columns of the same DataFrame on ``local[2]``:
 
@@ -11,13 +12,17 @@ Each variant reads the same five columns of the same DataFrame on ``local[2]``:
 - ``publish, no conflict check``: the same without the distributed conflict check;
 - ``partition_publisher``: the ``foreachPartition`` path, same broker and spec.
 
-It prints rows per second and the ratio of each to the bare foreachPartition.
+It prints rows per second and the ratio of each to the bare foreachPartition. With
+``--rounds N`` the variants run N times, in reverse order every other round (the machine
+is shared: neighbouring runs see similar load), and it prints each round's ratios and the
+median ratio per variant.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -88,6 +93,7 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--body", choices=("json", "column"), default="json")
+    parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     rows = args.rows
     spark = session(args.master)
@@ -100,39 +106,45 @@ def main() -> None:
         f"id {spec.message_id.template!r}, body {'JSON of the row' if body is None else body}"
     )
     df.selectExpr("count(*)").collect()  # warm the JVM and the Python workers
-    results: dict[str, float] = {}
+    rounds: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        urls = {name: f"local://{Path(tmp) / name}.db" for name in ("a", "b", "c")}
-        timed("bare foreachPartition", lambda: df.foreachPartition(bare_rows), rows, results)
-        timed(
-            "bare mapInArrow",
-            lambda: df.select(*FIELDS).mapInArrow(bare_arrow, "n long").collect(),
-            rows,
-            results,
-        )
-        timed("publish", lambda: publish(df, urls["a"], entity, spec), rows, results)
-        timed(
-            "publish, no conflict check",
-            lambda: publish(df, urls["b"], entity, spec, check_conflicts=False),
-            rows,
-            results,
-        )
-        timed(
-            "partition_publisher (foreachPartition)",
-            lambda: df.foreachPartition(partition_publisher(urls["c"], entity, spec)),
-            rows,
-            results,
-        )
-        for name in ("a", "b", "c"):
-            backend = LocalBackend(str(Path(tmp) / f"{name}.db"))
-            stored = backend.count("orders")
-            backend.close()
-            assert stored == rows, f"{name}: {stored} messages for {rows} rows"
+        for round_ in range(args.rounds):
+            print(f"round {round_ + 1}:", flush=True)
+            urls = {name: f"local://{Path(tmp) / name}-{round_}.db" for name in ("a", "b", "c")}
+            variants: list[tuple[str, Callable[[], object]]] = [
+                ("bare foreachPartition", lambda: df.foreachPartition(bare_rows)),
+                (
+                    "bare mapInArrow",
+                    lambda: df.select(*FIELDS).mapInArrow(bare_arrow, "n long").collect(),
+                ),
+                ("publish", lambda u=urls: publish(df, u["a"], entity, spec)),
+                (
+                    "publish, no conflict check",
+                    lambda u=urls: publish(df, u["b"], entity, spec, check_conflicts=False),
+                ),
+                (
+                    "partition_publisher (foreachPartition)",
+                    lambda u=urls: df.foreachPartition(partition_publisher(u["c"], entity, spec)),
+                ),
+            ]
+            if round_ % 2:
+                variants.reverse()
+            results: dict[str, float] = {}
+            for label, fn in variants:
+                timed(label, fn, rows, results)
+            rounds.append(results)
+            for name in ("a", "b", "c"):
+                backend = LocalBackend(str(Path(tmp) / f"{name}-{round_}.db"))
+                stored = backend.count("orders")
+                backend.close()
+                assert stored == rows, f"{name}: {stored} messages for {rows} rows"
     spark.stop()
-    base = results["bare foreachPartition"]
-    print("ratios to the bare foreachPartition (lower is faster; target for publish <= 2.0):")
-    for label, seconds in results.items():
-        print(f"  {label:<34} {seconds / base:5.2f}x")
+    print("ratios to the bare foreachPartition of the same round (lower is faster):")
+    labels = list(rounds[0])
+    for label in labels:
+        ratios = [r[label] / r["bare foreachPartition"] for r in rounds]
+        shown = "  ".join(f"{x:5.2f}x" for x in ratios)
+        print(f"  {label:<38} {shown}   median {statistics.median(ratios):5.2f}x")
 
 
 if __name__ == "__main__":
