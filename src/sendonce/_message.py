@@ -211,6 +211,134 @@ class Message:
         return hash((self.message_id, self.partition_key, self.body))
 
 
+class MessageFactory:
+    """Builds many messages that share ``subject``, ``content_type`` and properties, fast.
+
+    A frozen dataclass spends most of its construction in ``__init__`` and
+    ``__post_init__``; Spark tasks build a million messages. The shared fields
+    are checked once here. A message whose id, keys and body are plain (an
+    ASCII id or key of 1-128 characters without NUL, a ``bytes`` body or an
+    ASCII ``str`` body) is assembled directly -- every check ``Message()``
+    would make on it passes by construction; anything else goes through
+    ``Message()``, which raises the usual error. Both give equal messages.
+    """
+
+    __slots__ = ("_constant", "_content_type", "_fixed_size", "_props", "_subject")
+
+    def __init__(
+        self,
+        *,
+        subject: str | None = None,
+        content_type: str | None = None,
+        application_properties: Mapping[str, PropertyValue] | None = None,
+    ) -> None:
+        probe = Message(
+            b"",
+            message_id="x",
+            subject=subject,
+            content_type=content_type,
+            application_properties=application_properties,
+        )  # checks the shared fields once (raises ValidationError like Message())
+        self._subject = subject
+        self._content_type = content_type
+        self._props = probe.application_properties
+        self._fixed_size = probe.size - 1  # what the shared fields add to every size
+        self._constant = application_properties
+
+    def __call__(
+        self,
+        body: bytes | str,
+        message_id: str,
+        partition_key: str | None = None,
+        session_id: str | None = None,
+    ) -> Message:
+        if (
+            type(message_id) is str
+            and 0 < len(message_id) <= MAX_ID_LENGTH
+            and message_id.isascii()
+            and "\x00" not in message_id
+            and (partition_key is None or _plain_key(partition_key))
+            and (session_id is None or _plain_key(session_id))
+            and (partition_key is None or session_id is None or partition_key == session_id)
+        ):
+            data: bytes | None = None
+            if type(body) is bytes:
+                data = body
+            elif type(body) is str and body.isascii():
+                data = body.encode("ascii")
+            if data is not None:
+                size = len(data) + len(message_id) + self._fixed_size
+                if partition_key:
+                    size += len(partition_key)
+                if session_id:
+                    size += len(session_id)
+                message = _new(Message)
+                _SET_BODY(message, body)
+                _SET_ID(message, message_id)
+                _SET_PK(message, partition_key)
+                _SET_SID(message, session_id)
+                _SET_WHEN(message, None)
+                _SET_SUBJECT(message, self._subject)
+                _SET_CONTENT_TYPE(message, self._content_type)
+                _SET_CORRELATION(message, None)
+                _SET_PROPS(message, self._props)
+                _SET_TTL(message, None)
+                _SET_SIZE(message, size)
+                _SET_HASH(message, hash(data))
+                return message
+        return Message(
+            body,
+            message_id=message_id,
+            partition_key=partition_key,
+            session_id=session_id,
+            subject=self._subject,
+            content_type=self._content_type,
+            application_properties=self._constant,
+        )
+
+
+def _plain_key(value: object) -> bool:
+    return (
+        type(value) is str
+        and 0 < len(value) <= MAX_ID_LENGTH
+        and value.isascii()
+        and "\x00" not in value
+    )
+
+
+_new = object.__new__
+(
+    _SET_BODY,
+    _SET_ID,
+    _SET_PK,
+    _SET_SID,
+    _SET_WHEN,
+    _SET_SUBJECT,
+    _SET_CONTENT_TYPE,
+    _SET_CORRELATION,
+    _SET_PROPS,
+    _SET_TTL,
+    _SET_SIZE,
+    _SET_HASH,
+) = (
+    getattr(Message, name).__set__
+    for name in (
+        "body",
+        "message_id",
+        "partition_key",
+        "session_id",
+        "scheduled_enqueue_time",
+        "subject",
+        "content_type",
+        "correlation_id",
+        "application_properties",
+        "time_to_live",
+        "_size",
+        "_body_hash",
+    )
+)
+
+
 def _rebuild_message(*args: Any) -> Message:
     (
         body,

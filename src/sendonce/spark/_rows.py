@@ -24,7 +24,7 @@ from json.encoder import encode_basestring
 from typing import Any
 
 from .._ids import MessageIdTemplate, canonical_text, escape_table
-from .._message import Message, MessageSpec, canonical_json
+from .._message import Message, MessageFactory, MessageSpec, canonical_json
 from ..errors import MessageIdError, ValidationError
 
 __all__ = [
@@ -120,8 +120,13 @@ def normalizer(shape: Shape) -> Callable[[Any], Any] | None:
     raise ValueError(f"unknown column shape {shape!r}")
 
 
+_LEAVES = frozenset({Decimal, date, bool, type(None)})
+
+
 def _dynamic(value: Any) -> Any:
     """Normalise by Python type, for rows that came without a schema."""
+    if type(value) in _LEAVES:  # the common scalar columns, without the checks below
+        return value
     if isinstance(value, datetime):
         return value.astimezone(UTC)
     if hasattr(value, "asDict"):
@@ -335,6 +340,7 @@ class BatchEncoder:
         ]
         self.body_field = spec.body if isinstance(spec.body, str) else None
         self.json = _JsonColumns() if spec.body is None else None
+        self._make: Callable[..., Message] | None = None
 
     def encode(self, columns: dict[str, list[Any]], rows: int) -> Encoded:
         """Messages for ``rows`` rows given as normalised columns."""
@@ -356,8 +362,7 @@ class BatchEncoder:
         for i, exc in sorted(failed.items()):
             errors.append((ids[i] or self._describe(columns, i), exc))
         bodies = self._bodies(columns, rows, ids, errors, failed)
-        spec = self.spec
-        subject, content_type, props = spec.subject, spec.content_type, spec.application_properties
+        make = self._factory()
         messages: list[Message] = []
         append = messages.append
         for i in range(rows):
@@ -366,19 +371,45 @@ class BatchEncoder:
                 continue
             try:
                 append(
-                    Message(
+                    make(
                         body,
-                        message_id=ids[i],
-                        partition_key=None if pks is None else pks[i],
-                        session_id=None if sids is None else sids[i],
-                        subject=subject,
-                        content_type=content_type,
-                        application_properties=props,
+                        ids[i],
+                        None if pks is None else pks[i],
+                        None if sids is None else sids[i],
                     )
                 )
             except ValidationError as exc:
                 errors.append((ids[i], exc))
         return Encoded(messages, errors)
+
+    def _factory(self) -> Callable[..., Message]:
+        """A fast builder for this spec's messages (plain ``Message()`` if the spec's
+        shared fields are refused, so each row reports the error)."""
+        if self._make is None:
+            spec = self.spec
+            try:
+                self._make = MessageFactory(
+                    subject=spec.subject,
+                    content_type=spec.content_type,
+                    application_properties=spec.application_properties,
+                )
+            except ValidationError:
+                self._make = self._plain
+        return self._make
+
+    def _plain(
+        self, body: bytes | str, message_id: str, pk: str | None, sid: str | None
+    ) -> Message:
+        spec = self.spec
+        return Message(
+            body,
+            message_id=message_id,
+            partition_key=pk,
+            session_id=sid,
+            subject=spec.subject,
+            content_type=spec.content_type,
+            application_properties=spec.application_properties,
+        )
 
     def _bad_rows(self, columns: dict[str, list[Any]], rows: int) -> set[int]:
         """Rows with a null id field or an unusable body field."""
