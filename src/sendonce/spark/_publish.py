@@ -13,6 +13,7 @@ from .._message import MessageSpec
 from .._retry import RetryPolicy
 from .._sender import IdempotentSender
 from ..errors import ConfigurationError, PublishFailedError
+from ..ledger import Ledger
 from ._placement import Placement
 from ._progress import ProgressBoard, driver_host
 from ._rows import ColumnPlan
@@ -141,7 +142,25 @@ def _check_url(url: object) -> str:
     return resolve_local_url(url.strip())
 
 
-def _profile(url: str, entity: EntityProfile | str, retry: RetryPolicy) -> EntityProfile:
+def _ledger_url(ledger: object) -> str | None:
+    """The ledger's url (executors open it themselves: connections are never shipped).
+
+    A url is opened once on the driver, so a bad url or an unreachable server fails
+    before any task runs (and the PostgreSQL table exists before executors race).
+    """
+    if ledger is None:
+        return None
+    if isinstance(ledger, Ledger):
+        return ledger.url
+    if isinstance(ledger, str):
+        Ledger(ledger).close()
+        return ledger.strip()
+    raise ConfigurationError("ledger must be a sendonce.Ledger or a ledger url", field="ledger")
+
+
+def _profile(
+    url: str, entity: EntityProfile | str, retry: RetryPolicy, ledger: str | None = None
+) -> EntityProfile:
     """The entity's profile, resolved on the driver (the guard needs its window).
 
     Opening a sender also creates the entity on a backend that can (the local
@@ -151,7 +170,10 @@ def _profile(url: str, entity: EntityProfile | str, retry: RetryPolicy) -> Entit
         raise ConfigurationError(
             "entity must be an EntityProfile or a non-empty entity name", field="entity"
         )
-    with IdempotentSender(url, entity, retry=retry) as sender:
+    # With a ledger an entity without duplicate detection is fine: the ledger decides.
+    with IdempotentSender(
+        url, entity, retry=retry, require_duplicate_detection=ledger is None
+    ) as sender:
         return sender.profile
 
 
@@ -175,8 +197,12 @@ def _retry(retry: RetryPolicy | None) -> RetryPolicy:
     return retry
 
 
-def _guard(profile: EntityProfile, retry: RetryPolicy, clock: Clock) -> WindowGuard:
-    window = profile.window
+def _guard(
+    profile: EntityProfile, retry: RetryPolicy, clock: Clock, ledger: str | None = None
+) -> WindowGuard:
+    # With a ledger a late re-execution is safe: the ledger skips confirmed rows and
+    # reports unconfirmed ones past the window as in doubt instead of resending them.
+    window = None if ledger is not None else profile.window
     return WindowGuard(
         started=clock(),
         window=None if window is None else window.total_seconds(),
@@ -201,6 +227,7 @@ def publish(
     after_partition: AfterPartition | None = None,
     clock: Clock = time.time,
     keep_connections: float = KEEP_CONNECTIONS,
+    ledger: Ledger | str | None = None,
 ) -> PublishReport:
     """Publish every row of ``df`` as one message, exactly once; returns exact counts.
 
@@ -219,6 +246,10 @@ def publish(
     ``after_partition(result)`` runs on the executor after a partition is
     published (metrics, or failing the attempt in fault tests). ``clock`` (wall
     time, seconds) times the window guard; injectable for tests.
+
+    ``ledger`` (a :class:`~sendonce.Ledger` or its url) makes a re-run safe beyond the
+    window: executors open it from its url, rows it confirmed are not resent (counted as
+    duplicates), and the window guard lets late re-executions through (docs/ledger.md).
     """
     if getattr(df, "isStreaming", False):
         raise ConfigurationError(
@@ -230,7 +261,8 @@ def publish(
     check_backend_fits(url, master_of(df.sparkSession))
     retry = _retry(retry)
     plan = plan_for(df.schema, spec)
-    profile = _profile(url, entity, retry)
+    ledger_url = _ledger_url(ledger)
+    profile = _profile(url, entity, retry, ledger_url)
     if check_conflicts:
         find_conflicts(df, spec, plan, profile)
     board = _progress_board(df.sparkSession)
@@ -239,12 +271,13 @@ def publish(
         profile,
         spec,
         plan,
-        _guard(profile, retry, clock),
+        _guard(profile, retry, clock, ledger_url),
         retry,
         after_partition=after_partition,
         progress=None if board is None else board.line,
         placement=Placement.of(url),
         keep_connection=_keep(keep_connections),
+        ledger=ledger_url,
     )
     selected = df.select(*[quoted(c) for c in plan.columns])
     try:
@@ -367,6 +400,7 @@ def partition_publisher(
     after_partition: AfterPartition | None = None,
     clock: Clock = time.time,
     keep_connections: float = KEEP_CONNECTIONS,
+    ledger: Ledger | str | None = None,
 ) -> PartitionPublisher:
     """A picklable callable for ``df.foreachPartition`` that publishes each row once.
 
@@ -387,18 +421,20 @@ def partition_publisher(
         whole = not isinstance(spec.body, str)
         columns = () if whole else tuple(spec.fields)
         plan = ColumnPlan(columns, (None,) * len(columns), (), whole, dynamic=True)
-    profile = _profile(url, entity, retry)
+    ledger_url = _ledger_url(ledger)
+    profile = _profile(url, entity, retry, ledger_url)
     job = TaskJob(
         url,
         profile,
         spec,
         plan,
-        _guard(profile, retry, clock),
+        _guard(profile, retry, clock, ledger_url),
         retry,
         after_partition=after_partition,
         raise_on_failure=True,
         placement=Placement.of(url),
         keep_connection=_keep(keep_connections),
+        ledger=ledger_url,
     )
     return PartitionPublisher(job)
 
@@ -427,7 +463,9 @@ class BatchPublisher:
         on_batch: Callable[[int, PublishReport], None] | None,
         clock: Clock,
         keep_connections: float = KEEP_CONNECTIONS,
+        ledger: str | None = None,
     ) -> None:
+        self.ledger = ledger
         self.url = url
         self.entity = entity
         self.spec = spec
@@ -449,6 +487,7 @@ class BatchPublisher:
             after_partition=self.after_partition,
             clock=self.clock,
             keep_connections=self.keep_connections,
+            ledger=self.ledger,
         )
         report.raise_for_failures()
         if self.on_batch is not None:
@@ -470,6 +509,7 @@ def batch_publisher(
     on_batch: Callable[[int, PublishReport], None] | None = None,
     clock: Clock = time.time,
     keep_connections: float = KEEP_CONNECTIONS,
+    ledger: Ledger | str | None = None,
 ) -> BatchPublisher:
     """A picklable ``fn(batch_df, batch_id)`` for ``writeStream.foreachBatch``.
 
@@ -489,4 +529,5 @@ def batch_publisher(
         on_batch=on_batch,
         clock=clock,
         keep_connections=_keep(keep_connections),
+        ledger=_ledger_url(ledger),
     )

@@ -176,6 +176,8 @@ class TaskJob:
     """Set for a ``local://`` broker: checked before anything is sent."""
     keep_connection: float = 30.0
     """Seconds an executor keeps a Service Bus connection for its next task (0: never)."""
+    ledger: str | None = None
+    """The send ledger's url: each task's sender opens it (a connection is never shipped)."""
 
     def run(self, batches: Iterable[tuple[dict[str, list[Any]], int]]) -> PartitionResult:
         """Publish a partition given as batches of (columns, row count)."""
@@ -203,7 +205,9 @@ class TaskJob:
                     guard.check(partition=partition, attempt=attempt)
                     if sender is None:
                         borrowed = Borrowed(self.url, self.keep_connection)
-                        sender = IdempotentSender(borrowed.backend, self.entity, retry=self.retry)
+                        sender = IdempotentSender(
+                            borrowed.backend, self.entity, retry=self.retry, ledger=self.ledger
+                        )
                     report = sender.send_many(encoded.messages)
                     tally.sent += report.sent
                     tally.duplicates += report.duplicates
