@@ -179,3 +179,20 @@ def test_ledger_schedule(seed: int, tmp_path: Path, pg_server: str | None) -> No
 @pytest.mark.parametrize("seed", SLOW_SEEDS)
 def test_ledger_schedule_slow(seed: int, tmp_path: Path, pg_server: str | None) -> None:
     run_schedule(seed, tmp_path, pg_server)
+
+
+def test_the_checker_catches_loss_duplicates_and_silence(tmp_path: Path) -> None:
+    """The checker is not vacuous: a broker state breaking each rule is reported."""
+    from sendonce import EntityProfile, Message
+
+    db = tmp_path / "broker.db"
+    with LocalBackend(str(db)) as broker:
+        broker.create_entity(EntityProfile("orders", duplicate_detection=False))
+        broker.send("orders", [Message("b", message_id="id-0")] * 2, timeout=5)
+    plan = {"ids": [0, 1, 2], "in_doubt": "error"}
+    runs = [[{"confirmed": ["id-0", "id-1"], "failed": {}}], [{"confirmed": [], "failed": {}}]]
+    problems = check(plan, db, runs)
+    assert any("confirmed but not stored" in p and "id-1" in p for p in problems)
+    assert any("stored twice" in p and "id-0" in p for p in problems)
+    assert any("never reported" in p and "id-2" in p for p in problems)
+    assert any("did not account" in p for p in problems)
