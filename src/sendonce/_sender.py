@@ -506,6 +506,62 @@ class SenderCore:
         if plan.reordered or plan.repeats:
             _in_input_order(items, plan, report)
 
+    # -- the ledger (shared by the sync and aio senders) ----------------------------
+
+    def _refuse_with_ledger(self, what: str) -> None:
+        if self._ledger is not None:
+            raise ConfigurationError(
+                f"{what}() is not supported on a sender with a ledger yet: use a sender "
+                "without one for scheduled messages and all-or-nothing groups",
+                field="ledger",
+            )
+
+    def _ledger_keys(self, batch: Sequence[Message]) -> list[Key]:
+        if not self.profile.partitioned:
+            # Plain tuples equal (and hash like) Key: cheaper by the 100k.
+            return cast(list[Key], [(m.message_id, "") for m in batch])
+        dedup_key = self.profile.dedup_key
+        return [Key(mid, pk or "") for mid, pk in map(dedup_key, batch)]
+
+    def _account_ledger(
+        self,
+        confirmed: list[tuple[Message, Any]],
+        conflicts: list[tuple[Message, Any]],
+        in_doubt: list[tuple[Message, Any]],
+        report: SendReport,
+    ) -> None:
+        for message, _row in confirmed:
+            report._results.append(
+                SendResult(message.message_id, message.partition_key, "duplicate", 0, None)
+            )
+            report.from_ledger.append(message.message_id)
+        for message, row in conflicts:
+            error: SendError = PayloadConflictError(
+                f"message {message.message_id!r} was sent at {row.first_attempt.isoformat()} "
+                "with a different body (according to the ledger); the broker would silently "
+                "drop this one, so it was not sent. Give distinct business messages distinct ids.",
+                message_id=message.message_id,
+                partition_key=message.partition_key,
+            )
+            report.failures.append(SendFailure(message.message_id, message.partition_key, error))
+        for message, row in in_doubt:
+            window = self._ledger_window
+            why = (
+                "the entity has no duplicate detection"
+                if window == timedelta(0)
+                else f"its duplicate-detection window ({window}) has passed"
+            )
+            error = InDoubtError(
+                f"message {message.message_id!r} is in doubt: a send first attempted at "
+                f"{row.first_attempt.isoformat()} was never confirmed (the sender stopped "
+                f"before the ack was recorded) and {why}, so resending could duplicate it. "
+                "It was not sent. Check the entity, or use Ledger(in_doubt='resend') to "
+                "accept at-least-once.",
+                message_id=message.message_id,
+                partition_key=message.partition_key,
+            )
+            report.failures.append(SendFailure(message.message_id, message.partition_key, error))
+
 
 class IdempotentSender(SenderCore):
     """Sends messages so each business message lands exactly once.
@@ -635,14 +691,6 @@ class IdempotentSender(SenderCore):
             started=started,
         )
 
-    def _refuse_with_ledger(self, what: str) -> None:
-        if self._ledger is not None:
-            raise ConfigurationError(
-                f"{what}() is not supported on a sender with a ledger yet: use a sender "
-                "without one for scheduled messages and all-or-nothing groups",
-                field="ledger",
-            )
-
     def _check_open(self) -> None:
         if self._closed:
             raise ConfigurationError("this sender is closed", field="sender")
@@ -736,13 +784,6 @@ class IdempotentSender(SenderCore):
 
     # -- the ledger ------------------------------------------------------------------
 
-    def _ledger_keys(self, batch: Sequence[Message]) -> list[Key]:
-        if not self.profile.partitioned:
-            # Plain tuples equal (and hash like) Key: cheaper by the 100k.
-            return cast(list[Key], [(m.message_id, "") for m in batch])
-        dedup_key = self.profile.dedup_key
-        return [Key(mid, pk or "") for mid, pk in map(dedup_key, batch)]
-
     def _send_through_ledger(
         self,
         batches: list[list[Message]],
@@ -815,45 +856,6 @@ class IdempotentSender(SenderCore):
                     exc,
                 )
         ledger.maybe_prune()
-
-    def _account_ledger(
-        self,
-        confirmed: list[tuple[Message, Any]],
-        conflicts: list[tuple[Message, Any]],
-        in_doubt: list[tuple[Message, Any]],
-        report: SendReport,
-    ) -> None:
-        for message, _row in confirmed:
-            report._results.append(
-                SendResult(message.message_id, message.partition_key, "duplicate", 0, None)
-            )
-            report.from_ledger.append(message.message_id)
-        for message, row in conflicts:
-            error: SendError = PayloadConflictError(
-                f"message {message.message_id!r} was sent at {row.first_attempt.isoformat()} "
-                "with a different body (according to the ledger); the broker would silently "
-                "drop this one, so it was not sent. Give distinct business messages distinct ids.",
-                message_id=message.message_id,
-                partition_key=message.partition_key,
-            )
-            report.failures.append(SendFailure(message.message_id, message.partition_key, error))
-        for message, row in in_doubt:
-            window = self._ledger_window
-            why = (
-                "the entity has no duplicate detection"
-                if window == timedelta(0)
-                else f"its duplicate-detection window ({window}) has passed"
-            )
-            error = InDoubtError(
-                f"message {message.message_id!r} is in doubt: a send first attempted at "
-                f"{row.first_attempt.isoformat()} was never confirmed (the sender stopped "
-                f"before the ack was recorded) and {why}, so resending could duplicate it. "
-                "It was not sent. Check the entity, or use Ledger(in_doubt='resend') to "
-                "accept at-least-once.",
-                message_id=message.message_id,
-                partition_key=message.partition_key,
-            )
-            report.failures.append(SendFailure(message.message_id, message.partition_key, error))
 
     def schedule(
         self, message: Message, at: datetime, *, first_attempt: float | datetime | None = None

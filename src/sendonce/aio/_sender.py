@@ -12,7 +12,10 @@ inside the duplicate-detection window is safe.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import logging
+import sqlite3
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -28,20 +31,25 @@ from .._sender import (
     SenderCore,
     SendReport,
     SendResult,
+    _open_ledger,
     _results,
 )
 from ..backends._base import Ack
 from ..errors import (
     ConfigurationError,
     InDoubtError,
+    LedgerError,
     MessageSizeError,
     PermanentSendError,
     SendError,
     ValidationError,
 )
+from ..ledger import Key, Ledger
 from ._base import AsyncBackend
 
 __all__ = ["IdempotentSender", "Transaction"]
+
+_logger = logging.getLogger("sendonce.aio.sender")
 
 
 class IdempotentSender(SenderCore):
@@ -66,16 +74,22 @@ class IdempotentSender(SenderCore):
         require_duplicate_detection: bool = True,
         memory_size: int = DEFAULT_MEMORY_SIZE,
         max_batch_messages: int = DEFAULT_MAX_BATCH_MESSAGES,
+        ledger: Ledger | str | None = None,
     ) -> None:
         if not isinstance(entity, EntityProfile) and not (isinstance(entity, str) and entity):
             raise ConfigurationError(
                 "entity must be an EntityProfile or a non-empty entity name", field="entity"
             )
+        # A ledger url is opened here, once (a short blocking open); its calls later
+        # run in a worker thread so the event loop never waits on the store.
+        resolved = _open_ledger(ledger)
+        self._owns_ledger = isinstance(ledger, str)
         self._options: dict[str, Any] = {
             "retry": retry,
             "require_duplicate_detection": require_duplicate_detection,
             "memory_size": memory_size,
             "max_batch_messages": max_batch_messages,
+            "ledger": resolved,
         }
         self._entity_arg = entity
         self._opened = False
@@ -138,11 +152,16 @@ class IdempotentSender(SenderCore):
         return await backend.describe(entity)
 
     async def close(self) -> None:
-        """Close the backend if this sender opened it. Idempotent."""
+        """Close the backend (and ledger) if this sender opened it from a url. Idempotent."""
         if not self._closed:
             self._closed = True
-            if self._owns_backend:
-                await self._backend.close()
+            try:
+                if self._owns_backend:
+                    await self._backend.close()
+            finally:
+                ledger = self._options["ledger"]
+                if self._owns_ledger and ledger is not None:
+                    await asyncio.to_thread(ledger.close)
 
     async def __aenter__(self) -> IdempotentSender:
         return await self.open()
@@ -208,9 +227,12 @@ class IdempotentSender(SenderCore):
         self._check_open()
         started = self._started(first_attempt)
         self._remember(self._plan((message,), what="message", batch=False))
-        attempted = await self._attempt_transfer([message], started=started)
         report = SendReport()
-        self._account(report, [message], attempted, {})
+        if self._ledger is not None:
+            await self._send_through_ledger([[message]], report, {}, started)
+        else:
+            attempted = await self._attempt_transfer([message], started=started)
+            self._account(report, [message], attempted, {})
         if report.failures:
             raise report.failures[0].error
         return report.results[0]
@@ -230,8 +252,11 @@ class IdempotentSender(SenderCore):
         self._remember(plan)
         report = SendReport()
         failed: dict[object, SendError] = {}
-        for batch in plan.batches:
-            await self._send_batch(batch, report, failed, started)
+        if self._ledger is not None:
+            await self._send_through_ledger(plan.batches, report, failed, started)
+        else:
+            for batch in plan.batches:
+                await self._send_batch(batch, report, failed, started)
         self._account_repeats(items, plan, report, failed)
         return report
 
@@ -241,6 +266,8 @@ class IdempotentSender(SenderCore):
         report: SendReport,
         failed: dict[object, SendError],
         started: float | None,
+        done: list[tuple[Sequence[Message], Attempted[list[Ack]] | None, SendError | None]]
+        | None = None,
     ) -> None:
         try:
             attempted = await self._attempt_transfer(batch, started=started)
@@ -248,19 +275,94 @@ class IdempotentSender(SenderCore):
             if len(batch) == 1:
                 raise
             half = len(batch) // 2  # the transport's real limit is below our estimate: split
-            await self._send_batch(batch[:half], report, failed, started)
-            await self._send_batch(batch[half:], report, failed, started)
+            await self._send_batch(batch[:half], report, failed, started, done)
+            await self._send_batch(batch[half:], report, failed, started, done)
             return
         except (InDoubtError, PermanentSendError) as exc:
             self._fail(batch, exc, report, failed)
+            if done is not None:
+                done.append((batch, None, exc))
             return
         self._account(report, batch, attempted, failed)
+        if done is not None:
+            done.append((batch, attempted, None))
+
+    async def _send_through_ledger(
+        self,
+        batches: list[list[Message]],
+        report: SendReport,
+        failed: dict[object, SendError],
+        started: float | None,
+    ) -> None:
+        """The sync sender's ledger protocol, the store's calls in a worker thread."""
+        ledger = self._ledger
+        assert ledger is not None
+        entity = self.profile.name
+        owner = ledger.new_owner()
+        pending: dict[Key, str] = {}
+        for index, batch in enumerate(batches):
+            keys = self._ledger_keys(batch)
+            try:
+                prepared = await asyncio.to_thread(
+                    ledger.prepare,
+                    entity,
+                    batch,
+                    keys,
+                    window=self._ledger_window,
+                    margin=self.retry.safety_margin,
+                    owner=owner,
+                    confirm=dict(pending),
+                )
+            except (LedgerError, sqlite3.Error, OSError) as exc:
+                cause = exc if isinstance(exc, LedgerError) else f"{type(exc).__name__}: {exc}"
+                for rest in batches[index:]:
+                    error = LedgerError(
+                        f"the ledger could not record the intent to send ({cause}); not sent",
+                        message_id=rest[0].message_id,
+                    )
+                    self._fail(rest, error, report, failed)
+                return
+            pending.clear()
+            self._account_ledger(prepared.confirmed, prepared.conflicts, prepared.in_doubt, report)
+            for message, _row in prepared.conflicts + prepared.in_doubt:
+                failed[self._key_of(message)] = report.failures[-1].error
+            if not prepared.send:
+                continue
+            resumed = started
+            if prepared.started is not None:
+                age = (ledger.clock() - prepared.started).total_seconds()
+                earlier = self.retry.clock() - max(age, 0.0)
+                resumed = earlier if resumed is None else min(resumed, earlier)
+            done: list[tuple[Sequence[Message], Attempted[list[Ack]] | None, SendError | None]]
+            done = []
+            await self._send_batch(prepared.send, report, failed, resumed, done)
+            for sent, attempted, refused in done:
+                if attempted is not None:
+                    outcomes = [
+                        "duplicate" if a.outcome == "duplicate" else "sent" for a in attempted.value
+                    ]
+                    pending.update(zip(self._ledger_keys(sent), outcomes, strict=True))
+                elif isinstance(refused, PermanentSendError):
+                    await asyncio.to_thread(ledger.release, entity, self._ledger_keys(sent), owner)
+        if pending:
+            try:
+                await asyncio.to_thread(ledger.confirm, entity, pending)
+            except Exception as exc:
+                _logger.warning(
+                    "ledger: %d acknowledged message(s) to %r could not be confirmed (%s); "
+                    "they stay unconfirmed intents, decided like in-doubt sends on a re-run",
+                    len(pending),
+                    entity,
+                    exc,
+                )
+        await asyncio.to_thread(ledger.maybe_prune)
 
     async def schedule(
         self, message: Message, at: datetime, *, first_attempt: float | datetime | None = None
     ) -> SendResult:
         """Schedule one message for ``at``; it shares the duplicate-detection id space."""
         self._check_open()
+        self._refuse_with_ledger("schedule")
         if not isinstance(at, datetime) or at.tzinfo is None:
             raise ValidationError(
                 f"message {getattr(message, 'message_id', None)!r}: schedule time must be a "
@@ -302,6 +404,7 @@ class IdempotentSender(SenderCore):
         Service Bus has no transactions in the Python client: ``ConfigurationError``.
         """
         self._check_open()
+        self._refuse_with_ledger("transaction")
         if getattr(self._backend, "supports_atomic", None) is False:
             raise ConfigurationError(
                 f"backend {type(self._backend).__name__} cannot send all-or-nothing groups "
