@@ -398,6 +398,67 @@ def _ms(when: datetime) -> timestamp:
     return timestamp(int(when.timestamp() * 1000))
 
 
+def _items(buf: bytes, pos: int) -> list[tuple[int, int]]:
+    """The byte spans of the elements of the list or map at ``pos``."""
+    ctor = buf[pos]
+    if ctor == 0x45:
+        return []
+    small = ctor in (0xC0, 0xC1)
+    count_at = pos + (2 if small else 5)
+    count = buf[count_at] if small else struct.unpack_from(">I", buf, count_at)[0]
+    cursor = count_at + (1 if small else 4)
+    end = _skip(buf, pos)
+    spans: list[tuple[int, int]] = []
+    for _ in range(count):
+        nxt = _skip(buf, cursor)
+        spans.append((cursor, nxt))
+        cursor = nxt
+    if cursor != end:
+        raise CodecError("compound size does not match its elements")
+    return spans
+
+
+def _compound(ctor32: int, chunks: list[bytes]) -> bytes:
+    """A list (0xD0) or map (0xD1) of already-encoded elements, in 32-bit form."""
+    payload = b"".join(chunks)
+    return bytes([ctor32]) + struct.pack(">II", len(payload) + 4, len(chunks)) + payload
+
+
+def _key(buf: bytes, start: int, end: int) -> str | bytes:
+    """A map key as text when it is a symbol or string, else its encoded bytes."""
+    ctor = buf[start]
+    if ctor in (0xA1, 0xA3):
+        return bytes(buf[start + 2 : end]).decode("utf-8", "replace")
+    if ctor in (0xB1, 0xB3):
+        return bytes(buf[start + 5 : end]).decode("utf-8", "replace")
+    return bytes(buf[start:end])
+
+
+def _symbol(name: str) -> bytes:
+    data = name.encode("ascii")
+    return bytes([0xA3, len(data)]) + data
+
+
+def _annotation(value: Any) -> bytes:
+    """One broker-owned annotation value, encoded as Service Bus sends it."""
+    if isinstance(value, datetime):
+        ms = int((value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp() * 1000)
+        return b"\x83" + struct.pack(">q", ms)
+    if isinstance(value, uuid.UUID):
+        return b"\x98" + value.bytes
+    if isinstance(value, int):
+        return b"\x81" + struct.pack(">q", value)
+    data = str(value).encode("utf-8")
+    return (
+        b"\xa1" + bytes([len(data)]) if len(data) < 256 else b"\xb1" + struct.pack(">I", len(data))
+    ) + data
+
+
+_OWNED = frozenset(
+    {"x-opt-sequence-number", "x-opt-enqueued-time", "x-opt-locked-until", "x-opt-lock-token"}
+)
+
+
 def restamp(
     raw: bytes,
     *,
@@ -407,48 +468,57 @@ def restamp(
     lock_token: str | None = None,
     partition_key: str | None = None,
     delivery_count: int | None = None,
+    extra_annotations: Mapping[str, Any] | None = None,
 ) -> bytes:
     """``raw`` with the broker-owned annotations and header delivery count replaced.
 
-    Every other section is copied byte for byte.
+    Everything else is copied byte for byte: every other section, every other
+    header field, and each of the sender's own message annotations (key and
+    value bytes), so any AMQP type the sender used comes back unchanged.
     """
     sections = split_sections(raw)
-    header: list[Any] | None = None
-    annotations: dict[Any, Any] = {}
+    header: list[bytes] | None = None
+    entries: list[tuple[Any, bytes, bytes]] = []
     rest: list[bytes] = []
     delivery_annotations = b""
     for s in sections:
         if s.code == HEADER:
-            header = list(_decode(raw, s) or [])
+            header = [bytes(raw[a:b]) for a, b in _items(raw, s.value_start)]
         elif s.code == DELIVERY_ANNOTATIONS:
             delivery_annotations = bytes(raw[s.start : s.end])
         elif s.code == ANNOTATIONS:
-            annotations = {
-                symbol(str(k)) if isinstance(k, str) else k: v
-                for k, v in (_decode(raw, s) or {}).items()
-            }
+            spans = _items(raw, s.value_start)
+            for (ka, kb), (va, vb) in zip(spans[::2], spans[1::2], strict=True):
+                key = _key(raw, ka, kb)
+                entries.append((key, bytes(raw[ka:kb]), bytes(raw[va:vb])))
         else:
             rest.append(bytes(raw[s.start : s.end]))
-    annotations[SEQUENCE_NUMBER] = int(sequence_number)
+    owned: dict[str, Any] = {"x-opt-sequence-number": int(sequence_number)}
     if enqueued_time is not None:
-        annotations[ENQUEUED_TIME] = _ms(enqueued_time)
+        owned["x-opt-enqueued-time"] = enqueued_time
     if locked_until is not None:
-        annotations[LOCKED_UNTIL] = _ms(locked_until)
+        owned["x-opt-locked-until"] = locked_until
     if lock_token is not None:
-        annotations[LOCK_TOKEN] = uuid.UUID(lock_token) if _is_uuid(lock_token) else lock_token
-    if partition_key is not None and PARTITION_KEY not in annotations:
-        annotations[PARTITION_KEY] = partition_key
+        owned["x-opt-lock-token"] = uuid.UUID(lock_token) if _is_uuid(lock_token) else lock_token
+    if partition_key is not None and not any(k == "x-opt-partition-key" for k, _, _ in entries):
+        owned["x-opt-partition-key"] = partition_key
+    owned.update(extra_annotations or {})
+    replaced = _OWNED | set(owned)
+    chunks: list[bytes] = []
+    for key, key_bytes, value_bytes in entries:
+        if not (isinstance(key, str) and key in replaced):
+            chunks += [key_bytes, value_bytes]
+    for name, value in owned.items():
+        chunks += [_symbol(name), _annotation(value)]
     out = bytearray()
     if header is not None or delivery_count is not None:
-        header = list(header or [])
+        fields = list(header or [])
         if delivery_count is not None:
-            from proton import uint
-
-            header += [None] * (5 - len(header))
-            header[4] = uint(max(0, delivery_count))
-        out += _encode(HEADER, header)
+            fields += [b"\x40"] * (5 - len(fields))
+            fields[4] = b"\x70" + struct.pack(">I", max(0, delivery_count))
+        out += b"\x00\x53\x70" + _compound(0xD0, fields)
     out += delivery_annotations
-    out += _encode(ANNOTATIONS, annotations)
+    out += b"\x00\x53\x72" + _compound(0xD1, chunks)
     for chunk in rest:
         out += chunk
     return bytes(out)
