@@ -45,6 +45,9 @@ class EntityProfile:
     max_message_size: int = field(default=256 * 1024, kw_only=True)
     id_cache_size: int | None = field(default=None, kw_only=True)
     persist_id_cache: bool = field(default=True, kw_only=True)
+    # Service Bus moves a message to the dead-letter subqueue once it was
+    # delivered this many times (MaxDeliveryCount, default 10).
+    max_delivery_count: int = field(default=10, kw_only=True)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -78,6 +81,12 @@ class EntityProfile:
             raise ConfigurationError(
                 f"entity {self.name!r}: max_message_size must be an int of at least 1024 bytes",
                 field="max_message_size",
+            )
+        deliveries = self.max_delivery_count
+        if not isinstance(deliveries, int) or isinstance(deliveries, bool) or deliveries < 1:
+            raise ConfigurationError(
+                f"entity {self.name!r}: max_delivery_count must be an int of at least 1",
+                field="max_delivery_count",
             )
         cache = self.id_cache_size
         if cache is not None and (

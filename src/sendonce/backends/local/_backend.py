@@ -33,6 +33,7 @@ __all__ = ["LocalBackend", "LockLostError"]
 T = TypeVar("T")
 Clock = Callable[[], datetime]
 ReceiveMode = Literal["receive_and_delete", "peek_lock"]
+SubQueue = Literal["dead_letter"]
 
 _US = timedelta(microseconds=1)
 # Expired ids forgotten per send, at least: more than a send can add, so the id
@@ -100,6 +101,7 @@ def _profile_to_json(profile: EntityProfile) -> str:
             "max_message_size": profile.max_message_size,
             "id_cache_size": profile.id_cache_size,
             "persist_id_cache": profile.persist_id_cache,
+            "max_delivery_count": profile.max_delivery_count,
         },
         sort_keys=True,
     )
@@ -117,6 +119,7 @@ def _profile_from_json(name: str, text: str) -> EntityProfile:
         max_message_size=data["max_message_size"],
         id_cache_size=data["id_cache_size"],
         persist_id_cache=data["persist_id_cache"],
+        max_delivery_count=data.get("max_delivery_count", 10),  # absent before it existed
     )
 
 
@@ -752,14 +755,20 @@ class LocalBackend:
         session_id: str | None = None,
         mode: ReceiveMode = "receive_and_delete",
         lock_duration: timedelta = timedelta(seconds=60),
+        sub_queue: SubQueue | None = None,
     ) -> list[ReceivedMessage]:
         """Take up to ``max_messages`` available messages, oldest sequence number first.
 
         ``receive_and_delete`` removes them; ``peek_lock`` locks them for
         ``lock_duration`` until :meth:`complete` or :meth:`abandon` (an expired
         lock makes the message available again, with its delivery count kept).
+        A message delivered ``max_delivery_count`` times (the entity profile's)
+        and not settled moves to the dead-letter subqueue instead, with the
+        reason ``MaxDeliveryCountExceeded``, as Service Bus does.
+        ``sub_queue="dead_letter"`` reads the dead-letter subqueue.
         """
         limit = self._max(max_messages)
+        _check_sub_queue(sub_queue)
         if mode not in ("receive_and_delete", "peek_lock"):
             raise ValidationError(
                 f"mode must be 'receive_and_delete' or 'peek_lock', got {mode!r}", field="mode"
@@ -771,8 +780,10 @@ class LocalBackend:
 
         def work(conn: sqlite3.Connection) -> list[ReceivedMessage]:
             eid, profile, _, _ = self._entity(conn, entity)
-            sub = self._sub(conn, eid, profile, subscription)
+            sub = _in(self._sub(conn, eid, profile, subscription), sub_queue)
             now = self._now()
+            if sub_queue is None:
+                _dead_letter_exhausted(conn, eid, sub, profile.max_delivery_count, now)
             query = (
                 f"SELECT {ROW_COLUMNS} FROM messages WHERE eid = ? AND sub = ? "
                 "AND visible <= ? AND (locked_until IS NULL OR locked_until <= ?)"
@@ -792,7 +803,7 @@ class LocalBackend:
                     [(eid, sub, r[0]) for r in rows],
                 )
                 for r in rows:
-                    out.append(received_from_row((*r[:8], None, None, r[10] + 1, r[11])))
+                    out.append(received_from_row((*r[:8], None, None, r[10] + 1, *r[11:])))
                 return out
             until = now + lock_duration // _US
             for r in rows:
@@ -802,7 +813,7 @@ class LocalBackend:
                     "delivery_count = delivery_count + 1 WHERE eid = ? AND sub = ? AND seq = ?",
                     (token, until, eid, sub, r[0]),
                 )
-                out.append(received_from_row((*r[:8], until, token, r[10] + 1, r[11])))
+                out.append(received_from_row((*r[:8], until, token, r[10] + 1, *r[11:])))
             return out
 
         return self._write(work, timeout=self._busy_timeout)
@@ -815,13 +826,15 @@ class LocalBackend:
         subscription: str | None = None,
         session_id: str | None = None,
         from_sequence_number: int | None = None,
+        sub_queue: SubQueue | None = None,
     ) -> list[ReceivedMessage]:
         """Look at stored messages (scheduled and locked ones too) without taking them."""
         limit = self._max(max_messages)
+        _check_sub_queue(sub_queue)
 
         def work(conn: sqlite3.Connection) -> list[ReceivedMessage]:
             eid, profile, _, _ = self._entity(conn, entity)
-            sub = self._sub(conn, eid, profile, subscription)
+            sub = _in(self._sub(conn, eid, profile, subscription), sub_queue)
             query = f"SELECT {ROW_COLUMNS} FROM messages WHERE eid = ? AND sub = ? AND seq >= ?"
             params: list[Any] = [eid, sub, from_sequence_number or 0]
             if session_id is not None:
@@ -833,12 +846,19 @@ class LocalBackend:
 
         return self._read(work)
 
-    def count(self, entity: str, *, subscription: str | None = None) -> int:
+    def count(
+        self,
+        entity: str,
+        *,
+        subscription: str | None = None,
+        sub_queue: SubQueue | None = None,
+    ) -> int:
         """Messages available now: not scheduled for later, not locked."""
+        _check_sub_queue(sub_queue)
 
         def work(conn: sqlite3.Connection) -> int:
             eid, profile, _, _ = self._entity(conn, entity)
-            sub = self._sub(conn, eid, profile, subscription)
+            sub = _in(self._sub(conn, eid, profile, subscription), sub_queue)
             now = self._now()
             row = conn.execute(
                 "SELECT count(*) FROM messages WHERE eid = ? AND sub = ? AND visible <= ? "
@@ -850,12 +870,21 @@ class LocalBackend:
         return self._read(work)
 
     def _settle(
-        self, entity: str, lock_token: str, subscription: str | None, sql: str, verb: str
+        self,
+        entity: str,
+        lock_token: str,
+        subscription: str | None,
+        sql: str,
+        verb: str,
+        sub_queue: SubQueue | None = None,
+        values: tuple[Any, ...] = (),
     ) -> None:
+        _check_sub_queue(sub_queue)
+
         def work(conn: sqlite3.Connection) -> None:
             eid, profile, _, _ = self._entity(conn, entity)
-            sub = self._sub(conn, eid, profile, subscription)
-            cur = conn.execute(sql, (eid, sub, lock_token, self._now()))
+            sub = _in(self._sub(conn, eid, profile, subscription), sub_queue)
+            cur = conn.execute(sql, (*values, eid, sub, lock_token, self._now()))
             if cur.rowcount == 0:
                 _lock_lost(entity, lock_token, verb)
 
@@ -863,7 +892,14 @@ class LocalBackend:
 
     _WHERE_LOCKED = "WHERE eid = ? AND sub = ? AND lock_token = ? AND locked_until > ?"
 
-    def complete(self, entity: str, lock_token: str, *, subscription: str | None = None) -> None:
+    def complete(
+        self,
+        entity: str,
+        lock_token: str,
+        *,
+        subscription: str | None = None,
+        sub_queue: SubQueue | None = None,
+    ) -> None:
         """Remove a peek-locked message. Raises :class:`LockLostError` if the lock expired."""
         self._settle(
             entity,
@@ -871,9 +907,17 @@ class LocalBackend:
             subscription,
             "DELETE FROM messages " + self._WHERE_LOCKED,
             "complete",
+            sub_queue,
         )
 
-    def abandon(self, entity: str, lock_token: str, *, subscription: str | None = None) -> None:
+    def abandon(
+        self,
+        entity: str,
+        lock_token: str,
+        *,
+        subscription: str | None = None,
+        sub_queue: SubQueue | None = None,
+    ) -> None:
         """Release a peek-locked message so it can be received again."""
         self._settle(
             entity,
@@ -881,6 +925,36 @@ class LocalBackend:
             subscription,
             "UPDATE messages SET lock_token = NULL, locked_until = NULL " + self._WHERE_LOCKED,
             "abandon",
+            sub_queue,
+        )
+
+    def dead_letter(
+        self,
+        entity: str,
+        lock_token: str,
+        *,
+        subscription: str | None = None,
+        reason: str | None = None,
+        error_description: str | None = None,
+    ) -> None:
+        """Move a peek-locked message to the entity's dead-letter subqueue.
+
+        It keeps its sequence number, body and properties; ``reason`` and
+        ``error_description`` are handed out with it (Service Bus's
+        ``DeadLetterReason`` and ``DeadLetterErrorDescription``). The
+        duplicate-detection history is not touched: its id stays remembered.
+        """
+        for name, value in (("reason", reason), ("error_description", error_description)):
+            if value is not None and not isinstance(value, str):
+                raise ValidationError(f"{name} must be a str or None", field=name)
+        self._settle(
+            entity,
+            lock_token,
+            subscription,
+            "UPDATE messages SET sub = sub || ?, lock_token = NULL, locked_until = NULL, "
+            "dl_reason = ?, dl_description = ? " + self._WHERE_LOCKED,
+            "dead-letter",
+            values=(DEAD_LETTER_SUFFIX, reason, error_description),
         )
 
     def renew_lock(
@@ -890,13 +964,15 @@ class LocalBackend:
         *,
         subscription: str | None = None,
         lock_duration: timedelta = timedelta(seconds=60),
+        sub_queue: SubQueue | None = None,
     ) -> datetime:
         """Extend a peek lock; returns the new expiry."""
         result: list[datetime] = []
+        _check_sub_queue(sub_queue)
 
         def work(conn: sqlite3.Connection) -> None:
             eid, profile, _, _ = self._entity(conn, entity)
-            sub = self._sub(conn, eid, profile, subscription)
+            sub = _in(self._sub(conn, eid, profile, subscription), sub_queue)
             now = self._now()
             until = now + lock_duration // _US
             cur = conn.execute(
@@ -1044,6 +1120,48 @@ def _refused(entity: str, message: Message, exc: ValidationError) -> PermanentSe
         condition="amqp:link:message-size-exceeded"
         if exc.field == "body"
         else "amqp:invalid-field",
+    )
+
+
+DEAD_LETTER_SUFFIX = "/$DeadLetterQueue"
+MAX_DELIVERY_COUNT_EXCEEDED = "MaxDeliveryCountExceeded"
+
+
+def _check_sub_queue(sub_queue: object) -> None:
+    if sub_queue is not None and sub_queue != "dead_letter":
+        raise ValidationError(
+            f"sub_queue must be None or 'dead_letter', got {sub_queue!r}", field="sub_queue"
+        )
+
+
+def _in(sub: str, sub_queue: SubQueue | None) -> str:
+    """The ``sub`` key of a queue's or subscription's subqueue (itself for None)."""
+    return sub if sub_queue is None else sub + DEAD_LETTER_SUFFIX
+
+
+def _dead_letter_exhausted(
+    conn: sqlite3.Connection, eid: int, sub: str, max_delivery_count: int, now: int
+) -> None:
+    """Move unlocked messages delivered ``max_delivery_count`` times to the dead-letter subqueue.
+
+    Service Bus: "a message is moved to the DLQ when its delivery count exceeds
+    MaxDeliveryCount", with reason MaxDeliveryCountExceeded
+    (https://learn.microsoft.com/azure/service-bus-messaging/service-bus-dead-letter-queues).
+    The count grows on every peek-lock delivery, so abandons and lock expiries count alike.
+    """
+    conn.execute(
+        "UPDATE messages SET sub = sub || ?, lock_token = NULL, locked_until = NULL, "
+        "dl_reason = ?, dl_description = ? WHERE eid = ? AND sub = ? AND delivery_count >= ? "
+        "AND (locked_until IS NULL OR locked_until <= ?)",
+        (
+            DEAD_LETTER_SUFFIX,
+            MAX_DELIVERY_COUNT_EXCEEDED,
+            f"Message could not be consumed after {max_delivery_count} delivery attempts.",
+            eid,
+            sub,
+            max_delivery_count,
+            now,
+        ),
     )
 
 

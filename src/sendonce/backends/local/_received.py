@@ -35,6 +35,10 @@ class ReceivedMessage:
     locked_until: datetime | None
     delivery_count: int
     raw: bytes | None
+    # Set on messages of a dead-letter subqueue (Service Bus's DeadLetterReason
+    # and DeadLetterErrorDescription application properties).
+    dead_letter_reason: str | None = None
+    dead_letter_error_description: str | None = None
 
 
 def _tag(value: PropertyValue) -> list[Any]:
@@ -111,6 +115,8 @@ def received_from_row(row: tuple[Any, ...]) -> ReceivedMessage:
         lock_token,
         delivery_count,
         raw,
+        dl_reason,
+        dl_description,
     ) = row
     fields = decode_extra(extra)
     return ReceivedMessage(
@@ -130,10 +136,12 @@ def received_from_row(row: tuple[Any, ...]) -> ReceivedMessage:
         locked_until=None if locked_until is None else from_us(locked_until),
         delivery_count=delivery_count,
         raw=None if raw is None else bytes(raw),
+        dead_letter_reason=dl_reason,
+        dead_letter_error_description=dl_description,
     )
 
 
 ROW_COLUMNS = (
     "seq, message_id, partition_key, session_id, body, extra, enqueued, scheduled, "
-    "locked_until, lock_token, delivery_count, raw"
+    "locked_until, lock_token, delivery_count, raw, dl_reason, dl_description"
 )

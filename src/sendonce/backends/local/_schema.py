@@ -13,7 +13,7 @@ import sqlite3
 __all__ = ["FORMAT", "SCHEMA", "SCHEMA_VERSION", "upgrade"]
 
 FORMAT = "sendonce-broker"
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
 
 # Dedup keys live in a WITHOUT ROWID table keyed by (entity, message id, partition
 # key): the duplicate check is one indexed point lookup whatever the number of
@@ -59,6 +59,8 @@ CREATE TABLE messages (
     lock_token TEXT,
     delivery_count INTEGER NOT NULL DEFAULT 0,
     raw BLOB,
+    dl_reason TEXT,
+    dl_description TEXT,
     PRIMARY KEY (eid, sub, seq)
 ) WITHOUT ROWID;
 CREATE INDEX messages_lock ON messages (lock_token) WHERE lock_token IS NOT NULL;
@@ -67,7 +69,16 @@ INSERT INTO meta VALUES ('format', '{FORMAT}'), ('schema_version', '{SCHEMA_VERS
 
 
 # Upgrades from an older schema version: {from_version: (to_version, sql)}.
-_UPGRADES: dict[str, tuple[str, str]] = {}
+# Version 2: a dead-lettered message keeps its reason and description. Dead-letter
+# subqueues are rows whose ``sub`` is the queue's or subscription's own ``sub``
+# followed by ``/$DeadLetterQueue`` (no subscription name may hold a ``/``).
+_UPGRADES: dict[str, tuple[str, str]] = {
+    "1": (
+        "2",
+        "ALTER TABLE messages ADD COLUMN dl_reason TEXT;\n"
+        "ALTER TABLE messages ADD COLUMN dl_description TEXT;\n",
+    ),
+}
 
 
 def upgrade(conn: sqlite3.Connection, version: str) -> bool:
@@ -77,6 +88,9 @@ def upgrade(conn: sqlite3.Connection, version: str) -> bool:
         if step is None:
             return False
         version, sql = step
-        conn.executescript(sql)
+        # One statement at a time: executescript would commit the opener's transaction.
+        for statement in sql.split(";"):
+            if statement.strip():
+                conn.execute(statement)
         conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (version,))
     return True
