@@ -392,6 +392,22 @@ def encode_fields(
     return bytes(m.encode())
 
 
+def with_application_properties(raw: bytes, extra: Mapping[str, Any]) -> bytes:
+    """``raw`` with ``extra`` merged into its application properties (other sections kept)."""
+    merged: dict[Any, Any] = {}
+    head = bytearray()
+    tail = bytearray()
+    for s in split_sections(raw):
+        if s.code == APPLICATION_PROPERTIES:
+            merged = dict(_decode(raw, s) or {})
+        elif s.code in (DATA, SEQUENCE, VALUE, FOOTER) or tail:
+            tail += raw[s.start : s.end]
+        else:
+            head += raw[s.start : s.end]
+    merged.update(extra)
+    return bytes(head) + _encode(APPLICATION_PROPERTIES, merged) + bytes(tail)
+
+
 def _ms(when: datetime) -> timestamp:
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)

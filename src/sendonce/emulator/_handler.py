@@ -57,6 +57,10 @@ _DOTNET_EPOCH_TICKS = 621355968000000000  # 0001-01-01 to 1970-01-01 in 100 ns t
 _STORE_TIMEOUT = 30.0
 _RECEIVE_CREDIT = 200
 _SUBSCRIPTIONS = "/subscriptions/"
+_DEAD_LETTER_QUEUE = "/$deadletterqueue"
+DEAD_LETTER = "com.microsoft:dead-letter"
+DEAD_LETTER_REASON = "DeadLetterReason"
+DEAD_LETTER_DESCRIPTION = "DeadLetterErrorDescription"
 
 
 _F = TypeVar("_F", bound=Callable[..., None])
@@ -104,6 +108,7 @@ class _Node:
     entity: str = ""
     subscription: str | None = None
     session_id: str | None = None  # a session receiver's locked session
+    sub_queue: Any = None  # "dead_letter" for <entity>/$DeadLetterQueue
 
 
 @dataclass(eq=False)
@@ -112,6 +117,7 @@ class _Locked:
     subscription: str | None
     lock_token: str
     key: uuid.UUID  # the lock token as the client reads it from the delivery tag
+    sub_queue: Any = None
 
 
 @dataclass
@@ -126,7 +132,11 @@ def _parse_node(path: str) -> _Node:
     if path.endswith("/$management") or path == "$management":
         entity = path[: -len("$management")].rstrip("/")
         base = _parse_node(entity) if entity else _Node("entity")
-        return _Node("management", base.entity, base.subscription)
+        return _Node("management", base.entity, base.subscription, sub_queue=base.sub_queue)
+    if path.lower().endswith(_DEAD_LETTER_QUEUE):
+        base = _parse_node(path[: -len(_DEAD_LETTER_QUEUE)])
+        base.sub_queue = "dead_letter"
+        return base
     lowered = path.lower()
     if _SUBSCRIPTIONS in lowered:
         i = lowered.index(_SUBSCRIPTIONS)
@@ -260,6 +270,8 @@ class EmulatorHandler(Handler):
             return NOT_FOUND, f"the messaging entity {node.entity!r} could not be found"
         if not receiving and node.subscription is not None:
             return NOT_FOUND, "cannot send to a subscription"
+        if not receiving and node.sub_queue is not None:
+            return NOT_FOUND, "cannot send to a dead-letter queue"
         if getattr(profile, "kind", "queue") == "topic" and receiving and not node.subscription:
             return NOT_FOUND, (
                 f"{node.entity!r} is a topic: receive from {node.entity}/Subscriptions/<name>"
@@ -271,6 +283,8 @@ class EmulatorHandler(Handler):
 
         Returns an error (condition, description) when it cannot be locked.
         """
+        if node.sub_queue is not None:
+            return None  # a dead-letter subqueue has no sessions to lock
         filters = _terminus_map(link.remote_source.filter)
         sessionful = bool(getattr(self.store.describe(node.entity), "sessions", False))
         if str(SESSION_FILTER) not in filters:
@@ -633,14 +647,16 @@ class EmulatorHandler(Handler):
             if locked is None:
                 raise _MgmtError(410, LOCK_LOST, "the lock on the message is lost")
             try:
-                if status in ("completed", "suspended"):
-                    self.store.complete(
-                        locked.entity, locked.lock_token, subscription=locked.subscription
+                if status == "completed":
+                    self._complete(locked)
+                elif status == "suspended":  # the management form of dead-lettering
+                    self._dead_letter(
+                        locked,
+                        _text(body.get("deadletter-reason")),
+                        _text(body.get("deadletter-description")),
                     )
                 else:
-                    self.store.abandon(
-                        locked.entity, locked.lock_token, subscription=locked.subscription
-                    )
+                    self._abandon(locked)
             except Exception as exc:
                 raise _MgmtError(410, LOCK_LOST, _describe(exc)) from exc
             settled.add(locked.key)
@@ -662,6 +678,7 @@ class EmulatorHandler(Handler):
                     locked.lock_token,
                     subscription=locked.subscription,
                     lock_duration=self.emulator.lock_duration,
+                    sub_queue=locked.sub_queue,
                 )
             except Exception as exc:
                 raise _MgmtError(410, LOCK_LOST, _describe(exc)) from exc
@@ -692,6 +709,7 @@ class EmulatorHandler(Handler):
             max_messages=count,
             subscription=node.subscription,
             from_sequence_number=int(start) if start is not None else None,
+            sub_queue=node.sub_queue,
         )
         if not messages:
             return (204, None), None
@@ -714,7 +732,12 @@ class EmulatorHandler(Handler):
         while link.credit > 0:
             try:
                 # A read first: an empty poll must not take the broker's write lock.
-                if self.store.count(node.entity, subscription=node.subscription) == 0:
+                if (
+                    self.store.count(
+                        node.entity, subscription=node.subscription, sub_queue=node.sub_queue
+                    )
+                    == 0
+                ):
                     break
                 messages = self.store.receive(
                     node.entity,
@@ -723,6 +746,7 @@ class EmulatorHandler(Handler):
                     session_id=node.session_id,
                     mode="peek_lock" if peek_lock else "receive_and_delete",
                     lock_duration=self.emulator.lock_duration,
+                    sub_queue=node.sub_queue,
                 )
             except Exception:
                 _log.exception("receive from %r failed", node.entity)
@@ -738,7 +762,9 @@ class EmulatorHandler(Handler):
                 link.advance()
                 if peek_lock and token:
                     key = uuid.UUID(bytes_le=tag)
-                    locked = _Locked(node.entity, node.subscription, str(token), key)
+                    locked = _Locked(
+                        node.entity, node.subscription, str(token), key, node.sub_queue
+                    )
                     self.locked[dlv] = locked
                     self.tokens[key] = locked
                 else:
@@ -760,6 +786,14 @@ class EmulatorHandler(Handler):
                 time_to_live=m.time_to_live,
             )
         count = getattr(m, "delivery_count", None)
+        reason = getattr(m, "dead_letter_reason", None)
+        description = getattr(m, "dead_letter_error_description", None)
+        if reason is not None or description is not None:
+            # Service Bus hands the reason out as application properties.
+            extra = {DEAD_LETTER_REASON: reason, DEAD_LETTER_DESCRIPTION: description}
+            raw = _codec.with_application_properties(
+                raw, {k: v for k, v in extra.items() if v is not None}
+            )
         return _codec.restamp(
             raw,
             sequence_number=m.sequence_number,
@@ -778,15 +812,20 @@ class EmulatorHandler(Handler):
             return
         self.tokens.pop(locked.key, None)
         try:
-            if state in (Delivery.ACCEPTED, Delivery.REJECTED):
-                # Dead-lettering is not emulated: a rejected message is removed.
-                self.store.complete(
-                    locked.entity, locked.lock_token, subscription=locked.subscription
+            if state == Delivery.ACCEPTED:
+                self._complete(locked)
+            elif state == Delivery.REJECTED:
+                # The client dead-letters with a rejected outcome whose error
+                # (com.microsoft:dead-letter) carries the reason and description.
+                condition = dlv.remote.condition
+                info = {str(k): v for k, v in dict(getattr(condition, "info", None) or {}).items()}
+                self._dead_letter(
+                    locked,
+                    _text(info.get(DEAD_LETTER_REASON)),
+                    _text(info.get(DEAD_LETTER_DESCRIPTION)),
                 )
             else:
-                self.store.abandon(
-                    locked.entity, locked.lock_token, subscription=locked.subscription
-                )
+                self._abandon(locked)
         except Exception as exc:
             self._settle(dlv, Delivery.REJECTED, _condition(LOCK_LOST, _describe(exc)))
             return
@@ -796,6 +835,36 @@ class EmulatorHandler(Handler):
             else Delivery.ACCEPTED
         )
         self._settle(dlv, echo)
+
+    def _complete(self, locked: _Locked) -> None:
+        self.store.complete(
+            locked.entity,
+            locked.lock_token,
+            subscription=locked.subscription,
+            sub_queue=locked.sub_queue,
+        )
+
+    def _abandon(self, locked: _Locked) -> None:
+        self.store.abandon(
+            locked.entity,
+            locked.lock_token,
+            subscription=locked.subscription,
+            sub_queue=locked.sub_queue,
+        )
+
+    def _dead_letter(self, locked: _Locked, reason: str | None, description: str | None) -> None:
+        if locked.sub_queue is not None:
+            # Service Bus: a message cannot be dead-lettered from the dead-letter queue;
+            # settling it there completes it.
+            self._complete(locked)
+            return
+        self.store.dead_letter(
+            locked.entity,
+            locked.lock_token,
+            subscription=locked.subscription,
+            reason=reason,
+            error_description=description,
+        )
 
 
 class _Fault(Exception):

@@ -239,8 +239,10 @@ def test_renew_lock_and_dead_letter(emulator: Emulator, store: LocalBackend) -> 
             renewed = receiver.renew_message_lock(message, timeout=10)
             assert before is not None and renewed >= before
             receiver.dead_letter_message(message, reason="test")
-    # dead-lettering is not emulated: the message leaves the queue
+    # the message leaves the queue for its dead-letter subqueue
     assert store.message_ids("orders") == []
+    (dead,) = store.peek("orders", sub_queue="dead_letter")
+    assert (dead.message_id, dead.dead_letter_reason) == ("rl-1", "test")
 
 
 def test_waiting_receiver_gets_a_message_stored_later_through_local(
