@@ -14,7 +14,7 @@ import socket
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from proton import Condition, Delivery, Endpoint, Handler, Link, Message, Terminus, symbol
@@ -50,6 +50,9 @@ LOCK_LOST = "com.microsoft:message-lock-lost"
 SESSION_LOCK_LOST = "com.microsoft:session-lock-lost"
 SESSION_CANNOT_BE_LOCKED = "com.microsoft:session-cannot-be-locked"
 TIMEOUT = "com.microsoft:timeout"
+# How long a NEXT_AVAILABLE_SESSION attach waits for a session before the broker
+# answers com.microsoft:timeout (the service's default operation timeout is 60 s).
+_SESSION_WAIT = timedelta(seconds=60)
 SESSION_FILTER = symbol("com.microsoft:session-filter")
 SESSION_LOCKED_UNTIL = symbol("com.microsoft:locked-until-utc")
 _DOTNET_EPOCH_TICKS = 621355968000000000  # 0001-01-01 to 1970-01-01 in 100 ns ticks
@@ -177,6 +180,8 @@ class EmulatorHandler(Handler):
         # Session receivers: who holds which session, and the session states (in memory).
         self.session_locks: dict[tuple[str, str | None, str], Any] = {}
         self.session_states: dict[tuple[str, str | None, str], bytes | None] = {}
+        # NEXT_AVAILABLE_SESSION receivers waiting for a session: link -> (node, give-up time).
+        self.waiting: dict[Any, tuple[_Node, datetime]] = {}
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -219,6 +224,8 @@ class EmulatorHandler(Handler):
         self.senders = [s for s in self.senders if s.connection != connection]
         for key in [k for k, v in self.session_locks.items() if v.connection == connection]:
             self.session_locks.pop(key, None)
+        for link in [k for k in self.waiting if k.connection == connection]:
+            self.waiting.pop(link, None)
         for dlv in [d for d in self.locked if d.link.connection == connection]:
             self.locked.pop(dlv, None)
 
@@ -234,15 +241,28 @@ class EmulatorHandler(Handler):
             refusal = self._check_entity(node, receiving=link.is_sender)
             if refusal is None and link.is_sender:
                 refusal = self._lock_session(link, node)
+                if refusal is not None and refusal[0] == TIMEOUT:
+                    # NEXT_AVAILABLE_SESSION and none free: Service Bus holds the attach
+                    # until a session can be locked, at most the link's
+                    # com.microsoft:timeout (the client sends its max_wait_time there).
+                    self.waiting[link] = (node, datetime.now(UTC) + _attach_wait(link))
+                    return
             if refusal is not None:
-                # As Service Bus does: an attach with a null terminus, then a detach
-                # with the error (the client fails the open on the null terminus).
-                link.source.type = Terminus.UNSPECIFIED
-                link.target.type = Terminus.UNSPECIFIED
-                link.open()
-                link.condition = _condition(*refusal)
-                link.close()
+                self._refuse(link, refusal)
                 return
+        self._accept(link, node)
+
+    @staticmethod
+    def _refuse(link: Any, refusal: tuple[str, str]) -> None:
+        # As Service Bus does: an attach with a null terminus, then a detach
+        # with the error (the client fails the open on the null terminus).
+        link.source.type = Terminus.UNSPECIFIED
+        link.target.type = Terminus.UNSPECIFIED
+        link.open()
+        link.condition = _condition(*refusal)
+        link.close()
+
+    def _accept(self, link: Any, node: _Node) -> None:
         link.source.copy(link.remote_source)
         link.target.copy(link.remote_target)
         if node.session_id is not None:
@@ -258,6 +278,21 @@ class EmulatorHandler(Handler):
             link.flow(_RECEIVE_CREDIT)
         elif node.kind == "entity":
             self.senders.append(link)
+
+    def _retry_waiting(self) -> None:
+        """Give waiting NEXT_AVAILABLE_SESSION receivers a session that became free."""
+        now = datetime.now(UTC)
+        for link, (node, give_up) in list(self.waiting.items()):
+            if link.state & Endpoint.REMOTE_CLOSED:
+                self.waiting.pop(link, None)
+                continue
+            refusal = self._lock_session(link, node)
+            if refusal is None:
+                self.waiting.pop(link, None)
+                self._accept(link, node)
+            elif refusal[0] != TIMEOUT or now >= give_up:
+                self.waiting.pop(link, None)
+                self._refuse(link, refusal)
 
     def _check_entity(self, node: _Node, *, receiving: bool) -> tuple[str, str] | None:
         if not node.entity:
@@ -336,6 +371,7 @@ class EmulatorHandler(Handler):
         link = event.link
         if not link.state & Endpoint.LOCAL_CLOSED:
             link.close()
+        self.waiting.pop(link, None)
         node = self.nodes.pop(link, None)
         if link in self.senders:
             self.senders.remove(link)
@@ -720,6 +756,8 @@ class EmulatorHandler(Handler):
     # -- delivering to receivers ----------------------------------------------------------
 
     def poll(self) -> None:
+        if self.waiting:
+            self._retry_waiting()
         for link in list(self.senders):
             if link.credit > 0:
                 self._pump(link)
@@ -887,6 +925,15 @@ def _text(value: Any) -> str | None:
     if isinstance(value, bytes | bytearray):
         return bytes(value).decode("utf-8", "replace")
     return str(value)
+
+
+def _attach_wait(link: Any) -> timedelta:
+    """How long the client lets a session attach wait: its com.microsoft:timeout, in ms."""
+    props = link.remote_properties or {}
+    for key, value in dict(props).items():
+        if str(key) == TIMEOUT and isinstance(value, int) and value >= 0:
+            return timedelta(milliseconds=int(value))
+    return _SESSION_WAIT
 
 
 def _terminus_map(data: Any) -> dict[str, Any]:

@@ -80,3 +80,78 @@ def test_two_session_receivers_process_every_message_once_in_order(
         in_order = [mid for _, s, mid in processed if s == session]
         assert in_order == [f"{session}-{i}" for i in range(PER_SESSION)]
     assert store.message_ids("carts") == []
+
+
+def test_next_available_session_waits_for_a_session(
+    emulator: Emulator, store: LocalBackend
+) -> None:
+    """The attach is held until a session has a message, within the client's max_wait_time."""
+    store.create_entity(EntityProfile("carts", sessions=True))
+    got: list[tuple[str | None, str]] = []
+
+    def consume() -> None:
+        with ServiceBusClient.from_connection_string(emulator.connection_string) as sb:
+            with sb.get_queue_receiver(
+                "carts", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=30
+            ) as receiver:
+                for message in receiver.receive_messages(max_wait_time=10):
+                    got.append((receiver.session.session_id, str(message.message_id)))
+                    receiver.complete_message(message)
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    time.sleep(1)  # the receiver is waiting for a session (no timing is asserted)
+    with ServiceBusClient.from_connection_string(emulator.connection_string) as sb:
+        with sb.get_queue_sender("carts", keep_alive=None) as sender:
+            sender.send_messages(ServiceBusMessage("x", message_id="late", session_id="S"))
+    consumer.join(60)
+    assert got == [("S", "late")]
+
+
+def test_next_available_session_times_out_when_none_comes(
+    emulator: Emulator, store: LocalBackend
+) -> None:
+    from azure.servicebus.exceptions import OperationTimeoutError
+
+    store.create_entity(EntityProfile("carts", sessions=True))
+
+    with ServiceBusClient.from_connection_string(emulator.connection_string, retry_total=0) as sb:
+        with pytest.raises(OperationTimeoutError):
+            with sb.get_queue_receiver(
+                "carts",
+                session_id=NEXT_AVAILABLE_SESSION,
+                max_wait_time=1,
+            ):
+                pass
+
+
+def test_the_asyncio_client_waits_for_the_next_available_session(
+    emulator: Emulator, store: LocalBackend
+) -> None:
+    import asyncio
+
+    from azure.servicebus.aio import ServiceBusClient as AsyncClient
+
+    store.create_entity(EntityProfile("carts", sessions=True))
+
+    async def run() -> list[tuple[str | None, str]]:
+        async with AsyncClient.from_connection_string(emulator.connection_string) as sb:
+
+            async def consume() -> list[tuple[str | None, str]]:
+                async with sb.get_queue_receiver(
+                    "carts", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=30
+                ) as receiver:
+                    got = await receiver.receive_messages(max_wait_time=10)
+                    for message in got:
+                        await receiver.complete_message(message)
+                    return [(receiver.session.session_id, str(m.message_id)) for m in got]
+
+            consumer = asyncio.create_task(consume())
+            await asyncio.sleep(1)
+            async with sb.get_queue_sender("carts", keep_alive=None) as sender:
+                await sender.send_messages(
+                    ServiceBusMessage("x", message_id="late", session_id="S")
+                )
+            return await consumer
+
+    assert asyncio.run(run()) == [("S", "late")]
