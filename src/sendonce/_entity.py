@@ -48,6 +48,12 @@ class EntityProfile:
     # Service Bus moves a message to the dead-letter subqueue once it was
     # delivered this many times (MaxDeliveryCount, default 10).
     max_delivery_count: int = field(default=10, kw_only=True)
+    # The entity's default message time to live (Service Bus DefaultMessageTimeToLive):
+    # a message's own time_to_live applies when shorter. None: messages never expire
+    # unless they carry their own.
+    default_message_time_to_live: timedelta | None = field(default=None, kw_only=True)
+    # Expired messages go to the dead-letter subqueue instead of being removed.
+    dead_lettering_on_message_expiration: bool = field(default=False, kw_only=True)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -61,7 +67,20 @@ class EntityProfile:
                 f"entity {self.name!r}: kind must be 'queue' or 'topic', got {self.kind!r}",
                 field="kind",
             )
-        for flag in ("duplicate_detection", "partitioned", "sessions", "persist_id_cache"):
+        ttl = self.default_message_time_to_live
+        if ttl is not None and (not isinstance(ttl, timedelta) or ttl <= timedelta(0)):
+            raise ConfigurationError(
+                f"entity {self.name!r}: default_message_time_to_live must be a positive "
+                "timedelta or None",
+                field="default_message_time_to_live",
+            )
+        for flag in (
+            "duplicate_detection",
+            "partitioned",
+            "sessions",
+            "persist_id_cache",
+            "dead_lettering_on_message_expiration",
+        ):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigurationError(f"entity {self.name!r}: {flag} must be a bool", field=flag)
         window = self.duplicate_detection_window

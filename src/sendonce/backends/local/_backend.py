@@ -102,6 +102,10 @@ def _profile_to_json(profile: EntityProfile) -> str:
             "id_cache_size": profile.id_cache_size,
             "persist_id_cache": profile.persist_id_cache,
             "max_delivery_count": profile.max_delivery_count,
+            "default_ttl_us": None
+            if profile.default_message_time_to_live is None
+            else profile.default_message_time_to_live // _US,
+            "dead_letter_on_expiry": profile.dead_lettering_on_message_expiration,
         },
         sort_keys=True,
     )
@@ -120,6 +124,10 @@ def _profile_from_json(name: str, text: str) -> EntityProfile:
         id_cache_size=data["id_cache_size"],
         persist_id_cache=data["persist_id_cache"],
         max_delivery_count=data.get("max_delivery_count", 10),  # absent before it existed
+        default_message_time_to_live=None
+        if data.get("default_ttl_us") is None
+        else timedelta(microseconds=data["default_ttl_us"]),
+        dead_lettering_on_message_expiration=data.get("dead_letter_on_expiry", False),
     )
 
 
@@ -783,6 +791,7 @@ class LocalBackend:
             sub = _in(self._sub(conn, eid, profile, subscription), sub_queue)
             now = self._now()
             if sub_queue is None:
+                _expire(conn, eid, sub, profile, now)
                 _dead_letter_exhausted(conn, eid, sub, profile.max_delivery_count, now)
             query = (
                 f"SELECT {ROW_COLUMNS} FROM messages WHERE eid = ? AND sub = ? "
@@ -837,6 +846,14 @@ class LocalBackend:
             sub = _in(self._sub(conn, eid, profile, subscription), sub_queue)
             query = f"SELECT {ROW_COLUMNS} FROM messages WHERE eid = ? AND sub = ? AND seq >= ?"
             params: list[Any] = [eid, sub, from_sequence_number or 0]
+            if sub_queue is None:  # expired messages are gone (or dead-lettered) for a peek too
+                expiry, ttl_params = _expiry_sql(profile)
+                query += (  # NULL expiry: never expires
+                    f" AND NOT COALESCE({expiry} <= ? "
+                    "AND (locked_until IS NULL OR locked_until <= ?), 0)"
+                )
+                now = self._now()
+                params += [*ttl_params, now, now]
             if session_id is not None:
                 query += " AND session_id = ?"
                 params.append(session_id)
@@ -1163,6 +1180,51 @@ def _dead_letter_exhausted(
             now,
         ),
     )
+
+
+TTL_EXPIRED = "TTLExpiredException"
+
+
+def _expiry_sql(profile: EntityProfile) -> tuple[str, list[Any]]:
+    """An SQL expression for a message's expiry time (µs; NULL: never) and its parameters.
+
+    Service Bus: the effective time to live is the message's own, capped by the
+    entity's default; it counts from the enqueue time (the scheduled time of a
+    scheduled message)
+    (https://learn.microsoft.com/azure/service-bus-messaging/message-expiration).
+    """
+    own = "json_extract(extra, '$.ttl_us')"
+    start = "COALESCE(scheduled, enqueued)"
+    default = profile.default_message_time_to_live
+    if default is None:
+        return f"({start} + {own})", []
+    return f"({start} + COALESCE(min({own}, ?), ?))", [default // _US, default // _US]
+
+
+def _expire(conn: sqlite3.Connection, eid: int, sub: str, profile: EntityProfile, now: int) -> None:
+    """Remove, or dead-letter with TTLExpiredException, the expired messages not locked now."""
+    expiry, params = _expiry_sql(profile)
+    where = (
+        f"WHERE eid = ? AND sub = ? AND {expiry} <= ? "
+        "AND (locked_until IS NULL OR locked_until <= ?)"
+    )
+    if profile.dead_lettering_on_message_expiration:
+        conn.execute(
+            "UPDATE messages SET sub = sub || ?, lock_token = NULL, locked_until = NULL, "
+            "dl_reason = ?, dl_description = ? " + where,
+            (
+                DEAD_LETTER_SUFFIX,
+                TTL_EXPIRED,
+                "The message expired and was dead lettered.",
+                eid,
+                sub,
+                *params,
+                now,
+                now,
+            ),
+        )
+    else:
+        conn.execute("DELETE FROM messages " + where, (eid, sub, *params, now, now))
 
 
 def _lock_lost(entity: str, lock_token: str, verb: str) -> NoReturn:
