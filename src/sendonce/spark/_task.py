@@ -176,8 +176,10 @@ class TaskJob:
     """Set for a ``local://`` broker: checked before anything is sent."""
     keep_connection: float = 30.0
     """Seconds an executor keeps a Service Bus connection for its next task (0: never)."""
-    ledger: str | None = None
-    """The send ledger's url: each task's sender opens it (a connection is never shipped)."""
+    ledger: str | None = field(default=None, repr=False)
+    """The send ledger's url: each task's sender opens it (a connection is never shipped).
+
+    Not in the repr: a PostgreSQL url may carry a password."""
 
     def run(self, batches: Iterable[tuple[dict[str, list[Any]], int]]) -> PartitionResult:
         """Publish a partition given as batches of (columns, row count)."""
