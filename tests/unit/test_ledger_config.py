@@ -35,10 +35,20 @@ def test_bad_ledger_urls(url: str) -> None:
 
 
 def test_retention_must_outlive_the_window(tmp_path: Path) -> None:
-    ledger = Ledger(f"sqlite://{tmp_path / 'l.db'}", retention=timedelta(minutes=5))
-    with LocalBackend(tmp_path / "b.db") as broker, pytest.raises(ConfigurationError) as info:
+    with (
+        Ledger(f"sqlite://{tmp_path / 'l.db'}", retention=timedelta(minutes=5)) as ledger,
+        LocalBackend(tmp_path / "b.db") as broker,
+        pytest.raises(ConfigurationError) as info,
+    ):
         IdempotentSender(broker, EntityProfile("orders"), ledger=ledger)
     assert info.value.field == "retention"
+    with LocalBackend(tmp_path / "b.db") as broker, pytest.raises(ConfigurationError):
+        IdempotentSender(
+            broker, EntityProfile("orders"), ledger=f"sqlite://{tmp_path / 'x.db'}?durability=no"
+        )
+    from sendonce import _sqlite_share
+
+    assert _sqlite_share.open_files() == []  # nothing left open by the refusals
 
 
 def test_a_file_that_is_not_a_ledger_is_refused(tmp_path: Path) -> None:

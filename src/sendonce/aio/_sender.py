@@ -95,7 +95,12 @@ class IdempotentSender(SenderCore):
         self._opened = False
         self._closed = False
         if isinstance(entity, EntityProfile):
-            self._configure(entity, **self._options)  # bad options fail here, before any I/O
+            try:
+                self._configure(entity, **self._options)  # bad options fail here, before I/O
+            except BaseException:
+                if resolved is not None and self._owns_ledger:
+                    resolved.close()
+                raise
             self._given_profile: EntityProfile | None = entity
         else:
             self._given_profile = None
