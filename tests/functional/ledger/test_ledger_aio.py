@@ -48,5 +48,6 @@ def test_aio_sender_skips_confirmed_keys_and_reports_doubt_past_the_window(
     assert (sent, sent_again) == (4, 2)
     assert from_ledger == [f"order-{i}" for i in range(4)]
     assert in_doubt == ["order-9"]
-    got = sorted(m.message_id for m in broker.receive("orders", max_messages=100))
+    with broker:
+        got = sorted(m.message_id for m in broker.receive("orders", max_messages=100))
     assert got == [f"order-{i}" for i in range(6)]

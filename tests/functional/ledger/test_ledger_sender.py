@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -41,8 +42,9 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def broker(tmp_path: Path, clock: Clock) -> LocalBackend:
-    return LocalBackend(tmp_path / "broker.db", clock=clock)
+def broker(tmp_path: Path, clock: Clock) -> Iterator[LocalBackend]:
+    with LocalBackend(tmp_path / "broker.db", clock=clock) as backend:
+        yield backend
 
 
 @pytest.fixture
