@@ -179,6 +179,8 @@ class EmulatorHandler(Handler):
         self.senders: list[Any] = []  # links delivering to clients' receivers
         # Session receivers: who holds which session, and the session states (in memory).
         self.session_locks: dict[tuple[str, str | None, str], Any] = {}
+        # When each session lock expires unless renewed (renew-session-lock extends it).
+        self.session_expiry: dict[tuple[str, str | None, str], datetime] = {}
         self.session_states: dict[tuple[str, str | None, str], bytes | None] = {}
         # NEXT_AVAILABLE_SESSION receivers waiting for a session: link -> (node, give-up time).
         self.waiting: dict[Any, tuple[_Node, datetime]] = {}
@@ -279,6 +281,50 @@ class EmulatorHandler(Handler):
         elif node.kind == "entity":
             self.senders.append(link)
 
+    def _renew_session_messages(self, holder: Any) -> None:
+        """Extend the locks of the messages a session receiver holds.
+
+        In Service Bus a session's messages stay locked as long as the session
+        lock is held (they have no lock of their own to renew), so renewing the
+        session renews them too.
+        """
+        for dlv, locked in list(self.locked.items()):
+            if dlv.link != holder:
+                continue
+            with contextlib.suppress(Exception):  # settled or lost meanwhile
+                self.store.renew_lock(
+                    locked.entity,
+                    locked.lock_token,
+                    subscription=locked.subscription,
+                    lock_duration=self.emulator.lock_duration,
+                )
+
+    def _expire_session_locks(self) -> None:
+        """Release session locks not renewed in time, as Service Bus does.
+
+        The holder's link is detached with ``com.microsoft:session-lock-lost``
+        (the client raises ``SessionLockLostError``) and the session is free for
+        the next receiver.
+        """
+        now = datetime.now(UTC)
+        for key, until in list(self.session_expiry.items()):
+            holder = self.session_locks.get(key)
+            if holder is None:
+                self.session_expiry.pop(key, None)
+                continue
+            if until > now:
+                continue
+            self.session_expiry.pop(key, None)
+            self.session_locks.pop(key, None)
+            self.nodes.pop(holder, None)
+            if holder in self.senders:
+                self.senders.remove(holder)
+            if not holder.state & Endpoint.LOCAL_CLOSED:
+                holder.condition = _condition(
+                    SESSION_LOCK_LOST, f"the lock on session {key[2]!r} expired"
+                )
+                holder.close()
+
     def _retry_waiting(self) -> None:
         """Give waiting NEXT_AVAILABLE_SESSION receivers a session that became free."""
         now = datetime.now(UTC)
@@ -339,6 +385,7 @@ class EmulatorHandler(Handler):
         self.session_locks[key] = link
         node.session_id = session_id
         until = datetime.now(UTC) + self.emulator.lock_duration
+        self.session_expiry[key] = until
         ticks = _DOTNET_EPOCH_TICKS + int(until.timestamp() * 10_000_000)
         link.properties = {SESSION_LOCKED_UNTIL: ticks}
         return None
@@ -730,6 +777,8 @@ class EmulatorHandler(Handler):
             raise _MgmtError(410, SESSION_LOCK_LOST, f"session {session_id!r} is not locked")
         if operation.endswith("renew-session-lock"):
             until = datetime.now(UTC) + self.emulator.lock_duration
+            self.session_expiry[key] = until
+            self._renew_session_messages(self.session_locks[key])
             return (200, None), {"expiration": _codec._ms(until)}
         if operation.endswith("get-session-state"):
             return (200, None), {"session-state": self.session_states.get(key)}
@@ -756,6 +805,8 @@ class EmulatorHandler(Handler):
     # -- delivering to receivers ----------------------------------------------------------
 
     def poll(self) -> None:
+        if self.session_expiry:
+            self._expire_session_locks()
         if self.waiting:
             self._retry_waiting()
         for link in list(self.senders):
