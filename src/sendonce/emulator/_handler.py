@@ -50,6 +50,7 @@ LOCK_LOST = "com.microsoft:message-lock-lost"
 SESSION_LOCK_LOST = "com.microsoft:session-lock-lost"
 SESSION_CANNOT_BE_LOCKED = "com.microsoft:session-cannot-be-locked"
 TIMEOUT = "com.microsoft:timeout"
+MESSAGE_NOT_FOUND = "com.microsoft:message-not-found"
 # How long a NEXT_AVAILABLE_SESSION attach waits for a session before the broker
 # answers com.microsoft:timeout (the service's default operation timeout is 60 s).
 _SESSION_WAIT = timedelta(seconds=60)
@@ -665,6 +666,8 @@ class EmulatorHandler(Handler):
             return (200, None), {"expirations": self._renew(body)}
         if operation == "com.microsoft:peek-message":
             return self._peek(node, body)
+        if operation == "com.microsoft:receive-by-sequence-number":
+            return (200, None), {"messages": self._receive_deferred(node, body)}
         if operation in (
             "com.microsoft:renew-session-lock",
             "com.microsoft:get-session-state",
@@ -732,6 +735,8 @@ class EmulatorHandler(Handler):
             try:
                 if status == "completed":
                     self._complete(locked)
+                elif status == "defered":  # sic: the client's spelling
+                    self._defer(locked)
                 elif status == "suspended":  # the management form of dead-lettering
                     self._dead_letter(
                         locked,
@@ -913,6 +918,8 @@ class EmulatorHandler(Handler):
                     _text(info.get(DEAD_LETTER_REASON)),
                     _text(info.get(DEAD_LETTER_DESCRIPTION)),
                 )
+            elif state == Delivery.MODIFIED and dlv.remote.undeliverable:
+                self._defer(locked)  # the client defers with modified, undeliverable-here
             else:
                 self._abandon(locked)
         except Exception as exc:
@@ -940,6 +947,38 @@ class EmulatorHandler(Handler):
             subscription=locked.subscription,
             sub_queue=locked.sub_queue,
         )
+
+    def _defer(self, locked: _Locked) -> None:
+        if locked.sub_queue is not None:
+            self._abandon(locked)  # nothing to defer to on a dead-letter subqueue
+            return
+        self.store.defer(locked.entity, locked.lock_token, subscription=locked.subscription)
+
+    def _receive_deferred(self, node: _Node, body: dict[str, Any]) -> list[dict[str, Any]]:
+        seqs = [int(s) for s in body.get("sequence-numbers") or []]
+        settle_mode = body.get("receiver-settle-mode")
+        peek_lock = settle_mode is None or int(settle_mode) == 1
+        session_id = _text(body.get("session-id"))
+        try:
+            messages = self.store.receive_deferred(
+                node.entity,
+                seqs,
+                subscription=node.subscription,
+                session_id=session_id,
+                mode="peek_lock" if peek_lock else "receive_and_delete",
+                lock_duration=self.emulator.lock_duration,
+            )
+        except Exception as exc:
+            raise _MgmtError(404, MESSAGE_NOT_FOUND, _describe(exc)) from exc
+        out = []
+        for m in messages:
+            item: dict[str, Any] = {"message": self._encode_received(m, peek_lock=peek_lock)}
+            if peek_lock and m.lock_token:
+                key = uuid.UUID(bytes_le=_codec.lock_token_tag(m.lock_token))
+                self.tokens[key] = _Locked(node.entity, node.subscription, m.lock_token, key)
+                item["lock-token"] = key
+            out.append(item)
+        return out
 
     def _dead_letter(self, locked: _Locked, reason: str | None, description: str | None) -> None:
         if locked.sub_queue is not None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._backend import LocalBackend, LockLostError
+from ._backend import LocalBackend, LockLostError, MessageNotFoundError
 from ._received import ReceivedMessage
 from ._store import BrokerFileError, BrokerStorageError
 
@@ -11,5 +11,6 @@ __all__ = [
     "BrokerStorageError",
     "LocalBackend",
     "LockLostError",
+    "MessageNotFoundError",
     "ReceivedMessage",
 ]

@@ -43,6 +43,10 @@ _MAX_JSON_BATCH = 50_000
 _SUBSCRIPTIONS = "SELECT name FROM subscriptions WHERE eid = ? ORDER BY name"
 
 
+class MessageNotFoundError(SendOnceError):
+    """A deferred message asked for by sequence number is not there to receive."""
+
+
 class LockLostError(SendOnceError):
     """A peek-lock settlement came too late: the lock expired or the message is gone."""
 
@@ -795,7 +799,8 @@ class LocalBackend:
                 _dead_letter_exhausted(conn, eid, sub, profile.max_delivery_count, now)
             query = (
                 f"SELECT {ROW_COLUMNS} FROM messages WHERE eid = ? AND sub = ? "
-                "AND visible <= ? AND (locked_until IS NULL OR locked_until <= ?)"
+                "AND visible <= ? AND (locked_until IS NULL OR locked_until <= ?) "
+                "AND deferred IS NULL"
             )
             params: list[Any] = [eid, sub, now, now]
             if session_id is not None:
@@ -879,7 +884,7 @@ class LocalBackend:
             now = self._now()
             row = conn.execute(
                 "SELECT count(*) FROM messages WHERE eid = ? AND sub = ? AND visible <= ? "
-                "AND (locked_until IS NULL OR locked_until <= ?)",
+                "AND (locked_until IS NULL OR locked_until <= ?) AND deferred IS NULL",
                 (eid, sub, now, now),
             ).fetchone()
             return int(row[0])
@@ -969,10 +974,88 @@ class LocalBackend:
             lock_token,
             subscription,
             "UPDATE messages SET sub = sub || ?, lock_token = NULL, locked_until = NULL, "
-            "dl_reason = ?, dl_description = ? " + self._WHERE_LOCKED,
+            "dl_reason = ?, dl_description = ?, deferred = NULL " + self._WHERE_LOCKED,
             "dead-letter",
             values=(DEAD_LETTER_SUFFIX, reason, error_description),
         )
+
+    def defer(self, entity: str, lock_token: str, *, subscription: str | None = None) -> None:
+        """Set a peek-locked message aside: only :meth:`receive_deferred` hands it out again.
+
+        Service Bus deferral: the message stays in the entity, keeps its sequence
+        number, shows in :meth:`peek`, and is not delivered by :meth:`receive`
+        (https://learn.microsoft.com/azure/service-bus-messaging/message-deferral).
+        """
+        self._settle(
+            entity,
+            lock_token,
+            subscription,
+            "UPDATE messages SET lock_token = NULL, locked_until = NULL, deferred = 1 "
+            + self._WHERE_LOCKED,
+            "defer",
+        )
+
+    def receive_deferred(
+        self,
+        entity: str,
+        sequence_numbers: Sequence[int],
+        *,
+        subscription: str | None = None,
+        session_id: str | None = None,
+        mode: ReceiveMode = "peek_lock",
+        lock_duration: timedelta = timedelta(seconds=60),
+    ) -> list[ReceivedMessage]:
+        """Receive deferred messages by sequence number (settle them as any locked message).
+
+        Raises :class:`MessageNotFoundError` when one of them is not a deferred
+        message of the entity (as Service Bus does); nothing is received then.
+        """
+        if isinstance(sequence_numbers, int | str | bytes) or not all(
+            isinstance(n, int) and not isinstance(n, bool) for n in sequence_numbers
+        ):
+            raise ValidationError(
+                "sequence_numbers must be a sequence of int", field="sequence_numbers"
+            )
+        if mode not in ("receive_and_delete", "peek_lock"):
+            raise ValidationError(
+                f"mode must be 'receive_and_delete' or 'peek_lock', got {mode!r}", field="mode"
+            )
+        wanted = list(dict.fromkeys(sequence_numbers))
+
+        def work(conn: sqlite3.Connection) -> list[ReceivedMessage]:
+            eid, profile, _, _ = self._entity(conn, entity)
+            sub = self._sub(conn, eid, profile, subscription)
+            now = self._now()
+            out = []
+            for seq in wanted:
+                row = conn.execute(
+                    f"SELECT {ROW_COLUMNS} FROM messages WHERE eid = ? AND sub = ? AND seq = ? "
+                    "AND deferred = 1 AND (locked_until IS NULL OR locked_until <= ?)",
+                    (eid, sub, seq, now),
+                ).fetchone()
+                if row is None or (session_id is not None and row[3] != session_id):
+                    raise MessageNotFoundError(
+                        f"{entity!r} has no deferred message with sequence number {seq} "
+                        "available (never deferred, settled, or locked by another receiver)"
+                    )
+                if mode == "receive_and_delete":
+                    conn.execute(
+                        "DELETE FROM messages WHERE eid = ? AND sub = ? AND seq = ?",
+                        (eid, sub, seq),
+                    )
+                    out.append(received_from_row((*row[:8], None, None, row[10] + 1, *row[11:])))
+                    continue
+                token = str(uuid.uuid4())
+                until = now + lock_duration // _US
+                conn.execute(
+                    "UPDATE messages SET lock_token = ?, locked_until = ?, "
+                    "delivery_count = delivery_count + 1 WHERE eid = ? AND sub = ? AND seq = ?",
+                    (token, until, eid, sub, seq),
+                )
+                out.append(received_from_row((*row[:8], until, token, row[10] + 1, *row[11:])))
+            return out
+
+        return self._write(work, timeout=self._busy_timeout)
 
     def renew_lock(
         self,
@@ -1169,7 +1252,7 @@ def _dead_letter_exhausted(
     conn.execute(
         "UPDATE messages SET sub = sub || ?, lock_token = NULL, locked_until = NULL, "
         "dl_reason = ?, dl_description = ? WHERE eid = ? AND sub = ? AND delivery_count >= ? "
-        "AND (locked_until IS NULL OR locked_until <= ?)",
+        "AND (locked_until IS NULL OR locked_until <= ?) AND deferred IS NULL",
         (
             DEAD_LETTER_SUFFIX,
             MAX_DELIVERY_COUNT_EXCEEDED,

@@ -13,7 +13,7 @@ import sqlite3
 __all__ = ["FORMAT", "SCHEMA", "SCHEMA_VERSION", "upgrade"]
 
 FORMAT = "sendonce-broker"
-SCHEMA_VERSION = "2"
+SCHEMA_VERSION = "3"
 
 # Dedup keys live in a WITHOUT ROWID table keyed by (entity, message id, partition
 # key): the duplicate check is one indexed point lookup whatever the number of
@@ -61,6 +61,7 @@ CREATE TABLE messages (
     raw BLOB,
     dl_reason TEXT,
     dl_description TEXT,
+    deferred INTEGER,
     PRIMARY KEY (eid, sub, seq)
 ) WITHOUT ROWID;
 CREATE INDEX messages_lock ON messages (lock_token) WHERE lock_token IS NOT NULL;
@@ -78,6 +79,8 @@ _UPGRADES: dict[str, tuple[str, str]] = {
         "ALTER TABLE messages ADD COLUMN dl_reason TEXT;\n"
         "ALTER TABLE messages ADD COLUMN dl_description TEXT;\n",
     ),
+    # Version 3: deferred messages (set to 1) wait for receive_deferred.
+    "2": ("3", "ALTER TABLE messages ADD COLUMN deferred INTEGER;\n"),
 }
 
 
