@@ -117,11 +117,13 @@ def test_a_version_1_broker_file_is_upgraded(tmp_path: Path):
     with LocalBackend(path) as broker:
         broker.create_entity(EntityProfile("orders"))
         broker.send("orders", [msg("old")], timeout=5)
-    # Make it a version 1 file: no dead-letter columns, a profile without max_delivery_count.
+    # Make it a version 1 file: no dead-letter or deferral columns, and a profile
+    # without max_delivery_count.
     conn = sqlite3.connect(path)
     with conn:
         conn.execute("ALTER TABLE messages DROP COLUMN dl_reason")
         conn.execute("ALTER TABLE messages DROP COLUMN dl_description")
+        conn.execute("ALTER TABLE messages DROP COLUMN deferred")
         conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
         (profile,) = conn.execute("SELECT profile FROM entities").fetchone()
         conn.execute(
@@ -139,5 +141,5 @@ def test_a_version_1_broker_file_is_upgraded(tmp_path: Path):
         (dead,) = broker.peek("orders", sub_queue="dead_letter")
         assert (dead.message_id, dead.dead_letter_reason) == ("old", "after upgrade")
     conn = sqlite3.connect(path)
-    assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("2",)
+    assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("3",)
     conn.close()
