@@ -794,9 +794,6 @@ class LocalBackend:
             eid, profile, _, _ = self._entity(conn, entity)
             sub = _in(self._sub(conn, eid, profile, subscription), sub_queue)
             now = self._now()
-            if sub_queue is None:
-                _expire(conn, eid, sub, profile, now)
-                _dead_letter_exhausted(conn, eid, sub, profile.max_delivery_count, now)
             query = (
                 f"SELECT {ROW_COLUMNS} FROM messages WHERE eid = ? AND sub = ? "
                 "AND visible <= ? AND (locked_until IS NULL OR locked_until <= ?) "
@@ -809,6 +806,10 @@ class LocalBackend:
             query += " ORDER BY seq LIMIT ?"
             params.append(limit)
             rows = conn.execute(query, params).fetchall()
+            # Only the messages about to be delivered are checked for expiry and delivery
+            # count (a sweep of the whole entity made each receive scan it).
+            while sub_queue is None and _retire(conn, eid, sub, profile, now, rows):
+                rows = conn.execute(query, params).fetchall()
             out = []
             # Columns: seq, ..., scheduled (0-7), locked_until, lock_token, delivery_count, raw.
             if mode == "receive_and_delete":
@@ -1239,32 +1240,6 @@ def _in(sub: str, sub_queue: SubQueue | None) -> str:
     return sub if sub_queue is None else sub + DEAD_LETTER_SUFFIX
 
 
-def _dead_letter_exhausted(
-    conn: sqlite3.Connection, eid: int, sub: str, max_delivery_count: int, now: int
-) -> None:
-    """Move unlocked messages delivered ``max_delivery_count`` times to the dead-letter subqueue.
-
-    Service Bus: "a message is moved to the DLQ when its delivery count exceeds
-    MaxDeliveryCount", with reason MaxDeliveryCountExceeded
-    (https://learn.microsoft.com/azure/service-bus-messaging/service-bus-dead-letter-queues).
-    The count grows on every peek-lock delivery, so abandons and lock expiries count alike.
-    """
-    conn.execute(
-        "UPDATE messages SET sub = sub || ?, lock_token = NULL, locked_until = NULL, "
-        "dl_reason = ?, dl_description = ? WHERE eid = ? AND sub = ? AND delivery_count >= ? "
-        "AND (locked_until IS NULL OR locked_until <= ?) AND deferred IS NULL",
-        (
-            DEAD_LETTER_SUFFIX,
-            MAX_DELIVERY_COUNT_EXCEEDED,
-            f"Message could not be consumed after {max_delivery_count} delivery attempts.",
-            eid,
-            sub,
-            max_delivery_count,
-            now,
-        ),
-    )
-
-
 TTL_EXPIRED = "TTLExpiredException"
 
 
@@ -1284,30 +1259,64 @@ def _expiry_sql(profile: EntityProfile) -> tuple[str, list[Any]]:
     return f"({start} + COALESCE(min({own}, ?), ?))", [default // _US, default // _US]
 
 
-def _expire(conn: sqlite3.Connection, eid: int, sub: str, profile: EntityProfile, now: int) -> None:
-    """Remove, or dead-letter with TTLExpiredException, the expired messages not locked now."""
-    expiry, params = _expiry_sql(profile)
-    where = (
-        f"WHERE eid = ? AND sub = ? AND {expiry} <= ? "
-        "AND (locked_until IS NULL OR locked_until <= ?)"
-    )
-    if profile.dead_lettering_on_message_expiration:
-        conn.execute(
-            "UPDATE messages SET sub = sub || ?, lock_token = NULL, locked_until = NULL, "
-            "dl_reason = ?, dl_description = ? " + where,
-            (
-                DEAD_LETTER_SUFFIX,
-                TTL_EXPIRED,
-                "The message expired and was dead lettered.",
+def _retire(
+    conn: sqlite3.Connection,
+    eid: int,
+    sub: str,
+    profile: EntityProfile,
+    now: int,
+    rows: list[Any],
+) -> bool:
+    """Take expired and too-often-delivered messages out of ``rows``' entity; True if any.
+
+    Expiry (https://learn.microsoft.com/azure/service-bus-messaging/message-expiration):
+    the message's own time to live capped by the entity's default, from its enqueue
+    (or scheduled) time; an expired message is removed, or dead-lettered with
+    TTLExpiredException when the entity says so. Delivery count
+    (https://learn.microsoft.com/azure/service-bus-messaging/service-bus-dead-letter-queues):
+    a message delivered ``max_delivery_count`` times and not settled moves to the
+    dead-letter subqueue with MaxDeliveryCountExceeded; every peek-lock delivery
+    counts, so abandons and lock expiries count alike.
+    """
+    default = profile.default_message_time_to_live
+    default_us = None if default is None else default // _US
+    changed = False
+    for r in rows:
+        seq, extra, enqueued, scheduled, delivery_count = r[0], r[5], r[6], r[7], r[10]
+        own = json.loads(extra).get("ttl_us") if extra else None
+        ttl = own if default_us is None else default_us if own is None else min(own, default_us)
+        if ttl is not None and (scheduled or enqueued) + ttl <= now:
+            if profile.dead_lettering_on_message_expiration:
+                _to_dead_letter(
+                    conn, eid, sub, seq, TTL_EXPIRED, "The message expired and was dead lettered."
+                )
+            else:
+                conn.execute(
+                    "DELETE FROM messages WHERE eid = ? AND sub = ? AND seq = ?", (eid, sub, seq)
+                )
+            changed = True
+        elif delivery_count >= profile.max_delivery_count:
+            _to_dead_letter(
+                conn,
                 eid,
                 sub,
-                *params,
-                now,
-                now,
-            ),
-        )
-    else:
-        conn.execute("DELETE FROM messages " + where, (eid, sub, *params, now, now))
+                seq,
+                MAX_DELIVERY_COUNT_EXCEEDED,
+                f"Message could not be consumed after {profile.max_delivery_count} "
+                "delivery attempts.",
+            )
+            changed = True
+    return changed
+
+
+def _to_dead_letter(
+    conn: sqlite3.Connection, eid: int, sub: str, seq: int, reason: str, description: str
+) -> None:
+    conn.execute(
+        "UPDATE messages SET sub = sub || ?, lock_token = NULL, locked_until = NULL, "
+        "dl_reason = ?, dl_description = ? WHERE eid = ? AND sub = ? AND seq = ?",
+        (DEAD_LETTER_SUFFIX, reason, description, eid, sub, seq),
+    )
 
 
 def _lock_lost(entity: str, lock_token: str, verb: str) -> NoReturn:
