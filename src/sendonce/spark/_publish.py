@@ -158,6 +158,13 @@ def _ledger_url(ledger: object) -> str | None:
     raise ConfigurationError("ledger must be a sendonce.Ledger or a ledger url", field="ledger")
 
 
+def _ledger_options(ledger: object) -> dict[str, Any]:
+    """A :class:`Ledger`'s choices, which each task's ledger (opened from the url) applies."""
+    if isinstance(ledger, Ledger):
+        return {"ledger_in_doubt": ledger.in_doubt, "ledger_retention": ledger.retention}
+    return {}
+
+
 def _profile(
     url: str, entity: EntityProfile | str, retry: RetryPolicy, ledger: str | None = None
 ) -> EntityProfile:
@@ -278,6 +285,7 @@ def publish(
         placement=Placement.of(url),
         keep_connection=_keep(keep_connections),
         ledger=ledger_url,
+        **_ledger_options(ledger),
     )
     selected = df.select(*[quoted(c) for c in plan.columns])
     try:
@@ -435,6 +443,7 @@ def partition_publisher(
         placement=Placement.of(url),
         keep_connection=_keep(keep_connections),
         ledger=ledger_url,
+        **_ledger_options(ledger),
     )
     return PartitionPublisher(job)
 

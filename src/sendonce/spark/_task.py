@@ -20,6 +20,7 @@ from .._message import MessageSpec
 from .._retry import RetryPolicy
 from .._sender import IdempotentSender
 from ..errors import SendError
+from ..ledger import DEFAULT_RETENTION, InDoubtPolicy, Ledger
 from ._pool import Borrowed
 from ._rows import BatchEncoder, ColumnPlan, columns_of_rows, encode_columns
 
@@ -180,6 +181,9 @@ class TaskJob:
     """The send ledger's url: each task's sender opens it (a connection is never shipped).
 
     Not in the repr: a PostgreSQL url may carry a password."""
+    ledger_in_doubt: InDoubtPolicy = "error"
+    """The application's ``Ledger(in_doubt=...)`` choice, applied by every task's ledger."""
+    ledger_retention: timedelta | None = DEFAULT_RETENTION
 
     def run(self, batches: Iterable[tuple[dict[str, list[Any]], int]]) -> PartitionResult:
         """Publish a partition given as batches of (columns, row count)."""
@@ -193,6 +197,7 @@ class TaskJob:
         tally = _Tally()
         sender: IdempotentSender | None = None
         borrowed: Borrowed | None = None
+        ledger: Ledger | None = None
         healthy = False
         reporter = None if self.progress is None else self.progress.reporter(partition, attempt)
         try:
@@ -207,8 +212,14 @@ class TaskJob:
                     guard.check(partition=partition, attempt=attempt)
                     if sender is None:
                         borrowed = Borrowed(self.url, self.keep_connection)
+                        if self.ledger is not None:
+                            ledger = Ledger(
+                                self.ledger,
+                                in_doubt=self.ledger_in_doubt,
+                                retention=self.ledger_retention,
+                            )
                         sender = IdempotentSender(
-                            borrowed.backend, self.entity, retry=self.retry, ledger=self.ledger
+                            borrowed.backend, self.entity, retry=self.retry, ledger=ledger
                         )
                     report = sender.send_many(encoded.messages)
                     tally.sent += report.sent
@@ -225,6 +236,8 @@ class TaskJob:
                 reporter.close()
             if sender is not None:
                 sender.close()
+            if ledger is not None:
+                ledger.close()
             if borrowed is not None:
                 borrowed.release(healthy=healthy)
         result = PartitionResult(

@@ -9,6 +9,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from spark_helpers import expected, ids_on, orders
 
 from sendonce import ConfigurationError, EntityProfile, MessageSpec
 from sendonce.errors import LedgerError
-from sendonce.ledger import Ledger
+from sendonce.ledger import Entry, Key, Ledger, body_digest
 from sendonce.spark import PartitionResult, batch_publisher, partition_publisher, publish
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "functional" / "ledger"))
@@ -166,3 +167,28 @@ def test_bad_ledger_arguments_are_refused_before_any_job(tmp_path: Path) -> None
     with pytest.raises(LedgerError) as unreachable:  # opened on the driver: fails before any task
         batch_publisher(url, "orders", SPEC, ledger="postgresql://u:topsecret@127.0.0.1:1/x")
     assert "topsecret" not in str(unreachable.value)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("policy", ["error", "resend"])
+def test_the_applications_in_doubt_choice_reaches_the_executors(
+    spark: Any, broker: tuple[str, Path], tmp_path: Path, policy: str
+) -> None:
+    """A ``Ledger(in_doubt=...)`` passed to publish is applied by every task's own ledger."""
+    url, path = broker
+    ledger_url = f"sqlite://{tmp_path / 'ledger.db'}"
+    yesterday = datetime.now(UTC) - timedelta(seconds=2 * WINDOW)
+    crashed = SPEC.to_message({"order_id": 3, "customer": "customer-3"})
+    with Ledger(ledger_url) as ledger:  # a producer died between send and confirmation
+        entry = Entry(Key(crashed.message_id, ""), body_digest(crashed), yesterday, "dead")
+        ledger.store.record_intents("orders", [entry])
+    with Ledger(ledger_url, in_doubt=policy) as ledger:  # type: ignore[arg-type]
+        report = publish(orders(spark, 10, 2), url, EntityProfile("orders"), SPEC, ledger=ledger)
+    ids = ids_on(path)
+    if policy == "resend":
+        assert (report.sent, report.failed) == (10, 0)
+        assert sorted(ids) == expected(10)
+    else:
+        assert (report.sent, report.failed) == (9, 1)
+        assert [f[0] for p in report.partitions for f in p.failures] == ["order-3"]
+        assert "order-3" not in ids and len(ids) == 9
