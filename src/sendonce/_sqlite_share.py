@@ -36,6 +36,7 @@ import sqlite3
 import stat
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, TypeVar
@@ -48,6 +49,7 @@ __all__ = [
     "FileErrors",
     "SharedHandle",
     "Synchronous",
+    "creator",
     "is_busy",
     "open_shared",
 ]
@@ -61,36 +63,62 @@ Identity = tuple[int, int]
 _CREATION_LINK_GRACE = 2.0
 
 
-def is_busy(exc: BaseException) -> bool:
-    """A lock held by another connection: retrying later will help."""
-    if not isinstance(exc, sqlite3.OperationalError):
+def _sqlite_error_in(exc: BaseException, codes: tuple[int, ...], words: tuple[str, ...]) -> bool:
+    """Whether ``exc`` is an SQLite error with one of ``codes`` (or, without a code, ``words``)."""
+    if not isinstance(exc, sqlite3.DatabaseError):
         return False
     code = getattr(exc, "sqlite_errorcode", None)
     if code is not None:
-        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+        return code & 0xFF in codes
     text = str(exc).lower()
-    return "locked" in text or "busy" in text
+    return any(word in text for word in words)
+
+
+def is_busy(exc: BaseException) -> bool:
+    """A lock held by another connection: retrying later will help."""
+    return isinstance(exc, sqlite3.OperationalError) and _sqlite_error_in(
+        exc, (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED), ("locked", "busy")
+    )
 
 
 def _is_damage(exc: BaseException) -> bool:
-    if not isinstance(exc, sqlite3.DatabaseError) or is_busy(exc):
-        return False
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None and code & 0xFF in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
-        return True
-    text = str(exc).lower()
-    return "malformed" in text or "not a database" in text or "corrupt" in text
+    return not is_busy(exc) and _sqlite_error_in(
+        exc,
+        (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB),
+        ("malformed", "not a database", "corrupt"),
+    )
 
 
 def _is_storage_failure(exc: BaseException) -> bool:
     """The disk (or a file size limit) refused a write: nothing of this transaction stays."""
-    if not isinstance(exc, sqlite3.OperationalError):
-        return False
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None:
-        return code & 0xFF in (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR)
-    text = str(exc).lower()
-    return "disk is full" in text or "disk i/o error" in text
+    return isinstance(exc, sqlite3.OperationalError) and _sqlite_error_in(
+        exc, (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR), ("disk is full", "disk i/o error")
+    )
+
+
+def creator(schema: str) -> Callable[[str], None]:
+    """``create(path)`` for :func:`open_shared`: build a WAL file with ``schema`` aside, then
+    link it into place, so no process ever sees a half-built file (and a file another
+    process created first wins)."""
+
+    def create(path: str) -> None:
+        tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.new"
+        conn = sqlite3.connect(tmp, isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.executescript(f"BEGIN;{schema}COMMIT;")
+        finally:
+            conn.close()
+        try:
+            os.link(tmp, path)  # fails if another process created it first: use theirs
+        except FileExistsError:
+            pass
+        finally:
+            for leftover in (tmp, tmp + "-wal", tmp + "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(leftover)
+
+    return create
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,16 +7,14 @@ transactions that an interruption cannot leave open.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sqlite3
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from .._sqlite_share import FileErrors, SharedHandle, is_busy, open_shared
+from .._sqlite_share import FileErrors, SharedHandle, creator, is_busy, open_shared
 from ..errors import ConfigurationError, LedgerError
 from ._store import Entry, Key
 
@@ -65,23 +63,7 @@ def _storage(path: str, detail: str) -> Exception:
 _ERRORS = FileErrors(damaged=_damaged, storage=_storage)
 
 
-def _create(path: str) -> None:
-    """Create an empty ledger atomically: build it aside, then link it into place."""
-    tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.new"
-    conn = sqlite3.connect(tmp, isolation_level=None)
-    try:
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.executescript(f"BEGIN;{SCHEMA}COMMIT;")
-    finally:
-        conn.close()
-    try:
-        os.link(tmp, path)  # fails if another process created it first: use theirs
-    except FileExistsError:
-        pass
-    finally:
-        for leftover in (tmp, tmp + "-wal", tmp + "-shm"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(leftover)
+_create = creator(SCHEMA)  # an empty ledger, built aside and linked into place
 
 
 def _configure(conn: sqlite3.Connection) -> None:

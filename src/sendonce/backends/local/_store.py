@@ -9,15 +9,13 @@ verification, the clean-close marker and the errors users see.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sqlite3
-import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Literal
 
-from ..._sqlite_share import FileErrors, SharedHandle, is_busy, open_shared
+from ..._sqlite_share import FileErrors, SharedHandle, creator, is_busy, open_shared
 from ...errors import ConfigurationError, PermanentSendError
 from ._schema import FORMAT, SCHEMA, SCHEMA_VERSION, upgrade
 
@@ -106,23 +104,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = datetime(1970, 1, 1, 0, 0, 0, 1, tzinfo=UTC) - _EPOCH
 
 
-def _create(path: str) -> None:
-    """Create an empty broker atomically: build it aside, then link it into place."""
-    tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.new"
-    conn = sqlite3.connect(tmp, isolation_level=None)
-    try:
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.executescript(f"BEGIN;{SCHEMA}COMMIT;")
-    finally:
-        conn.close()
-    try:
-        os.link(tmp, path)  # fails if another process created it first: use theirs
-    except FileExistsError:
-        pass
-    finally:
-        for leftover in (tmp, tmp + "-wal", tmp + "-shm"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(leftover)
+_create = creator(SCHEMA)  # an empty broker, built aside and linked into place
 
 
 def _check_size(conn: sqlite3.Connection, path: str) -> None:
