@@ -178,11 +178,10 @@ class EmulatorHandler(Handler):
         self.locked: dict[Any, _Locked] = {}
         self.tokens: dict[uuid.UUID, _Locked] = {}
         self.senders: list[Any] = []  # links delivering to clients' receivers
-        # Session receivers: who holds which session, and the session states (in memory).
+        # Session receivers: who holds which session (session state: in the broker file).
         self.session_locks: dict[tuple[str, str | None, str], Any] = {}
         # When each session lock expires unless renewed (renew-session-lock extends it).
         self.session_expiry: dict[tuple[str, str | None, str], datetime] = {}
-        self.session_states: dict[tuple[str, str | None, str], bytes | None] = {}
         # NEXT_AVAILABLE_SESSION receivers waiting for a session: link -> (node, give-up time).
         self.waiting: dict[Any, tuple[_Node, datetime]] = {}
 
@@ -785,10 +784,21 @@ class EmulatorHandler(Handler):
             self.session_expiry[key] = until
             self._renew_session_messages(self.session_locks[key])
             return (200, None), {"expiration": _codec._ms(until)}
+        # Session state lives in the broker file: it outlives the emulator and
+        # local:// consumers see it (LocalBackend.get/set_session_state).
+        assert session_id is not None
         if operation.endswith("get-session-state"):
-            return (200, None), {"session-state": self.session_states.get(key)}
+            state = self.store.get_session_state(
+                node.entity, session_id, subscription=node.subscription
+            )
+            return (200, None), {"session-state": state}
         state = body.get("session-state")
-        self.session_states[key] = bytes(state) if state is not None else None
+        self.store.set_session_state(
+            node.entity,
+            session_id,
+            bytes(state) if state is not None else None,
+            subscription=node.subscription,
+        )
         return (200, None), {}
 
     def _peek(self, node: _Node, body: dict[str, Any]) -> tuple[tuple[int, str | None], Any]:

@@ -79,3 +79,21 @@ def test_auto_lock_renewer_keeps_the_session(short_lock_emulator: Emulator) -> N
             assert holder.session.get_state() is None
             holder.complete_message(message)
         renewer.close()
+
+
+def test_session_state_is_kept_in_the_broker_file(broker_path: Path) -> None:
+    """State set through the client outlives the emulator and is shared with local://."""
+    with LocalBackend(broker_path) as store:
+        store.create_entity(EntityProfile("carts", sessions=True))
+        store.set_session_state("carts", "S", b"from-local")
+    for round_ in range(2):  # a second emulator on the same file sees the state
+        with Emulator(broker_path, poll_interval=0.02) as emu:
+            with ServiceBusClient.from_connection_string(
+                emu.connection_string, retry_total=0
+            ) as sb:
+                with sb.get_queue_receiver("carts", session_id="S", max_wait_time=2) as r:
+                    expected = b"from-local" if round_ == 0 else b"from-client"
+                    assert r.session.get_state() == expected
+                    r.session.set_state(b"from-client")
+    with LocalBackend(broker_path) as store:
+        assert store.get_session_state("carts", "S") == b"from-client"

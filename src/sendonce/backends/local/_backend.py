@@ -698,7 +698,7 @@ class LocalBackend:
 
         def work(conn: sqlite3.Connection) -> None:
             eid = self._entity(conn, name)[0]
-            for table in ("messages", "ids", "subscriptions"):
+            for table in ("messages", "ids", "subscriptions", "session_states"):
                 conn.execute(f"DELETE FROM {table} WHERE eid = ?", (eid,))
             conn.execute("DELETE FROM entities WHERE eid = ?", (eid,))
 
@@ -1087,6 +1087,63 @@ class LocalBackend:
         self._write(work, timeout=self._busy_timeout)
         return result[0]
 
+    def get_session_state(
+        self, entity: str, session_id: str, *, subscription: str | None = None
+    ) -> bytes | None:
+        """The state an application stored for a session (None when it has none).
+
+        Service Bus keeps session state with the session, up to the entity's
+        maximum message size, whether or not the session has messages; the state
+        is kept in the broker file so the emulator and ``local://`` share it.
+        """
+        _check_session_id(session_id)
+
+        def work(conn: sqlite3.Connection) -> bytes | None:
+            eid, profile, _, _ = self._entity(conn, entity)
+            sub = self._sub(conn, eid, profile, subscription)
+            row = conn.execute(
+                "SELECT state FROM session_states WHERE eid = ? AND sub = ? AND session_id = ?",
+                (eid, sub, session_id),
+            ).fetchone()
+            return None if row is None else bytes(row[0])
+
+        return self._read(work)
+
+    def set_session_state(
+        self,
+        entity: str,
+        session_id: str,
+        state: bytes | None,
+        *,
+        subscription: str | None = None,
+    ) -> None:
+        """Store (or with None, clear) the state of a session."""
+        _check_session_id(session_id)
+        if state is not None and not isinstance(state, bytes | bytearray | memoryview):
+            raise ValidationError("state must be bytes or None", field="state")
+
+        def work(conn: sqlite3.Connection) -> None:
+            eid, profile, _, _ = self._entity(conn, entity)
+            sub = self._sub(conn, eid, profile, subscription)
+            if state is not None and len(state) > profile.max_message_size:
+                raise ValidationError(
+                    f"state is larger than the entity's max_message_size "
+                    f"({profile.max_message_size} bytes)",
+                    field="state",
+                )
+            if state is None:
+                conn.execute(
+                    "DELETE FROM session_states WHERE eid = ? AND sub = ? AND session_id = ?",
+                    (eid, sub, session_id),
+                )
+            else:
+                conn.execute(
+                    "INSERT OR REPLACE INTO session_states VALUES (?, ?, ?, ?)",
+                    (eid, sub, session_id, bytes(state)),
+                )
+
+        self._write(work, timeout=self._busy_timeout)
+
     def purge(self, entity: str, *, subscription: str | None = None) -> int:
         """Delete stored messages (a topic without ``subscription``: all of its copies).
 
@@ -1324,3 +1381,10 @@ def _lock_lost(entity: str, lock_token: str, verb: str) -> NoReturn:
         f"cannot {verb} the message with lock token {lock_token!r} on {entity!r}: "
         "the lock expired or the message was settled already"
     )
+
+
+def _check_session_id(session_id: object) -> None:
+    if not isinstance(session_id, str) or not session_id or "\x00" in session_id:
+        raise ValidationError(
+            "session_id must be a non-empty str without NUL characters", field="session_id"
+        )

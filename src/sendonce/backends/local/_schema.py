@@ -13,7 +13,7 @@ import sqlite3
 __all__ = ["FORMAT", "SCHEMA", "SCHEMA_VERSION", "upgrade"]
 
 FORMAT = "sendonce-broker"
-SCHEMA_VERSION = "3"
+SCHEMA_VERSION = "4"
 
 # Dedup keys live in a WITHOUT ROWID table keyed by (entity, message id, partition
 # key): the duplicate check is one indexed point lookup whatever the number of
@@ -65,6 +65,13 @@ CREATE TABLE messages (
     PRIMARY KEY (eid, sub, seq)
 ) WITHOUT ROWID;
 CREATE INDEX messages_lock ON messages (lock_token) WHERE lock_token IS NOT NULL;
+CREATE TABLE session_states (
+    eid INTEGER NOT NULL,
+    sub TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    state BLOB NOT NULL,
+    PRIMARY KEY (eid, sub, session_id)
+) WITHOUT ROWID;
 INSERT INTO meta VALUES ('format', '{FORMAT}'), ('schema_version', '{SCHEMA_VERSION}');
 """
 
@@ -81,6 +88,14 @@ _UPGRADES: dict[str, tuple[str, str]] = {
     ),
     # Version 3: deferred messages (set to 1) wait for receive_deferred.
     "2": ("3", "ALTER TABLE messages ADD COLUMN deferred INTEGER;\n"),
+    # Version 4: session state (get/set_session_state), kept in the file so that it
+    # outlives the emulator and is shared with local:// consumers.
+    "3": (
+        "4",
+        "CREATE TABLE session_states (eid INTEGER NOT NULL, sub TEXT NOT NULL,"
+        " session_id TEXT NOT NULL, state BLOB NOT NULL,"
+        " PRIMARY KEY (eid, sub, session_id)) WITHOUT ROWID;\n",
+    ),
 }
 
 
