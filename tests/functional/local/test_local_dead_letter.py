@@ -11,6 +11,7 @@ import pytest
 from sendonce import ConfigurationError, EntityProfile, Message, ValidationError
 from sendonce.backends import Ack
 from sendonce.backends.local import LocalBackend, LockLostError
+from sendonce.backends.local._schema import SCHEMA_VERSION
 
 
 def msg(message_id: str, body: str = "b") -> Message:
@@ -124,6 +125,7 @@ def test_a_version_1_broker_file_is_upgraded(tmp_path: Path):
         conn.execute("ALTER TABLE messages DROP COLUMN dl_reason")
         conn.execute("ALTER TABLE messages DROP COLUMN dl_description")
         conn.execute("ALTER TABLE messages DROP COLUMN deferred")
+        conn.execute("DROP TABLE session_states")
         conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
         (profile,) = conn.execute("SELECT profile FROM entities").fetchone()
         conn.execute(
@@ -141,5 +143,7 @@ def test_a_version_1_broker_file_is_upgraded(tmp_path: Path):
         (dead,) = broker.peek("orders", sub_queue="dead_letter")
         assert (dead.message_id, dead.dead_letter_reason) == ("old", "after upgrade")
     conn = sqlite3.connect(path)
-    assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("3",)
+    assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (
+        SCHEMA_VERSION,
+    )
     conn.close()
