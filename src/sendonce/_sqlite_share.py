@@ -455,7 +455,7 @@ def open_shared(
             shared = _registry.get(found[0])
             if shared is not None and shared.broken is None:
                 shared.refs += 1
-                return SharedHandle(shared, path, synchronous)
+                return SharedHandle(shared, synchronous)
             reason = _unsafe_after_fork.get(found[0])
             if reason is not None:
                 raise ConfigurationError(
@@ -471,7 +471,7 @@ def open_shared(
         shared = _open_new(real, create, setup, configure, errors, on_last_close, busy_timeout)
         _registry[shared.identity] = shared
         shared.refs = 1
-        return SharedHandle(shared, path, synchronous)
+        return SharedHandle(shared, synchronous)
 
 
 def _open_new(
@@ -550,10 +550,9 @@ def _create_missing(
 class SharedHandle:
     """One user of a shared database file (a backend, a ledger). Close it exactly once."""
 
-    def __init__(self, shared: _SharedFile, given_path: str, synchronous: Synchronous) -> None:
+    def __init__(self, shared: _SharedFile, synchronous: Synchronous) -> None:
         self._shared: _SharedFile | None = shared
         self._pid = os.getpid()
-        self._given_path = given_path
         self._synchronous = synchronous
         self.real_path = shared.real_path
 
