@@ -15,7 +15,8 @@ import logging
 import sqlite3
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -37,6 +38,8 @@ from .errors import (
     ValidationError,
 )
 from .ledger import Key, Ledger
+from .ledger._ledger import Prepared
+from .ledger._store import Confirmation
 
 __all__ = [
     "DEFAULT_MAX_BATCH_MESSAGES",
@@ -48,6 +51,9 @@ __all__ = [
     "SendResult",
     "Transaction",
 ]
+
+LEDGER_FAILURES = (LedgerError, sqlite3.Error, OSError)
+"""What a ledger that cannot write an intent raises: nothing may be sent then."""
 
 logger = logging.getLogger("sendonce.sender")
 
@@ -562,6 +568,84 @@ class SenderCore:
             )
             report.failures.append(SendFailure(message.message_id, message.partition_key, error))
 
+    def _ledger_intents(self, batch: list[Message], pending: Confirmation | None) -> Prepared:
+        """Write ``batch``'s intents (with the previous transfer's confirmation)."""
+        assert self._ledger is not None
+        return self._ledger.prepare(
+            self.profile.name,
+            batch,
+            self._ledger_keys(batch),
+            window=self._ledger_window,
+            margin=self.retry.safety_margin,
+            confirm=pending,
+        )
+
+    def _ledger_failed(
+        self,
+        batches: list[list[Message]],
+        index: int,
+        exc: Exception,
+        report: SendReport,
+        failed: dict[object, SendError],
+    ) -> None:
+        """No durable intent, so nothing may be sent: this and every later transfer fail.
+
+        The acknowledged transfers before it stay unconfirmed: decided on a re-run.
+        """
+        cause = exc if isinstance(exc, LedgerError) else f"{type(exc).__name__}: {exc}"
+        for rest in batches[index:]:
+            error = LedgerError(
+                f"the ledger could not record the intent to send ({cause}); not sent",
+                message_id=rest[0].message_id,
+            )
+            self._fail(rest, error, report, failed)
+
+    def _ledger_account(
+        self, prepared: Prepared, report: SendReport, failed: dict[object, SendError]
+    ) -> None:
+        self._account_ledger(prepared.confirmed, prepared.conflicts, prepared.in_doubt, report)
+        for message, _row in prepared.conflicts + prepared.in_doubt:
+            failed[self._key_of(message)] = report.failures[-1].error
+
+    def _ledger_resumed(self, prepared: Prepared, started: float | None) -> float | None:
+        """The retry deadline's start: a resumed key keeps its first attempt's deadline."""
+        if prepared.started is None:
+            return started
+        assert self._ledger is not None
+        age = (self._ledger.clock() - prepared.started).total_seconds()
+        earlier = self.retry.clock() - max(age, 0.0)
+        return earlier if started is None else min(started, earlier)
+
+    @staticmethod
+    def _ledger_done(
+        prepared: Prepared,
+        sent: Sequence[Message],
+        attempted: Attempted[list[Ack]] | None,
+        exc: SendError | None,
+    ) -> list[Key]:
+        """Note an acked or refused part of a transfer; the keys to release, if refused."""
+        if attempted is not None:
+            prepared.acknowledged(
+                sent, ["duplicate" if a.outcome == "duplicate" else "sent" for a in attempted.value]
+            )
+        elif isinstance(exc, PermanentSendError):
+            # Refused without an earlier doubtful attempt: nothing was stored.
+            return prepared.refused(sent)
+        return []
+
+    def _ledger_confirm(
+        self, pending: Confirmation, confirm: Callable[[str, Confirmation], object]
+    ) -> None:
+        try:
+            confirm(self.profile.name, pending)
+        except Exception as exc:
+            logger.warning(
+                "ledger: acknowledged message(s) to %r could not be confirmed (%s); "
+                "they stay unconfirmed intents, decided like in-doubt sends on a re-run",
+                self.profile.name,
+                exc,
+            )
+
 
 class IdempotentSender(SenderCore):
     """Sends messages so each business message lands exactly once.
@@ -791,71 +875,73 @@ class IdempotentSender(SenderCore):
         failed: dict[object, SendError],
         started: float | None,
     ) -> None:
-        """Intent before each transfer, confirmation after its ack (with the next intent)."""
+        """Intent before each transfer, confirmation after its ack (with a later intent).
+
+        The next transfer's intents are written in a worker thread while this one is
+        sent (SQLite and psycopg release the GIL), so the ledger's round-trip overlaps
+        the broker's: an intent is still durable before its transfer's first attempt.
+        """
         ledger = self._ledger
         assert ledger is not None
         entity = self.profile.name
-        owner = ledger.new_owner()
-        pending: dict[Key, str] = {}
+        pending: Confirmation | None = None
+        carried: Confirmation | None = None  # what the latest intent write also confirms
+        ahead: Future[Prepared] | None = None
+        pool = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="sendonce-ledger")
+            if len(batches) > 1
+            else None
+        )
+        try:
+            for index, batch in enumerate(batches):
+                try:
+                    if ahead is not None:
+                        written, ahead = ahead, None
+                        prepared = written.result()
+                    else:
+                        carried, pending = pending, None
+                        prepared = self._ledger_intents(batch, carried)
+                except LEDGER_FAILURES as exc:
+                    self._ledger_failed(batches, index, exc, report, failed)
+                    pending = carried.merged(pending) if carried else pending  # retried below
+                    break
+                self._ledger_account(prepared, report, failed)
+                if pool is not None and index + 1 < len(batches):
+                    carried, pending = pending, None
+                    ahead = pool.submit(self._ledger_intents, batches[index + 1], carried)
+                if not prepared.send:
+                    continue
+                resumed = self._ledger_resumed(prepared, started)
 
-        def done(
-            sent: Sequence[Message], attempted: Attempted[list[Ack]] | None, exc: SendError | None
-        ) -> None:
-            if attempted is not None:
-                outcomes = [
-                    "duplicate" if a.outcome == "duplicate" else "sent" for a in attempted.value
-                ]
-                pending.update(zip(self._ledger_keys(sent), outcomes, strict=True))
-            elif isinstance(exc, PermanentSendError):
-                # Refused without an earlier doubtful attempt: nothing was stored.
-                ledger.release(entity, self._ledger_keys(sent), owner)
+                def done(
+                    sent: Sequence[Message],
+                    attempted: Attempted[list[Ack]] | None,
+                    exc: SendError | None,
+                    prepared: Prepared = prepared,
+                ) -> None:
+                    released = self._ledger_done(prepared, sent, attempted, exc)
+                    if released:
+                        ledger.release(entity, released, prepared.owner)
 
-        for index, batch in enumerate(batches):
-            keys = self._ledger_keys(batch)
-            try:
-                prepared = ledger.prepare(
-                    entity,
-                    batch,
-                    keys,
-                    window=self._ledger_window,
-                    margin=self.retry.safety_margin,
-                    owner=owner,
-                    confirm=pending,
-                )
-            except (LedgerError, sqlite3.Error, OSError) as exc:
-                # No durable intent, so nothing may be sent: this and every later transfer
-                # fail (the acknowledged ones above stay unconfirmed: decided on a re-run).
-                cause = exc if isinstance(exc, LedgerError) else f"{type(exc).__name__}: {exc}"
-                for rest in batches[index:]:
-                    error = LedgerError(
-                        f"the ledger could not record the intent to send ({cause}); not sent",
-                        message_id=rest[0].message_id,
-                    )
-                    self._fail(rest, error, report, failed)
-                return
-            pending.clear()
-            self._account_ledger(prepared.confirmed, prepared.conflicts, prepared.in_doubt, report)
-            for message, _row in prepared.conflicts + prepared.in_doubt:
-                failed[self._key_of(message)] = report.failures[-1].error
-            if prepared.send:
-                resumed = started
-                if prepared.started is not None:
-                    age = (ledger.clock() - prepared.started).total_seconds()
-                    earlier = self.retry.clock() - max(age, 0.0)
-                    resumed = earlier if resumed is None else min(resumed, earlier)
                 self._send_batch(prepared.send, report, failed, resumed, done)
+                pending = prepared.confirmation().merged(pending)
+        finally:
+            if ahead is not None:  # interrupted: the transfer written ahead was never sent
+                self._ledger_unsent(ahead)
+            if pool is not None:
+                pool.shutdown(wait=True)
         if pending:
-            try:
-                ledger.confirm(entity, pending)
-            except Exception as exc:
-                logger.warning(
-                    "ledger: %d acknowledged message(s) to %r could not be confirmed (%s); "
-                    "they stay unconfirmed intents, decided like in-doubt sends on a re-run",
-                    len(pending),
-                    entity,
-                    exc,
-                )
+            self._ledger_confirm(pending, ledger.confirm)
         ledger.maybe_prune()
+
+    def _ledger_unsent(self, ahead: Future[Prepared]) -> None:
+        """Release the intents of a transfer written ahead and then never attempted."""
+        assert self._ledger is not None
+        try:
+            prepared = ahead.result()
+            self._ledger.release(self.profile.name, prepared.unsent_keys(), prepared.owner)
+        except Exception as exc:  # best effort: they stay intents, decided on a re-run
+            logger.warning("ledger: intents written ahead could not be released (%s)", exc)
 
     def schedule(
         self, message: Message, at: datetime, *, first_attempt: float | datetime | None = None

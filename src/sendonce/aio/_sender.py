@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import sqlite3
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -28,6 +27,7 @@ from .._retry import Attempted, RetryPolicy
 from .._sender import (
     DEFAULT_MAX_BATCH_MESSAGES,
     DEFAULT_MEMORY_SIZE,
+    LEDGER_FAILURES,
     SenderCore,
     SendReport,
     SendResult,
@@ -38,13 +38,14 @@ from ..backends._base import Ack
 from ..errors import (
     ConfigurationError,
     InDoubtError,
-    LedgerError,
     MessageSizeError,
     PermanentSendError,
     SendError,
     ValidationError,
 )
-from ..ledger import Key, Ledger
+from ..ledger import Ledger
+from ..ledger._ledger import Prepared
+from ..ledger._store import Confirmation
 from ._base import AsyncBackend
 
 __all__ = ["IdempotentSender", "Transaction"]
@@ -299,68 +300,63 @@ class IdempotentSender(SenderCore):
         failed: dict[object, SendError],
         started: float | None,
     ) -> None:
-        """The sync sender's ledger protocol, the store's calls in a worker thread."""
+        """The sync sender's ledger protocol, the store's calls in a worker thread.
+
+        As there, the next transfer's intents are written while this one is sent.
+        """
         ledger = self._ledger
         assert ledger is not None
         entity = self.profile.name
-        owner = ledger.new_owner()
-        pending: dict[Key, str] = {}
-        for index, batch in enumerate(batches):
-            keys = self._ledger_keys(batch)
-            try:
-                prepared = await asyncio.to_thread(
-                    ledger.prepare,
-                    entity,
-                    batch,
-                    keys,
-                    window=self._ledger_window,
-                    margin=self.retry.safety_margin,
-                    owner=owner,
-                    confirm=dict(pending),
-                )
-            except (LedgerError, sqlite3.Error, OSError) as exc:
-                cause = exc if isinstance(exc, LedgerError) else f"{type(exc).__name__}: {exc}"
-                for rest in batches[index:]:
-                    error = LedgerError(
-                        f"the ledger could not record the intent to send ({cause}); not sent",
-                        message_id=rest[0].message_id,
+        pending: Confirmation | None = None
+        carried: Confirmation | None = None  # what the latest intent write also confirms
+        ahead: asyncio.Future[Prepared] | None = None
+        try:
+            for index, batch in enumerate(batches):
+                try:
+                    if ahead is not None:
+                        written, ahead = ahead, None
+                        prepared = await written
+                    else:
+                        carried, pending = pending, None
+                        prepared = await asyncio.to_thread(self._ledger_intents, batch, carried)
+                except LEDGER_FAILURES as exc:
+                    self._ledger_failed(batches, index, exc, report, failed)
+                    pending = carried.merged(pending) if carried else pending
+                    break
+                self._ledger_account(prepared, report, failed)
+                if index + 1 < len(batches):
+                    carried, pending = pending, None
+                    ahead = asyncio.ensure_future(
+                        asyncio.to_thread(self._ledger_intents, batches[index + 1], carried)
                     )
-                    self._fail(rest, error, report, failed)
-                return
-            pending.clear()
-            self._account_ledger(prepared.confirmed, prepared.conflicts, prepared.in_doubt, report)
-            for message, _row in prepared.conflicts + prepared.in_doubt:
-                failed[self._key_of(message)] = report.failures[-1].error
-            if not prepared.send:
-                continue
-            resumed = started
-            if prepared.started is not None:
-                age = (ledger.clock() - prepared.started).total_seconds()
-                earlier = self.retry.clock() - max(age, 0.0)
-                resumed = earlier if resumed is None else min(resumed, earlier)
-            done: list[tuple[Sequence[Message], Attempted[list[Ack]] | None, SendError | None]]
-            done = []
-            await self._send_batch(prepared.send, report, failed, resumed, done)
-            for sent, attempted, refused in done:
-                if attempted is not None:
-                    outcomes = [
-                        "duplicate" if a.outcome == "duplicate" else "sent" for a in attempted.value
-                    ]
-                    pending.update(zip(self._ledger_keys(sent), outcomes, strict=True))
-                elif isinstance(refused, PermanentSendError):
-                    await asyncio.to_thread(ledger.release, entity, self._ledger_keys(sent), owner)
+                if not prepared.send:
+                    continue
+                resumed = self._ledger_resumed(prepared, started)
+                done: list[tuple[Sequence[Message], Attempted[list[Ack]] | None, SendError | None]]
+                done = []
+                await self._send_batch(prepared.send, report, failed, resumed, done)
+                for sent, attempted, refused in done:
+                    released = self._ledger_done(prepared, sent, attempted, refused)
+                    if released:
+                        await asyncio.to_thread(ledger.release, entity, released, prepared.owner)
+                pending = prepared.confirmation().merged(pending)
+        finally:
+            if ahead is not None:  # interrupted: the transfer written ahead was never sent
+                await self._ledger_unsent_async(ahead)
         if pending:
-            try:
-                await asyncio.to_thread(ledger.confirm, entity, pending)
-            except Exception as exc:
-                _logger.warning(
-                    "ledger: %d acknowledged message(s) to %r could not be confirmed (%s); "
-                    "they stay unconfirmed intents, decided like in-doubt sends on a re-run",
-                    len(pending),
-                    entity,
-                    exc,
-                )
+            await asyncio.to_thread(self._ledger_confirm, pending, ledger.confirm)
         await asyncio.to_thread(ledger.maybe_prune)
+
+    async def _ledger_unsent_async(self, ahead: asyncio.Future[Prepared]) -> None:
+        """Release the intents of a transfer written ahead and then never attempted."""
+        assert self._ledger is not None
+        try:
+            prepared = await ahead  # its worker thread cannot be stopped: let it finish
+            await asyncio.to_thread(
+                self._ledger.release, self.profile.name, prepared.unsent_keys(), prepared.owner
+            )
+        except Exception as exc:  # best effort: they stay intents, decided on a re-run
+            _logger.warning("ledger: intents written ahead could not be released (%s)", exc)
 
     async def schedule(
         self, message: Message, at: datetime, *, first_attempt: float | datetime | None = None

@@ -2,15 +2,17 @@
 
 Through psycopg 3 (``pip install 'sendonce[postgres]'``). Each primitive is one short
 transaction; the intents of a transfer are one ``INSERT ... ON CONFLICT ... RETURNING``
-statement. A connection lost mid-call is reopened and the call retried (tenacity):
-every primitive is idempotent, and intents a lost attempt did commit come back
-carrying this call's owner token, so they are recognised as ours.
+statement, and a whole transfer's confirmation one ``UPDATE`` by its owner token
+(through a partial index of the unconfirmed rows). A connection lost mid-call is
+reopened and the call retried (tenacity): every primitive is idempotent, and intents
+a lost attempt did commit come back carrying this call's owner token, so they are
+recognised as ours.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -18,7 +20,7 @@ import tenacity
 
 from .._extras import requires_extra
 from ..errors import ConfigurationError, LedgerError, redact
-from ._store import Entry, Key
+from ._store import Confirmation, Entry, Key
 
 with requires_extra("the PostgreSQL ledger", "postgres"):
     import psycopg
@@ -40,6 +42,8 @@ CREATE TABLE IF NOT EXISTS sendonce_ledger (
     PRIMARY KEY (entity, message_id, partition_key)
 );
 CREATE INDEX IF NOT EXISTS sendonce_ledger_age ON sendonce_ledger (first_attempt);
+CREATE INDEX IF NOT EXISTS sendonce_ledger_unconfirmed ON sendonce_ledger (owner)
+    WHERE confirmed_at IS NULL;
 """
 _INTENTS = """
 WITH written AS (
@@ -58,6 +62,10 @@ _CONFIRM = """
 UPDATE sendonce_ledger AS l SET confirmed_at = %(at)s, outcome = u.o
 FROM unnest(%(mids)s::text[], %(pks)s::text[], %(outcomes)s::text[]) AS u(m, p, o)
 WHERE l.entity = %(entity)s AND l.message_id = u.m AND l.partition_key = u.p
+"""
+_CONFIRM_TRANSFERS = """
+UPDATE sendonce_ledger SET confirmed_at = %(at)s, outcome = 'sent'
+WHERE owner = ANY(%(owners)s::text[]) AND confirmed_at IS NULL AND entity = %(entity)s
 """
 _RELEASE = """
 DELETE FROM sendonce_ledger AS l
@@ -161,40 +169,54 @@ class PostgresStore:
     def record_intents(
         self,
         entity: str,
-        intents: Sequence[Entry],
+        keys: Sequence[Key],
+        digests: Sequence[bytes],
         *,
-        confirm: Mapping[Key, str] | None = None,
-        confirmed_at: datetime | None = None,
+        first_attempt: datetime,
+        owner: str,
+        confirm: Confirmation | None = None,
     ) -> dict[Key, Entry]:
-        if not intents:
+        if not keys:
             return {}
         params = {
             "entity": entity,
-            "at": intents[0].first_attempt,
-            "owner": intents[0].owner,
-            **_keys([e.key for e in intents]),
-            "digests": [e.digest for e in intents],
+            "at": first_attempt,
+            "owner": owner,
+            **_keys(keys),
+            "digests": list(digests),
         }
 
         def work(conn: psycopg.Connection[Any]) -> dict[Key, Entry]:
             if confirm:
-                self._confirm(conn, entity, confirm, confirmed_at or intents[0].first_attempt)
+                self._confirm(conn, entity, confirm, first_attempt)
             return _entries(conn.execute(_INTENTS, params).fetchall())
 
         return self._run(work)
 
     @staticmethod
     def _confirm(
-        conn: psycopg.Connection[Any], entity: str, outcomes: Mapping[Key, str], at: datetime
+        conn: psycopg.Connection[Any], entity: str, confirmation: Confirmation, at: datetime
     ) -> None:
-        keys = list(outcomes)
-        conn.execute(
-            _CONFIRM,
-            {"entity": entity, "at": at, **_keys(keys), "outcomes": [outcomes[k] for k in keys]},
-        )
+        transfers, outcomes = confirmation
+        if transfers:
+            conn.execute(
+                _CONFIRM_TRANSFERS, {"entity": entity, "at": at, "owners": list(transfers)}
+            )
+        if outcomes:
+            keys = list(outcomes)
+            conn.execute(
+                _CONFIRM,
+                {
+                    "entity": entity,
+                    "at": at,
+                    **_keys(keys),
+                    "outcomes": [outcomes[k] for k in keys],
+                },
+            )
 
-    def confirm(self, entity: str, outcomes: Mapping[Key, str], at: datetime) -> None:
-        self._run(lambda conn: self._confirm(conn, entity, outcomes, at))
+    def confirm(self, entity: str, confirmation: Confirmation, at: datetime) -> None:
+        if confirmation:
+            self._run(lambda conn: self._confirm(conn, entity, confirmation, at))
 
     def release(self, entity: str, keys: Sequence[Key], owner: str) -> None:
         self._run(

@@ -10,38 +10,75 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .._sqlite_share import FileErrors, SharedHandle, creator, is_busy, open_shared
 from ..errors import ConfigurationError, LedgerError
-from ._store import Entry, Key
+from ._store import Confirmation, Entry, Key
+
+T = TypeVar("T")
 
 __all__ = ["SQLiteStore"]
 
 FORMAT = "sendonce-ledger"
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
+# Keys are one packed text each (entity id, ':', partition key length in 3 digits, the
+# partition key, the message id) in a rowid table with a UNIQUE index: the dedup
+# lookup and the insert are one index probe, as cheap as SQLite inserts get. The
+# first attempt and owner of a transfer's intents live once in its transfer row,
+# and so does the usual confirmation ("every intent of the transfer was acked"):
+# one row written per transfer, not one per message. A key's own confirmed_at and
+# outcome are set only where they differ (resent keys, partial transfers,
+# duplicates). ``keys`` counts a transfer's remaining intents, so pruning can drop
+# the transfer row with its last key.
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS ledger_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 INSERT OR IGNORE INTO ledger_meta VALUES
     ('format', '{FORMAT}'), ('schema_version', '{SCHEMA_VERSION}');
-CREATE TABLE IF NOT EXISTS sendonce_ledger (
-    entity TEXT NOT NULL,
-    message_id TEXT NOT NULL,
-    partition_key TEXT NOT NULL,
-    digest TEXT NOT NULL,
+CREATE TABLE IF NOT EXISTS ledger_entities (
+    eid INTEGER PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE
+);
+CREATE TABLE IF NOT EXISTS ledger_transfers (
+    tid INTEGER PRIMARY KEY AUTOINCREMENT,
+    owner TEXT NOT NULL UNIQUE,
     first_attempt INTEGER NOT NULL,
-    owner TEXT NOT NULL,
+    keys INTEGER NOT NULL DEFAULT 0,
     confirmed_at INTEGER,
-    outcome TEXT,
-    PRIMARY KEY (entity, message_id, partition_key)
-) WITHOUT ROWID;
+    outcome TEXT
+);
+CREATE TABLE IF NOT EXISTS ledger_keys (
+    k TEXT NOT NULL UNIQUE,
+    tid INTEGER NOT NULL,
+    digest TEXT NOT NULL,
+    confirmed_at INTEGER,
+    outcome TEXT
+);
 """
+# Version 1 kept one row per key with its own first attempt, owner and confirmation;
+# each (owner, first attempt) of it becomes a transfer.
+_UPGRADE_FROM_1 = [
+    statement
+    for statement in SCHEMA.split(";")
+    if statement.strip() and "INSERT OR IGNORE" not in statement
+] + [
+    "INSERT INTO ledger_entities (name) SELECT DISTINCT entity FROM sendonce_ledger",
+    "INSERT INTO ledger_transfers (owner, first_attempt, keys) "
+    "SELECT owner || '@' || first_attempt, first_attempt, count(*) FROM sendonce_ledger "
+    "GROUP BY owner, first_attempt ORDER BY first_attempt, owner",
+    "INSERT INTO ledger_keys (k, tid, digest, confirmed_at, outcome) "
+    "SELECT e.eid || ':' || printf('%03d', length(l.partition_key)) || l.partition_key "
+    "|| l.message_id, t.tid, l.digest, l.confirmed_at, l.outcome FROM sendonce_ledger l "
+    "JOIN ledger_entities e ON e.name = l.entity "
+    "JOIN ledger_transfers t ON t.owner = l.owner || '@' || l.first_attempt ORDER BY t.tid",
+    "DROP TABLE sendonce_ledger",
+    "UPDATE ledger_meta SET value = '2' WHERE key = 'schema_version'",
+]
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
-_CHUNK = 400  # keys per SELECT (two parameters each, under SQLite's 999 limit)
-_COLUMNS = "message_id, partition_key, digest, first_attempt, owner, confirmed_at, outcome"
 
 
 def _us(moment: datetime) -> int:
@@ -80,76 +117,86 @@ def _setup(path: str) -> object:
             raise LedgerError(f"{path!r} is a SQLite database but not a sendonce ledger") from None
         if rows.get("format") != FORMAT:
             raise LedgerError(f"{path!r} is a SQLite database but not a sendonce ledger")
-        if rows.get("schema_version") != SCHEMA_VERSION:
+        version = rows.get("schema_version")
+        if version == "1" and first:
+            _upgrade_from_1(conn)
+            version = SCHEMA_VERSION
+        if version != SCHEMA_VERSION:
             raise LedgerError(
-                f"{path!r} has ledger schema {rows.get('schema_version')!r}; "
-                f"this sendonce reads {SCHEMA_VERSION!r}"
+                f"{path!r} has ledger schema {version!r}; this sendonce reads "
+                f"{SCHEMA_VERSION!r}"
+                + (" (it is upgraded when no other process has it open)" if version == "1" else "")
             )
 
     return setup
 
 
-def _chunks(keys: Sequence[Key]) -> Iterator[Sequence[Key]]:
-    for start in range(0, len(keys), _CHUNK):
-        yield keys[start : start + _CHUNK]
+def _upgrade_from_1(conn: sqlite3.Connection) -> None:
+    """In place, in one transaction: readers of version 1 are refused afterwards."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if conn.execute(
+            "SELECT value FROM ledger_meta WHERE key = 'schema_version'"
+        ).fetchone() == ("1",):
+            for statement in _UPGRADE_FROM_1:
+                conn.execute(statement)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
 
 
-def _select(conn: sqlite3.Connection, entity: str, keys: Sequence[Key]) -> dict[Key, Entry]:
+def _packer(eid: int) -> Callable[[Key], str]:
+    prefix = f"{eid}:"
+
+    def pack(key: Key) -> str:
+        mid, pk = key
+        return f"{prefix}{len(pk):03d}{pk}{mid}"
+
+    return pack
+
+
+def _select(conn: sqlite3.Connection, packed: Mapping[str, Key]) -> dict[Key, Entry]:
     found: dict[Key, Entry] = {}
-    for chunk in _chunks(keys):
-        values = ",".join("(?,?)" for _ in chunk)
-        params: list[object] = [entity]
-        for key in chunk:
-            params.extend(key)
-        rows = conn.execute(
-            f"SELECT {_COLUMNS} FROM sendonce_ledger WHERE entity = ? AND "
-            f"(message_id, partition_key) IN (VALUES {values})",
-            params,
-        ).fetchall()
-        for mid, pk, digest, first, owner, confirmed, outcome in rows:
-            key = Key(mid, pk)
-            found[key] = Entry(
-                key,
-                bytes.fromhex(digest),
-                _time(first),
-                owner,
-                None if confirmed is None else _time(confirmed),
-                outcome,
-            )
+    rows = conn.execute(
+        "SELECT k.k, k.digest, t.first_attempt, t.owner, coalesce(k.confirmed_at, "
+        "t.confirmed_at), coalesce(k.outcome, t.outcome) FROM ledger_keys AS k "
+        "JOIN ledger_transfers AS t ON t.tid = k.tid "
+        "WHERE k.k IN (SELECT value FROM json_each(?))",
+        (json.dumps(list(packed), ensure_ascii=False),),
+    ).fetchall()
+    for text, digest, first, owner, confirmed, outcome in rows:
+        key = packed[text]
+        found[key] = Entry(
+            key,
+            bytes.fromhex(digest),
+            _time(first),
+            owner,
+            None if confirmed is None else _time(confirmed),
+            outcome,
+        )
     return found
 
 
-def _packed_key(key: Key) -> str:
-    """A key as one string SQL can split: partition key length (3 digits), key, id."""
-    mid, pk = key
-    return f"{len(pk):03d}{pk}{mid}"
-
-
-# The columns of a packed key (``value`` of json_each): cheaper than JSON objects per row.
-_PK_LEN = "CAST(substr(value, 1, 3) AS INTEGER)"
-_UNPACK = f"substr(value, 4 + {_PK_LEN}), substr(value, 4, {_PK_LEN})"
-# A packed intent: 16 hex digits of digest, then the packed key.
-_I_PK_LEN = "CAST(substr(value, 17, 3) AS INTEGER)"
-_INSERT = (
-    "INSERT OR IGNORE INTO sendonce_ledger "
-    "(entity, message_id, partition_key, digest, first_attempt, owner) "
-    f"SELECT ?, substr(value, 20 + {_I_PK_LEN}), substr(value, 20, {_I_PK_LEN}), "
-    "substr(value, 1, 16), ?, ? FROM json_each(?)"
-)
-
-
 def _apply_confirm(
-    conn: sqlite3.Connection, entity: str, outcomes: Mapping[Key, str], at: datetime
+    conn: sqlite3.Connection, pack: Callable[[Key], str], confirmation: Confirmation, when: int
 ) -> None:
-    when = _us(at)
+    transfers, keys = confirmation
+    if transfers:
+        conn.execute(
+            "UPDATE ledger_transfers SET confirmed_at = ?, outcome = 'sent' "
+            "WHERE owner IN (SELECT value FROM json_each(?)) AND confirmed_at IS NULL",
+            (when, json.dumps(list(transfers), ensure_ascii=False)),
+        )
     by_outcome: dict[str, list[str]] = {}
-    for (mid, pk), outcome in outcomes.items():
-        by_outcome.setdefault(outcome, []).append(f"{len(pk):03d}{pk}{mid}")
+    for key, outcome in keys.items():
+        by_outcome.setdefault(outcome, []).append(pack(key))
     for outcome, packed in by_outcome.items():
         conn.execute(
-            "UPDATE sendonce_ledger SET confirmed_at = ?, outcome = ? WHERE entity = ? AND "
-            f"(message_id, partition_key) IN (SELECT {_UNPACK} FROM json_each(?))",
-            (when, outcome, entity, json.dumps(packed)),
+            "UPDATE ledger_keys SET confirmed_at = ?, outcome = ? "
+            "WHERE k IN (SELECT value FROM json_each(?))",
+            (when, outcome, json.dumps(packed, ensure_ascii=False)),
         )
 
 
@@ -171,6 +218,7 @@ class SQLiteStore:
         self.path = real
         self.url = f"sqlite://{real}" + ("?durability=full" if durability == "full" else "")
         self.busy_timeout = busy_timeout
+        self._eids: dict[str, int] = {}
         self._handle: SharedHandle = open_shared(
             real,
             create=_create,
@@ -203,67 +251,154 @@ class SQLiteStore:
     def __repr__(self) -> str:
         return f"SQLiteStore({self.path!r})"
 
-    def _tx(self, work: object) -> object:
-        return self._handle.transaction(
-            work,  # type: ignore[arg-type]
+    def _tx(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        result: T = self._handle.transaction(
+            work,
             timeout=self.busy_timeout,
             on_busy=lambda text: LedgerError(f"ledger {text}"),
         )
+        return result
+
+    def _packer(self, entity: str) -> Callable[[Key], str]:
+        """The key packer of ``entity``, whose id is created on first use."""
+        eid = self._eids.get(entity)
+        if eid is None:
+
+            def work(conn: sqlite3.Connection) -> int:
+                conn.execute("INSERT OR IGNORE INTO ledger_entities (name) VALUES (?)", (entity,))
+                row = conn.execute(
+                    "SELECT eid FROM ledger_entities WHERE name = ?", (entity,)
+                ).fetchone()
+                return int(row[0])
+
+            eid = self._tx(work)
+            self._eids[entity] = eid  # only once committed: a rolled-back id is never kept
+        return _packer(eid)
 
     def record_intents(
         self,
         entity: str,
-        intents: Sequence[Entry],
+        keys: Sequence[Key],
+        digests: Sequence[bytes],
         *,
-        confirm: Mapping[Key, str] | None = None,
-        confirmed_at: datetime | None = None,
+        first_attempt: datetime,
+        owner: str,
+        confirm: Confirmation | None = None,
     ) -> dict[Key, Entry]:
-        if not intents:
+        if not keys:
             return {}
-        first = intents[0]
-        packed = json.dumps([f"{e[1].hex()}{len(e[0][1]):03d}{e[0][1]}{e[0][0]}" for e in intents])
+        pack = self._packer(entity)
+        prefix = pack(Key("", ""))[:-3]
+        pairs = zip(keys, digests, strict=True)
+        if all(not pk for _mid, pk in keys):
+            packed = json.dumps(
+                [f"{d.hex()}/{prefix}000{mid}" for (mid, _pk), d in pairs], ensure_ascii=False
+            )
+        else:
+            packed = json.dumps(
+                [f"{d.hex()}/{pack(k)}" for k, d in pairs],
+                ensure_ascii=False,
+            )
+        when = _us(first_attempt)
+        count = len(keys)
 
         def work(conn: sqlite3.Connection) -> dict[Key, Entry]:
             if confirm:
-                _apply_confirm(conn, entity, confirm, confirmed_at or first.first_attempt)
-            before = conn.total_changes
-            conn.execute(_INSERT, (entity, _us(first.first_attempt), first.owner, packed))
-            if conn.total_changes - before == len(intents):
+                _apply_confirm(conn, pack, confirm, when)
+            tid = conn.execute(
+                "INSERT INTO ledger_transfers (owner, first_attempt) VALUES (?, ?) "
+                "ON CONFLICT (owner) DO UPDATE SET owner = excluded.owner RETURNING tid",
+                (owner, when),
+            ).fetchone()[0]
+            inserted = conn.execute(
+                "INSERT OR IGNORE INTO ledger_keys (k, tid, digest) "
+                "SELECT substr(value, instr(value, '/') + 1), ?, "
+                "substr(value, 1, instr(value, '/') - 1) FROM json_each(?)",
+                (tid, packed),
+            ).rowcount
+            if inserted:
+                conn.execute(
+                    "UPDATE ledger_transfers SET keys = keys + ? WHERE tid = ?", (inserted, tid)
+                )
+            else:  # every key had a row: a transfer of nothing is not kept
+                conn.execute("DELETE FROM ledger_transfers WHERE tid = ? AND keys = 0", (tid,))
+            if inserted == count:
                 return {}  # every key was new: the common case costs no read
-            return _select(conn, entity, [e.key for e in intents])
+            return _select(conn, {pack(k): Key(*k) for k in keys})
 
-        result: dict[Key, Entry] = self._tx(work)  # type: ignore[assignment]
-        return result
+        return self._tx(work)
 
-    def confirm(self, entity: str, outcomes: Mapping[Key, str], at: datetime) -> None:
-        self._tx(lambda conn: _apply_confirm(conn, entity, outcomes, at))
+    def confirm(self, entity: str, confirmation: Confirmation, at: datetime) -> None:
+        if not confirmation:
+            return
+        pack = self._packer(entity)
+        self._tx(lambda conn: _apply_confirm(conn, pack, confirmation, _us(at)))
 
     def release(self, entity: str, keys: Sequence[Key], owner: str) -> None:
-        self._tx(
-            lambda conn: conn.execute(
-                "DELETE FROM sendonce_ledger WHERE entity = ? AND owner = ? AND "
-                "confirmed_at IS NULL AND (message_id, partition_key) IN "
-                f"(SELECT {_UNPACK} FROM json_each(?))",
-                (entity, owner, json.dumps([_packed_key(k) for k in keys])),
+        if not keys:
+            return
+        pack = self._packer(entity)
+        packed = json.dumps([pack(k) for k in keys], ensure_ascii=False)
+
+        def work(conn: sqlite3.Connection) -> None:
+            row = conn.execute(
+                "SELECT tid FROM ledger_transfers WHERE owner = ?", (owner,)
+            ).fetchone()
+            if row is None:
+                return
+            deleted = conn.execute(
+                "DELETE FROM ledger_keys WHERE tid = ? AND confirmed_at IS NULL AND "
+                "k IN (SELECT value FROM json_each(?))",
+                (row[0], packed),
+            ).rowcount
+            conn.execute(
+                "UPDATE ledger_transfers SET keys = keys - ? WHERE tid = ?", (deleted, row[0])
             )
-        )
+
+        self._tx(work)
 
     def lookup(self, entity: str, keys: Sequence[Key]) -> dict[Key, Entry]:
-        result: dict[Key, Entry] = self._tx(lambda conn: _select(conn, entity, keys))  # type: ignore[assignment]
-        return result
+        if not keys:
+            return {}
+        pack = self._packer(entity)
+        packed = {pack(k): Key(*k) for k in keys}
+        return self._tx(lambda conn: _select(conn, packed))
 
     def prune(self, before: datetime, limit: int) -> int:
-        def work(conn: sqlite3.Connection) -> int:
-            cursor = conn.execute(
-                "DELETE FROM sendonce_ledger WHERE (entity, message_id, partition_key) IN ("
-                "SELECT entity, message_id, partition_key FROM sendonce_ledger "
-                "WHERE first_attempt < ? LIMIT ?)",
-                (_us(before), limit),
-            )
-            return cursor.rowcount
+        """The oldest-written keys first: at most ``limit`` read, only the old ones deleted.
 
-        count: int = self._tx(work)  # type: ignore[assignment]
-        return count
+        A younger key written earlier (clocks differ between producers) holds pruning
+        back until it ages: a key younger than the retention is never removed.
+        """
+
+        def work(conn: sqlite3.Connection) -> int:
+            victims = conn.execute(
+                "SELECT k.rowid, k.tid FROM (SELECT rowid, tid FROM ledger_keys "
+                "ORDER BY rowid LIMIT ?) AS k JOIN ledger_transfers AS t ON t.tid = k.tid "
+                "WHERE t.first_attempt < ?",
+                (limit, _us(before)),
+            ).fetchall()
+            if not victims:
+                return 0
+            per_transfer: dict[int, int] = {}
+            for _rowid, tid in victims:
+                per_transfer[tid] = per_transfer.get(tid, 0) + 1
+            conn.execute(
+                "DELETE FROM ledger_keys WHERE rowid IN (SELECT value FROM json_each(?))",
+                (json.dumps([rowid for rowid, _tid in victims]),),
+            )
+            conn.executemany(
+                "UPDATE ledger_transfers SET keys = keys - ? WHERE tid = ?",
+                [(n, tid) for tid, n in per_transfer.items()],
+            )
+            conn.execute(
+                "DELETE FROM ledger_transfers WHERE keys <= 0 AND tid IN "
+                "(SELECT value FROM json_each(?))",
+                (json.dumps(list(per_transfer)),),
+            )
+            return len(victims)
+
+        return self._tx(work)
 
     def close(self) -> None:
         self._handle.close()

@@ -4,6 +4,10 @@ As in Powertools for AWS Lambda's persistence layer, the logic (what is in
 doubt, what may be resent) lives above the store in :class:`~sendonce.ledger.Ledger`;
 a store only writes and reads rows, each call one short transaction. Add your own
 store by implementing :class:`LedgerStore`.
+
+Intents are grouped in *transfers* (one per ``record_intents`` call, named by its
+owner token) so that the common confirmation, "every intent of that transfer was
+acknowledged", can be one row, not one per message.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import NamedTuple, Protocol, runtime_checkable
 
-__all__ = ["Entry", "Key", "LedgerStore"]
+__all__ = ["Confirmation", "Entry", "Key", "LedgerStore"]
 
 
 class Key(NamedTuple):
@@ -31,10 +35,32 @@ class Entry(NamedTuple):
     first_attempt: datetime
     """When the first attempt was about to start (wall time, UTC)."""
     owner: str
-    """A token naming the send that wrote the intent (a retried write recognises its own)."""
+    """The token of the transfer that wrote the intent (a retried write recognises its own)."""
     confirmed_at: datetime | None = None
     outcome: str | None = None
     """``sent``, ``duplicate`` or ``scheduled`` once confirmed."""
+
+
+class Confirmation(NamedTuple):
+    """What the broker acknowledged since the last write, as cheaply as it can be recorded."""
+
+    transfers: Sequence[str] = ()
+    """Owners of transfers whose every remaining intent was acknowledged as ``sent``."""
+    keys: Mapping[Key, str] = {}
+    """Other acknowledged keys and their outcome (``sent`` or ``duplicate``): keys of
+    earlier transfers resent by this one, of partly acknowledged transfers, and
+    duplicates (which override their transfer's ``sent``)."""
+
+    def __bool__(self) -> bool:
+        return bool(self.transfers) or bool(self.keys)
+
+    def merged(self, other: Confirmation | None) -> Confirmation:
+        """This confirmation and ``other`` (a later one) as one write."""
+        if not other:
+            return self
+        if not self:
+            return other
+        return Confirmation((*self.transfers, *other.transfers), {**self.keys, **other.keys})
 
 
 @runtime_checkable
@@ -47,21 +73,25 @@ class LedgerStore(Protocol):
     def record_intents(
         self,
         entity: str,
-        intents: Sequence[Entry],
+        keys: Sequence[Key],
+        digests: Sequence[bytes],
         *,
-        confirm: Mapping[Key, str] | None = None,
-        confirmed_at: datetime | None = None,
+        first_attempt: datetime,
+        owner: str,
+        confirm: Confirmation | None = None,
     ) -> dict[Key, Entry]:
-        """Insert the intents whose key has no row yet; return the rows that already existed.
+        """Insert an intent per key that has no row yet; return the rows that already existed.
 
-        ``confirm`` (key -> outcome) first confirms keys of an earlier transfer, in the
-        same transaction, so a transfer costs one round-trip. A row written by an earlier
-        try of this very call (same ``owner``) may be returned: the caller recognises it.
+        The intents form one transfer named ``owner`` (unique per call). ``confirm``
+        first records an earlier transfer's acknowledgements, in the same transaction
+        and at ``first_attempt``, so a transfer costs one round-trip. A row written by
+        an earlier try of this very call (same ``owner``) may be returned: the caller
+        recognises it.
         """
         ...
 
-    def confirm(self, entity: str, outcomes: Mapping[Key, str], at: datetime) -> None:
-        """Mark keys as acknowledged by the broker with their outcome."""
+    def confirm(self, entity: str, confirmation: Confirmation, at: datetime) -> None:
+        """Mark keys (whole transfers, or single keys) as acknowledged by the broker."""
         ...
 
     def release(self, entity: str, keys: Sequence[Key], owner: str) -> None:
@@ -73,7 +103,7 @@ class LedgerStore(Protocol):
         ...
 
     def prune(self, before: datetime, limit: int) -> int:
-        """Delete at most ``limit`` rows whose first attempt is older than ``before``."""
+        """Delete at most ``limit`` keys whose first attempt is older than ``before``."""
         ...
 
     def close(self) -> None: ...

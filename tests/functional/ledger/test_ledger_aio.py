@@ -10,7 +10,7 @@ import pytest
 
 from sendonce import ConfigurationError, EntityProfile, InDoubtError, Ledger, Message, aio
 from sendonce.backends import LocalBackend
-from sendonce.ledger import Entry, Key, body_digest
+from sendonce.ledger import Key, body_digest
 
 WINDOW = timedelta(minutes=10)
 
@@ -34,7 +34,11 @@ def test_aio_sender_skips_confirmed_keys_and_reports_doubt_past_the_window(
                 first = await sender.send_many([msg(i) for i in range(4)])
                 crashed = msg(9)
                 ledger.store.record_intents(
-                    "orders", [Entry(Key("order-9", ""), body_digest(crashed), now[0], "x")]
+                    "orders",
+                    [Key("order-9", "")],
+                    [body_digest(crashed)],
+                    first_attempt=now[0],
+                    owner="x",
                 )
                 now[0] += 2 * WINDOW
                 again = await sender.send_many([msg(i) for i in range(6)] + [crashed])

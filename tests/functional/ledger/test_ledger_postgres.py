@@ -95,18 +95,20 @@ def test_an_unreachable_ledger_sends_nothing_more_and_a_rerun_completes(
                 backend, EntityProfile("orders"), retry=retry, ledger=ledger, max_batch_messages=10
             ) as sender:
                 report = sender.send_many([msg(i) for i in range(50)])
-        # Two transfers reached the broker; the third could not record its intent.
-        assert report.sent == 20 and report.failed == 30
+        # Two transfers reached the broker before the database went away. The third's
+        # intents are written while the second is sent, so they may have been durable
+        # in time (then it was sent too); every later transfer could not record its intent.
+        assert report.sent in (20, 30) and report.failed == 50 - report.sent
         assert all(isinstance(f.error, LedgerError) for f in report.failures)
         assert "not sent" in str(report.failures[0].error)
-        assert broker.count("orders") == 20
+        assert broker.count("orders") == report.sent
         with psycopg.connect(_admin(url), autocommit=True) as conn:
             conn.execute(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true")
         with IdempotentSender(broker, EntityProfile("orders"), retry=retry, ledger=url) as sender:
             again = sender.send_many([msg(i) for i in range(50)])
-        # The first transfer was confirmed with the second's intents; the second one's
-        # confirmation was lost with the database: still inside the window, it is resent
-        # and the broker drops the copies.
+        # Confirmations lost with the database leave those keys unconfirmed: still inside
+        # the window, they are resent and the broker drops the copies.
         assert again.failed == 0 and again.sent + again.duplicates == 50
-        assert len(again.from_ledger) >= 10
+        if report.sent == 30:  # the first transfer's confirmation went with the third's intents
+            assert len(again.from_ledger) >= 10
         assert broker.count("orders") == 50

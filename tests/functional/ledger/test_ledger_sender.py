@@ -19,7 +19,7 @@ from sendonce import (
     RetryPolicy,
 )
 from sendonce.backends import LocalBackend
-from sendonce.ledger import Entry, Key, body_digest
+from sendonce.ledger import Key, body_digest
 from sendonce.testing import Fault, FaultyBackend
 
 WINDOW = timedelta(minutes=10)
@@ -98,7 +98,9 @@ def test_a_different_body_under_a_ledgered_key_is_a_conflict(
 def _crashed_intent(ledger: Ledger, entity: str, message: Message, at: datetime) -> None:
     """What a producer killed between its send and the confirmation leaves behind."""
     key = Key(message.message_id, "")
-    ledger.store.record_intents(entity, [Entry(key, body_digest(message), at, "dead")])
+    ledger.store.record_intents(
+        entity, [key], [body_digest(message)], first_attempt=at, owner="dead"
+    )
 
 
 def test_an_unconfirmed_intent_inside_the_window_is_resent(

@@ -19,7 +19,7 @@ from spark_helpers import ids_on, orders
 
 from sendonce import EntityProfile, IdempotentSender, Ledger, MessageSpec
 from sendonce.backends.local import LocalBackend
-from sendonce.ledger import Entry, Key, body_digest
+from sendonce.ledger import Key, body_digest
 from sendonce.spark import PartitionResult, publish
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "functional" / "ledger"))
@@ -54,7 +54,9 @@ def test_a_publish_rerun_two_windows_later_sends_only_what_is_missing(
         with IdempotentSender(old_broker, profile, ledger=ledger) as sender:
             assert sender.send_many(first_half).sent == 150
         key = Key(crashed.message_id, "")
-        ledger.store.record_intents("orders", [Entry(key, body_digest(crashed), yesterday, "dead")])
+        ledger.store.record_intents(
+            "orders", [key], [body_digest(crashed)], first_attempt=yesterday, owner="dead"
+        )
     report = publish(rows, url, profile, SPEC, ledger=pg_url)
     assert (report.sent, report.duplicates, report.failed) == (149, 150, 1)
     assert [f[0] for p in report.partitions for f in p.failures] == ["order-150"]

@@ -18,7 +18,7 @@ from spark_helpers import expected, ids_on, orders
 
 from sendonce import ConfigurationError, EntityProfile, MessageSpec
 from sendonce.errors import LedgerError
-from sendonce.ledger import Entry, Key, Ledger, body_digest
+from sendonce.ledger import Key, Ledger, body_digest
 from sendonce.spark import PartitionResult, batch_publisher, partition_publisher, publish
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "functional" / "ledger"))
@@ -180,8 +180,13 @@ def test_the_applications_in_doubt_choice_reaches_the_executors(
     yesterday = datetime.now(UTC) - timedelta(seconds=2 * WINDOW)
     crashed = SPEC.to_message({"order_id": 3, "customer": "customer-3"})
     with Ledger(ledger_url) as ledger:  # a producer died between send and confirmation
-        entry = Entry(Key(crashed.message_id, ""), body_digest(crashed), yesterday, "dead")
-        ledger.store.record_intents("orders", [entry])
+        ledger.store.record_intents(
+            "orders",
+            [Key(crashed.message_id, "")],
+            [body_digest(crashed)],
+            first_attempt=yesterday,
+            owner="dead",
+        )
     with Ledger(ledger_url, in_doubt=policy) as ledger:  # type: ignore[arg-type]
         report = publish(orders(spark, 10, 2), url, EntityProfile("orders"), SPEC, ledger=ledger)
     ids = ids_on(path)
