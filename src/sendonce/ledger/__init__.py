@@ -9,10 +9,11 @@ processes) or ``postgresql://...`` (shared by hosts and Spark executors; needs
 from __future__ import annotations
 
 from ._ledger import DEFAULT_RETENTION, InDoubtPolicy, Ledger, Prepared, body_digest, open_store
-from ._store import Entry, Key, LedgerStore
+from ._store import Confirmation, Entry, Key, LedgerStore
 
 __all__ = [
     "DEFAULT_RETENTION",
+    "Confirmation",
     "Entry",
     "InDoubtPolicy",
     "Key",
