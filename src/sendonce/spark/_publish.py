@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from .._entity import EntityProfile
@@ -13,7 +15,7 @@ from .._message import MessageSpec
 from .._retry import RetryPolicy
 from .._sender import IdempotentSender
 from ..errors import ConfigurationError, PublishFailedError
-from ..ledger import Ledger
+from ..ledger import DEFAULT_RETENTION, InDoubtPolicy, Ledger
 from ._placement import Placement
 from ._progress import ProgressBoard, driver_host
 from ._rows import ColumnPlan
@@ -473,8 +475,13 @@ class BatchPublisher:
         clock: Clock,
         keep_connections: float = KEEP_CONNECTIONS,
         ledger: str | None = None,
+        ledger_in_doubt: InDoubtPolicy = "error",
+        ledger_retention: timedelta | None = DEFAULT_RETENTION,
     ) -> None:
         self.ledger = ledger
+        # A Ledger's choices travel with its url: each batch reopens it with them.
+        self.ledger_in_doubt: InDoubtPolicy = ledger_in_doubt
+        self.ledger_retention = ledger_retention
         self.url = url
         self.entity = entity
         self.spec = spec
@@ -486,18 +493,28 @@ class BatchPublisher:
         self.keep_connections = keep_connections
 
     def __call__(self, batch_df: Any, batch_id: int) -> None:
-        report = publish(
-            batch_df,
-            self.url,
-            self.entity,
-            self.spec,
-            retry=self.retry,
-            check_conflicts=self.check_conflicts,
-            after_partition=self.after_partition,
-            clock=self.clock,
-            keep_connections=self.keep_connections,
-            ledger=self.ledger,
-        )
+        with contextlib.ExitStack() as stack:
+            ledger = None
+            if self.ledger is not None:
+                ledger = stack.enter_context(
+                    Ledger(
+                        self.ledger,
+                        in_doubt=self.ledger_in_doubt,
+                        retention=self.ledger_retention,
+                    )
+                )
+            report = publish(
+                batch_df,
+                self.url,
+                self.entity,
+                self.spec,
+                retry=self.retry,
+                check_conflicts=self.check_conflicts,
+                after_partition=self.after_partition,
+                clock=self.clock,
+                keep_connections=self.keep_connections,
+                ledger=ledger,
+            )
         report.raise_for_failures()
         if self.on_batch is not None:
             self.on_batch(batch_id, report)
@@ -539,4 +556,5 @@ def batch_publisher(
         clock=clock,
         keep_connections=_keep(keep_connections),
         ledger=_ledger_url(ledger),
+        **_ledger_options(ledger),
     )

@@ -197,3 +197,26 @@ def test_the_applications_in_doubt_choice_reaches_the_executors(
         assert (report.sent, report.failed) == (9, 1)
         assert [f[0] for p in report.partitions for f in p.failures] == ["order-3"]
         assert "order-3" not in ids and len(ids) == 9
+
+
+@pytest.mark.spark
+def test_a_batch_publisher_applies_the_ledgers_in_doubt_choice(
+    spark: Any, broker: tuple[str, Path], tmp_path: Path
+) -> None:
+    """``batch_publisher(ledger=Ledger(..., in_doubt="resend"))`` keeps that choice per batch."""
+    url, path = broker
+    ledger_url = f"sqlite://{tmp_path / 'ledger.db'}"
+    yesterday = datetime.now(UTC) - timedelta(seconds=2 * WINDOW)
+    crashed = SPEC.to_message({"order_id": 3, "customer": "customer-3"})
+    with Ledger(ledger_url, in_doubt="resend") as ledger:
+        ledger.store.record_intents(
+            "orders",
+            [Key(crashed.message_id, "")],
+            [body_digest(crashed)],
+            first_attempt=yesterday,
+            owner="dead",
+        )
+        run = batch_publisher(url, EntityProfile("orders"), SPEC, ledger=ledger)
+    assert (run.ledger_in_doubt, run.ledger_retention) == ("resend", ledger.retention)
+    run(orders(spark, 10, 2), 0)  # order-3 is in doubt: resent, as the application chose
+    assert sorted(ids_on(path)) == expected(10)
