@@ -518,7 +518,7 @@ class SenderCore:
         if self._ledger is not None:
             raise ConfigurationError(
                 f"{what}() is not supported on a sender with a ledger yet: use a sender "
-                "without one for scheduled messages and all-or-nothing groups",
+                "without one for all-or-nothing groups",
                 field="ledger",
             )
 
@@ -606,6 +606,26 @@ class SenderCore:
         self._account_ledger(prepared.confirmed, prepared.conflicts, prepared.in_doubt, report)
         for message, _row in prepared.conflicts + prepared.in_doubt:
             failed[self._key_of(message)] = report.failures[-1].error
+
+    def _ledger_schedule_start(
+        self, message: Message, prepared: Prepared | Exception
+    ) -> Prepared | SendResult:
+        """A schedule's ledger decision: go ahead (Prepared), or its result, or raise."""
+        report = SendReport()
+        if isinstance(prepared, Exception):
+            self._ledger_failed([[message]], 0, prepared, report, {})
+            raise report.failures[0].error from None
+        self._ledger_account(prepared, report, {})
+        if report.failures:
+            raise report.failures[0].error
+        if not prepared.send:
+            return report.results[0]  # confirmed by an earlier run: a duplicate
+        return prepared
+
+    @staticmethod
+    def _ledger_scheduled(prepared: Prepared, result: SendResult) -> Confirmation:
+        outcome = "duplicate" if result.outcome == "duplicate" else "scheduled"
+        return Confirmation((), {prepared.send_keys[0]: outcome})
 
     def _ledger_resumed(self, prepared: Prepared, started: float | None) -> float | None:
         """The retry deadline's start: a resumed key keeps its first attempt's deadline."""
@@ -959,29 +979,48 @@ class IdempotentSender(SenderCore):
                 "timezone-aware datetime",
                 field="at",
             )
-        self._refuse_with_ledger("schedule")
         started = self._started(first_attempt)
         self._remember(self._plan((message,), what="message", batch=False))
         entity = self.profile.name
         backend = self._backend
+        ledger = self._ledger
+        prepared: Prepared | None = None
+        if ledger is not None:
+            try:
+                written: Prepared | Exception = self._ledger_intents([message], None)
+            except LEDGER_FAILURES as exc:
+                written = exc
+            decided = self._ledger_schedule_start(message, written)
+            if isinstance(decided, SendResult):
+                return decided
+            prepared = decided
+            started = self._ledger_resumed(prepared, started)
 
         def attempt(timeout: float) -> list[Ack]:
             return backend.schedule(entity, [message], at, timeout=timeout)
 
-        attempted = self.retry.call(
-            attempt,
-            window=self.profile.window,
-            message_id=message.message_id,
-            partition_key=message.partition_key,
-            started=started,
-        )
-        return _results(
+        try:
+            attempted = self.retry.call(
+                attempt,
+                window=self.profile.window,
+                message_id=message.message_id,
+                partition_key=message.partition_key,
+                started=started,
+            )
+        except PermanentSendError:
+            if ledger is not None and prepared is not None:  # refused: nothing was stored
+                ledger.release(entity, prepared.refused([message]), prepared.owner)
+            raise
+        result = _results(
             [message],
             attempted.value,
             attempted.attempts,
             attempted.in_doubt_before,
             scheduled=True,
         )[0]
+        if ledger is not None and prepared is not None:
+            self._ledger_confirm(self._ledger_scheduled(prepared, result), ledger.confirm)
+        return result
 
     # -- transactions ----------------------------------------------------------------
 

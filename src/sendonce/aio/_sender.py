@@ -363,7 +363,6 @@ class IdempotentSender(SenderCore):
     ) -> SendResult:
         """Schedule one message for ``at``; it shares the duplicate-detection id space."""
         self._check_open()
-        self._refuse_with_ledger("schedule")
         if not isinstance(at, datetime) or at.tzinfo is None:
             raise ValidationError(
                 f"message {getattr(message, 'message_id', None)!r}: schedule time must be a "
@@ -374,24 +373,48 @@ class IdempotentSender(SenderCore):
         self._remember(self._plan((message,), what="message", batch=False))
         entity = self.profile.name
         backend = self._backend
+        ledger = self._ledger
+        prepared: Prepared | None = None
+        if ledger is not None:
+            try:
+                written: Prepared | Exception = await asyncio.to_thread(
+                    self._ledger_intents, [message], None
+                )
+            except LEDGER_FAILURES as exc:
+                written = exc
+            decided = self._ledger_schedule_start(message, written)
+            if isinstance(decided, SendResult):
+                return decided
+            prepared = decided
+            started = self._ledger_resumed(prepared, started)
 
         async def attempt(timeout: float) -> list[Ack]:
             return await backend.schedule(entity, [message], at, timeout=timeout)
 
-        attempted = await self.retry.acall(
-            attempt,
-            window=self.profile.window,
-            message_id=message.message_id,
-            partition_key=message.partition_key,
-            started=started,
-        )
-        return _results(
+        try:
+            attempted = await self.retry.acall(
+                attempt,
+                window=self.profile.window,
+                message_id=message.message_id,
+                partition_key=message.partition_key,
+                started=started,
+            )
+        except PermanentSendError:
+            if ledger is not None and prepared is not None:  # refused: nothing was stored
+                keys = prepared.refused([message])
+                await asyncio.to_thread(ledger.release, entity, keys, prepared.owner)
+            raise
+        result = _results(
             [message],
             attempted.value,
             attempted.attempts,
             attempted.in_doubt_before,
             scheduled=True,
         )[0]
+        if ledger is not None and prepared is not None:
+            confirmation = self._ledger_scheduled(prepared, result)
+            await asyncio.to_thread(self._ledger_confirm, confirmation, ledger.confirm)
+        return result
 
     # -- transactions ----------------------------------------------------------------
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sendonce import ConfigurationError, EntityProfile, InDoubtError, Ledger, Message, aio
+from sendonce import EntityProfile, InDoubtError, Ledger, Message, aio
 from sendonce.backends import LocalBackend
 from sendonce.ledger import Key, body_digest
 
@@ -42,8 +42,13 @@ def test_aio_sender_skips_confirmed_keys_and_reports_doubt_past_the_window(
                 )
                 now[0] += 2 * WINDOW
                 again = await sender.send_many([msg(i) for i in range(6)] + [crashed])
-                with pytest.raises(ConfigurationError):
-                    await sender.schedule(msg(7), now[0] + WINDOW)
+                scheduled = await sender.schedule(msg(7), now[0] + WINDOW)
+                assert scheduled.outcome == "scheduled"
+                now[0] += 2 * WINDOW  # the broker forgot order-7; the ledger did not
+                again_scheduled = await sender.schedule(msg(7), now[0] + WINDOW)
+                assert again_scheduled.outcome == "duplicate"
+                with pytest.raises(InDoubtError):
+                    await sender.schedule(crashed, now[0] + WINDOW)
                 with pytest.raises(InDoubtError):
                     await sender.send(crashed)
                 return first.sent, again.from_ledger, again.in_doubt, again.sent
@@ -54,4 +59,4 @@ def test_aio_sender_skips_confirmed_keys_and_reports_doubt_past_the_window(
     assert in_doubt == ["order-9"]
     with broker:
         got = sorted(m.message_id for m in broker.receive("orders", max_messages=100))
-    assert got == [f"order-{i}" for i in range(6)]
+    assert got == [f"order-{i}" for i in range(6)] + ["order-7"]  # order-7 scheduled once

@@ -16,6 +16,7 @@ from sendonce import (
     Ledger,
     Message,
     PayloadConflictError,
+    PermanentSendError,
     RetryPolicy,
 )
 from sendonce.backends import LocalBackend
@@ -224,3 +225,31 @@ def test_a_sender_opens_and_closes_a_ledger_url(
         sender.send(msg(1))
     with IdempotentSender(broker, profile, retry=retry, ledger=url) as sender:
         assert sender.send_many([msg(1)]).from_ledger == ["order-1"]
+
+
+def test_a_scheduled_message_is_recorded_and_not_scheduled_again_after_the_window(
+    broker: LocalBackend, clock: Clock, ledger_url: str, retry: RetryPolicy
+) -> None:
+    profile = EntityProfile("orders", duplicate_detection_window=WINDOW)
+    refusing = FaultyBackend(broker, [Fault.PERMANENT])
+    with Ledger(ledger_url, clock=clock) as ledger:
+        with IdempotentSender(refusing, profile, retry=retry, ledger=ledger) as sender:
+            with pytest.raises(PermanentSendError):
+                sender.schedule(msg(2), clock.now + WINDOW)
+        assert ledger.store.lookup("orders", [Key("order-2", "")]) == {}  # released
+        with IdempotentSender(broker, profile, retry=retry, ledger=ledger) as sender:
+            first = sender.schedule(msg(1), clock.now + WINDOW)
+            row = ledger.store.lookup("orders", [Key("order-1", "")])[Key("order-1", "")]
+            assert (first.outcome, row.outcome) == ("scheduled", "scheduled")
+            clock.now += 2 * WINDOW  # the broker's window has passed; the ledger remembers
+            again = sender.schedule(msg(1), clock.now + WINDOW)
+            assert again.outcome == "duplicate"
+            with pytest.raises(PayloadConflictError):
+                sender.schedule(msg(1, "changed"), clock.now + WINDOW)
+            assert sender.schedule(msg(2), clock.now + WINDOW).outcome == "scheduled"
+        _crashed_intent(ledger, "orders", msg(3), clock.now - 2 * WINDOW)
+        with IdempotentSender(broker, profile, retry=retry, ledger=ledger) as sender:
+            with pytest.raises(InDoubtError):
+                sender.schedule(msg(3), clock.now + WINDOW)
+    clock.now += 3 * WINDOW
+    assert bodies(broker, "orders") == ["body 1", "body 2"]
