@@ -7,7 +7,29 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+from ledger_helpers import Clock
 from pgserver import throwaway_cluster
+
+from sendonce import RetryPolicy
+from sendonce.backends import LocalBackend
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def broker(tmp_path: Path, clock: Clock) -> Iterator[LocalBackend]:
+    """A broker file on the test's clock."""
+    with LocalBackend(tmp_path / "broker.db", clock=clock) as backend:
+        yield backend
+
+
+@pytest.fixture
+def retry() -> RetryPolicy:
+    """Retries without waiting."""
+    return RetryPolicy(initial_backoff=0, max_backoff=0, jitter=False, sleep=lambda s: None)
 
 
 @pytest.fixture(scope="session")

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+from ledger_helpers import WINDOW, Clock, msg
 
 from sendonce import (
     ConfigurationError,
@@ -22,39 +22,6 @@ from sendonce import (
 from sendonce.backends import LocalBackend
 from sendonce.ledger import Key, body_digest
 from sendonce.testing import Fault, FaultyBackend
-
-WINDOW = timedelta(minutes=10)
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-class Clock:
-    """One wall clock for the broker and the ledger: tests move it past windows."""
-
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def broker(tmp_path: Path, clock: Clock) -> Iterator[LocalBackend]:
-    with LocalBackend(tmp_path / "broker.db", clock=clock) as backend:
-        yield backend
-
-
-@pytest.fixture
-def retry() -> RetryPolicy:
-    return RetryPolicy(initial_backoff=0, max_backoff=0, jitter=False, sleep=lambda s: None)
-
-
-def msg(i: int, body: str = "body") -> Message:
-    return Message(f"{body} {i}", message_id=f"order-{i}")
 
 
 def bodies(broker: LocalBackend, entity: str) -> list[str]:

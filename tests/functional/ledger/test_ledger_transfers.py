@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from ledger_helpers import T0, WINDOW, Clock, msg
 
 from sendonce import (
     EntityProfile,
@@ -31,37 +32,6 @@ from sendonce.backends import LocalBackend
 from sendonce.ledger import Key, body_digest
 from sendonce.ledger._store import Confirmation
 from sendonce.testing import Fault, FaultyBackend
-
-WINDOW = timedelta(minutes=10)
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def broker(tmp_path: Path, clock: Clock) -> Iterator[LocalBackend]:
-    with LocalBackend(tmp_path / "broker.db", clock=clock) as backend:
-        yield backend
-
-
-@pytest.fixture
-def retry() -> RetryPolicy:
-    return RetryPolicy(initial_backoff=0, max_backoff=0, jitter=False, sleep=lambda s: None)
-
-
-def msg(i: int, body: str = "body") -> Message:
-    return Message(f"{body} {i}", message_id=f"order-{i}")
 
 
 def keys(ids: range) -> list[Key]:
