@@ -20,8 +20,10 @@ __all__ = [
     "InDoubtError",
     "KeyRuleError",
     "LedgerError",
+    "LockLostError",
     "MessageIdError",
     "MessageSizeError",
+    "NoSessionAvailableError",
     "NotSentError",
     "NotStoredError",
     "PayloadConflictError",
@@ -29,6 +31,8 @@ __all__ = [
     "PublishFailedError",
     "SendError",
     "SendOnceError",
+    "SessionCannotBeLockedError",
+    "SessionLockLostError",
     "TransientSendError",
     "ValidationError",
     "redact",
@@ -207,3 +211,48 @@ class PublishFailedError(SendError):
     def __init__(self, message: str, *, report: PublishReport | None = None) -> None:
         super().__init__(message)
         self.report = report
+
+
+# -- receiving from the local broker ---------------------------------------------------------
+
+
+class LockLostError(SendOnceError):
+    """A peek-lock settlement came too late: the lock expired or the message is gone."""
+
+
+class SessionLockLostError(LockLostError):
+    """The receiver no longer holds its session: the lock expired or the session was closed.
+
+    Service Bus's ``SessionLockLostError``. Its messages' locks went with it; another
+    receiver may hold the session now. Accept the session again to go on.
+    """
+
+    def __init__(self, message: str, *, entity: str = "", session_id: str = "") -> None:
+        super().__init__(message)
+        self.entity = entity
+        self.session_id = session_id
+
+
+class SessionCannotBeLockedError(SendOnceError):
+    """The session asked for is locked by another receiver (another handle or process).
+
+    Service Bus's ``SessionCannotBeLockedError`` (``com.microsoft:session-cannot-be-locked``):
+    a session is locked to one receiver at a time.
+    """
+
+    def __init__(self, message: str, *, entity: str = "", session_id: str = "") -> None:
+        super().__init__(message)
+        self.entity = entity
+        self.session_id = session_id
+
+
+class NoSessionAvailableError(SendOnceError, TimeoutError):
+    """No unlocked session with an available message came within ``max_wait_time``.
+
+    What Service Bus answers a ``NEXT_AVAILABLE_SESSION`` receiver (the client raises
+    ``OperationTimeoutError``).
+    """
+
+    def __init__(self, message: str, *, entity: str = "") -> None:
+        super().__init__(message)
+        self.entity = entity

@@ -126,6 +126,7 @@ def test_a_version_1_broker_file_is_upgraded(tmp_path: Path):
         conn.execute("ALTER TABLE messages DROP COLUMN dl_description")
         conn.execute("ALTER TABLE messages DROP COLUMN deferred")
         conn.execute("DROP TABLE session_states")
+        conn.execute("DROP TABLE session_locks")
         conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
         (profile,) = conn.execute("SELECT profile FROM entities").fetchone()
         conn.execute(

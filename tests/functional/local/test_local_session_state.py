@@ -70,6 +70,7 @@ def test_a_version_3_file_is_upgraded_with_a_session_state_table(tmp_path: Path)
     conn = sqlite3.connect(path)
     with conn:
         conn.execute("DROP TABLE session_states")
+        conn.execute("DROP TABLE session_locks")
         conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
     conn.close()
     with LocalBackend(path) as broker:
@@ -78,4 +79,4 @@ def test_a_version_3_file_is_upgraded_with_a_session_state_table(tmp_path: Path)
     conn = sqlite3.connect(path)
     version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     conn.close()
-    assert version == (SCHEMA_VERSION,) == ("4",)
+    assert version == (SCHEMA_VERSION,)

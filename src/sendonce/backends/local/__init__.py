@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._backend import LocalBackend, LockLostError, MessageNotFoundError
+from ._backend import LocalBackend, LocalSession, LockLostError, MessageNotFoundError
 from ._received import ReceivedMessage
 from ._store import BrokerFileError, BrokerStorageError
 
@@ -10,6 +10,7 @@ __all__ = [
     "BrokerFileError",
     "BrokerStorageError",
     "LocalBackend",
+    "LocalSession",
     "LockLostError",
     "MessageNotFoundError",
     "ReceivedMessage",

@@ -8,27 +8,32 @@ import json
 import math
 import os
 import sqlite3
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import Any, Literal, NoReturn, TypeVar
+from typing import Any, ClassVar, Literal, NoReturn, TypeVar
 
 from ..._entity import EntityProfile
 from ..._ids import MAX_ID_LENGTH
 from ..._message import Message
 from ...errors import (
     ConfigurationError,
+    LockLostError,
+    NoSessionAvailableError,
     PermanentSendError,
     SendOnceError,
     TransientSendError,
     ValidationError,
 )
 from .._base import Ack
+from . import _sessions
 from ._received import ROW_COLUMNS, ReceivedMessage, encode_extra, received_from_row
-from ._store import Durability, open_broker, to_us
+from ._sessions import LocalSession
+from ._store import Durability, from_us, open_broker, to_us
 
-__all__ = ["LocalBackend", "LockLostError"]
+__all__ = ["LocalBackend", "LocalSession", "LockLostError"]
 
 T = TypeVar("T")
 Clock = Callable[[], datetime]
@@ -45,10 +50,6 @@ _SUBSCRIPTIONS = "SELECT name FROM subscriptions WHERE eid = ? ORDER BY name"
 
 class MessageNotFoundError(SendOnceError):
     """A deferred message asked for by sequence number is not there to receive."""
-
-
-class LockLostError(SendOnceError):
-    """A peek-lock settlement came too late: the lock expired or the message is gone."""
 
 
 _DUPLICATE = Ack("duplicate")
@@ -330,7 +331,11 @@ class LocalBackend:
         return self._write(work, timeout=self._busy_timeout, immediate=False)
 
     def _forget_volatile_caches(self, conn: sqlite3.Connection) -> None:
-        """First opener: the broker "restarts", so caches with persist_id_cache=False go."""
+        """First opener: the broker "restarts", so caches with persist_id_cache=False go.
+
+        Session locks go too: no process had the file open, so none can hold a session.
+        """
+        conn.execute("DELETE FROM session_locks")
         for eid, name, text in conn.execute("SELECT eid, name, profile FROM entities").fetchall():
             if not _profile_from_json(name, text).persist_id_cache:
                 conn.execute("DELETE FROM ids WHERE eid = ?", (eid,))
@@ -698,7 +703,7 @@ class LocalBackend:
 
         def work(conn: sqlite3.Connection) -> None:
             eid = self._entity(conn, name)[0]
-            for table in ("messages", "ids", "subscriptions", "session_states"):
+            for table in ("messages", "ids", "subscriptions", "session_states", "session_locks"):
                 conn.execute(f"DELETE FROM {table} WHERE eid = ?", (eid,))
             conn.execute("DELETE FROM entities WHERE eid = ?", (eid,))
 
@@ -794,44 +799,82 @@ class LocalBackend:
             eid, profile, _, _ = self._entity(conn, entity)
             sub = _in(self._sub(conn, eid, profile, subscription), sub_queue)
             now = self._now()
-            query = (
-                f"SELECT {ROW_COLUMNS} FROM messages WHERE eid = ? AND sub = ? "
-                "AND visible <= ? AND (locked_until IS NULL OR locked_until <= ?) "
-                "AND deferred IS NULL"
+            skip_locked = False
+            if sub_queue is None and session_id is not None:
+                # A session someone holds (a LocalSession or an emulator client) is theirs.
+                _sessions.refuse_if_locked(conn, eid, sub, session_id, now, entity, subscription)
+            elif sub_queue is None and profile.sessions:
+                skip_locked = True
+            return self._take(
+                conn,
+                eid,
+                sub,
+                profile,
+                now,
+                limit=limit,
+                mode=mode,
+                until=now + lock_duration // _US,
+                session_id=session_id,
+                retire=sub_queue is None,
+                skip_locked_sessions=skip_locked,
             )
-            params: list[Any] = [eid, sub, now, now]
-            if session_id is not None:
-                query += " AND session_id = ?"
-                params.append(session_id)
-            query += " ORDER BY seq LIMIT ?"
-            params.append(limit)
-            rows = conn.execute(query, params).fetchall()
-            # Only the messages about to be delivered are checked for expiry and delivery
-            # count (a sweep of the whole entity made each receive scan it).
-            while sub_queue is None and _retire(conn, eid, sub, profile, now, rows):
-                rows = conn.execute(query, params).fetchall()
-            out = []
-            # Columns: seq, ..., scheduled (0-7), locked_until, lock_token, delivery_count, raw.
-            if mode == "receive_and_delete":
-                conn.executemany(
-                    "DELETE FROM messages WHERE eid = ? AND sub = ? AND seq = ?",
-                    [(eid, sub, r[0]) for r in rows],
-                )
-                for r in rows:
-                    out.append(received_from_row((*r[:8], None, None, r[10] + 1, *r[11:])))
-                return out
-            until = now + lock_duration // _US
-            for r in rows:
-                token = str(uuid.uuid4())
-                conn.execute(
-                    "UPDATE messages SET lock_token = ?, locked_until = ?, "
-                    "delivery_count = delivery_count + 1 WHERE eid = ? AND sub = ? AND seq = ?",
-                    (token, until, eid, sub, r[0]),
-                )
-                out.append(received_from_row((*r[:8], until, token, r[10] + 1, *r[11:])))
-            return out
 
         return self._write(work, timeout=self._busy_timeout)
+
+    @staticmethod
+    def _take(
+        conn: sqlite3.Connection,
+        eid: int,
+        sub: str,
+        profile: EntityProfile,
+        now: int,
+        *,
+        limit: int,
+        mode: ReceiveMode,
+        until: int,
+        session_id: str | None,
+        retire: bool,
+        skip_locked_sessions: bool = False,
+    ) -> list[ReceivedMessage]:
+        """Receive up to ``limit`` available messages (locking them until ``until``)."""
+        query = (
+            f"SELECT {ROW_COLUMNS} FROM messages WHERE eid = ? AND sub = ? "
+            "AND visible <= ? AND (locked_until IS NULL OR locked_until <= ?) "
+            "AND deferred IS NULL"
+        )
+        params: list[Any] = [eid, sub, now, now]
+        if session_id is not None:
+            query += " AND session_id = ?"
+            params.append(session_id)
+        if skip_locked_sessions:
+            query += _sessions.NOT_IN_LOCKED_SESSION
+            params.append(now)
+        query += " ORDER BY seq LIMIT ?"
+        params.append(limit)
+        rows = conn.execute(query, params).fetchall()
+        # Only the messages about to be delivered are checked for expiry and delivery
+        # count (a sweep of the whole entity made each receive scan it).
+        while retire and _retire(conn, eid, sub, profile, now, rows):
+            rows = conn.execute(query, params).fetchall()
+        out = []
+        # Columns: seq, ..., scheduled (0-7), locked_until, lock_token, delivery_count, raw.
+        if mode == "receive_and_delete":
+            conn.executemany(
+                "DELETE FROM messages WHERE eid = ? AND sub = ? AND seq = ?",
+                [(eid, sub, r[0]) for r in rows],
+            )
+            for r in rows:
+                out.append(received_from_row((*r[:8], None, None, r[10] + 1, *r[11:])))
+            return out
+        for r in rows:
+            token = str(uuid.uuid4())
+            conn.execute(
+                "UPDATE messages SET lock_token = ?, locked_until = ?, "
+                "delivery_count = delivery_count + 1 WHERE eid = ? AND sub = ? AND seq = ?",
+                (token, until, eid, sub, r[0]),
+            )
+            out.append(received_from_row((*r[:8], until, token, r[10] + 1, *r[11:])))
+        return out
 
     def peek(
         self,
@@ -892,28 +935,58 @@ class LocalBackend:
 
         return self._read(work)
 
+    _WHERE_LOCKED = "WHERE eid = ? AND sub = ? AND lock_token = ? AND locked_until > ?"
+    # Settlements: operation -> (verb for errors, SQL over a locked message).
+    _SETTLEMENTS: ClassVar[dict[str, tuple[str, str]]] = {
+        "complete": ("complete", "DELETE FROM messages " + _WHERE_LOCKED),
+        "abandon": (
+            "abandon",
+            "UPDATE messages SET lock_token = NULL, locked_until = NULL " + _WHERE_LOCKED,
+        ),
+        "dead_letter": (
+            "dead-letter",
+            "UPDATE messages SET sub = sub || ?, lock_token = NULL, locked_until = NULL, "
+            "dl_reason = ?, dl_description = ?, deferred = NULL " + _WHERE_LOCKED,
+        ),
+        "defer": (
+            "defer",
+            "UPDATE messages SET lock_token = NULL, locked_until = NULL, deferred = 1 "
+            + _WHERE_LOCKED,
+        ),
+    }
+
     def _settle(
         self,
         entity: str,
         lock_token: str,
         subscription: str | None,
-        sql: str,
-        verb: str,
+        operation: str,
         sub_queue: SubQueue | None = None,
         values: tuple[Any, ...] = (),
+        session: LocalSession | None = None,
     ) -> None:
         _check_sub_queue(sub_queue)
+        verb, sql = self._SETTLEMENTS[operation]
+        if not isinstance(lock_token, str) or not lock_token:
+            raise ValidationError("lock_token must be a non-empty str", field="lock_token")
 
         def work(conn: sqlite3.Connection) -> None:
             eid, profile, _, _ = self._entity(conn, entity)
             sub = _in(self._sub(conn, eid, profile, subscription), sub_queue)
-            cur = conn.execute(sql, (*values, eid, sub, lock_token, self._now()))
-            if cur.rowcount == 0:
+            now = self._now()
+            if session is not None:
+                _sessions.check_held(
+                    conn, eid, sub, session.session_id, session._token, now, entity, subscription
+                )
+                sql_here = sql + " AND session_id = ?"
+                params: tuple[Any, ...] = (*values, eid, sub, lock_token, now, session.session_id)
+            else:
+                sql_here = sql
+                params = (*values, eid, sub, lock_token, now)
+            if conn.execute(sql_here, params).rowcount == 0:
                 _lock_lost(entity, lock_token, verb)
 
         self._write(work, timeout=self._busy_timeout)
-
-    _WHERE_LOCKED = "WHERE eid = ? AND sub = ? AND lock_token = ? AND locked_until > ?"
 
     def complete(
         self,
@@ -924,14 +997,7 @@ class LocalBackend:
         sub_queue: SubQueue | None = None,
     ) -> None:
         """Remove a peek-locked message. Raises :class:`LockLostError` if the lock expired."""
-        self._settle(
-            entity,
-            lock_token,
-            subscription,
-            "DELETE FROM messages " + self._WHERE_LOCKED,
-            "complete",
-            sub_queue,
-        )
+        self._settle(entity, lock_token, subscription, "complete", sub_queue)
 
     def abandon(
         self,
@@ -942,14 +1008,7 @@ class LocalBackend:
         sub_queue: SubQueue | None = None,
     ) -> None:
         """Release a peek-locked message so it can be received again."""
-        self._settle(
-            entity,
-            lock_token,
-            subscription,
-            "UPDATE messages SET lock_token = NULL, locked_until = NULL " + self._WHERE_LOCKED,
-            "abandon",
-            sub_queue,
-        )
+        self._settle(entity, lock_token, subscription, "abandon", sub_queue)
 
     def dead_letter(
         self,
@@ -967,16 +1026,12 @@ class LocalBackend:
         ``DeadLetterReason`` and ``DeadLetterErrorDescription``). The
         duplicate-detection history is not touched: its id stays remembered.
         """
-        for name, value in (("reason", reason), ("error_description", error_description)):
-            if value is not None and not isinstance(value, str):
-                raise ValidationError(f"{name} must be a str or None", field=name)
+        _check_reason(reason, error_description)
         self._settle(
             entity,
             lock_token,
             subscription,
-            "UPDATE messages SET sub = sub || ?, lock_token = NULL, locked_until = NULL, "
-            "dl_reason = ?, dl_description = ?, deferred = NULL " + self._WHERE_LOCKED,
-            "dead-letter",
+            "dead_letter",
             values=(DEAD_LETTER_SUFFIX, reason, error_description),
         )
 
@@ -987,14 +1042,7 @@ class LocalBackend:
         number, shows in :meth:`peek`, and is not delivered by :meth:`receive`
         (https://learn.microsoft.com/azure/service-bus-messaging/message-deferral).
         """
-        self._settle(
-            entity,
-            lock_token,
-            subscription,
-            "UPDATE messages SET lock_token = NULL, locked_until = NULL, deferred = 1 "
-            + self._WHERE_LOCKED,
-            "defer",
-        )
+        self._settle(entity, lock_token, subscription, "defer")
 
     def receive_deferred(
         self,
@@ -1011,52 +1059,79 @@ class LocalBackend:
         Raises :class:`MessageNotFoundError` when one of them is not a deferred
         message of the entity (as Service Bus does); nothing is received then.
         """
-        if isinstance(sequence_numbers, int | str | bytes) or not all(
-            isinstance(n, int) and not isinstance(n, bool) for n in sequence_numbers
-        ):
-            raise ValidationError(
-                "sequence_numbers must be a sequence of int", field="sequence_numbers"
-            )
-        if mode not in ("receive_and_delete", "peek_lock"):
-            raise ValidationError(
-                f"mode must be 'receive_and_delete' or 'peek_lock', got {mode!r}", field="mode"
-            )
-        wanted = list(dict.fromkeys(sequence_numbers))
+        wanted = _sequence_numbers(sequence_numbers)
+        _check_mode(mode)
 
         def work(conn: sqlite3.Connection) -> list[ReceivedMessage]:
             eid, profile, _, _ = self._entity(conn, entity)
             sub = self._sub(conn, eid, profile, subscription)
             now = self._now()
-            out = []
-            for seq in wanted:
-                row = conn.execute(
-                    f"SELECT {ROW_COLUMNS} FROM messages WHERE eid = ? AND sub = ? AND seq = ? "
-                    "AND deferred = 1 AND (locked_until IS NULL OR locked_until <= ?)",
-                    (eid, sub, seq, now),
-                ).fetchone()
-                if row is None or (session_id is not None and row[3] != session_id):
-                    raise MessageNotFoundError(
-                        f"{entity!r} has no deferred message with sequence number {seq} "
-                        "available (never deferred, settled, or locked by another receiver)"
-                    )
-                if mode == "receive_and_delete":
-                    conn.execute(
-                        "DELETE FROM messages WHERE eid = ? AND sub = ? AND seq = ?",
-                        (eid, sub, seq),
-                    )
-                    out.append(received_from_row((*row[:8], None, None, row[10] + 1, *row[11:])))
-                    continue
-                token = str(uuid.uuid4())
-                until = now + lock_duration // _US
-                conn.execute(
-                    "UPDATE messages SET lock_token = ?, locked_until = ?, "
-                    "delivery_count = delivery_count + 1 WHERE eid = ? AND sub = ? AND seq = ?",
-                    (token, until, eid, sub, seq),
-                )
-                out.append(received_from_row((*row[:8], until, token, row[10] + 1, *row[11:])))
-            return out
+            if session_id is not None:
+                _sessions.refuse_if_locked(conn, eid, sub, session_id, now, entity, subscription)
+            return self._take_deferred(
+                conn,
+                eid,
+                sub,
+                now,
+                entity,
+                wanted,
+                mode=mode,
+                until=now + lock_duration // _US,
+                session_id=session_id,
+                skip_locked_sessions=session_id is None and profile.sessions,
+            )
 
         return self._write(work, timeout=self._busy_timeout)
+
+    @staticmethod
+    def _take_deferred(
+        conn: sqlite3.Connection,
+        eid: int,
+        sub: str,
+        now: int,
+        entity: str,
+        wanted: list[int],
+        *,
+        mode: ReceiveMode,
+        until: int,
+        session_id: str | None,
+        skip_locked_sessions: bool,
+    ) -> list[ReceivedMessage]:
+        out = []
+        for seq in wanted:
+            row = conn.execute(
+                f"SELECT {ROW_COLUMNS} FROM messages WHERE eid = ? AND sub = ? AND seq = ? "
+                "AND deferred = 1 AND (locked_until IS NULL OR locked_until <= ?)",
+                (eid, sub, seq, now),
+            ).fetchone()
+            if (
+                row is not None
+                and session_id is None
+                and skip_locked_sessions
+                and row[3] is not None
+                and _sessions.holder(conn, eid, sub, row[3], now) is not None
+            ):
+                row = None  # its session is someone else's
+            if row is None or (session_id is not None and row[3] != session_id):
+                raise MessageNotFoundError(
+                    f"{entity!r} has no deferred message with sequence number {seq} "
+                    "available (never deferred, settled, or locked by another receiver)"
+                )
+            if mode == "receive_and_delete":
+                conn.execute(
+                    "DELETE FROM messages WHERE eid = ? AND sub = ? AND seq = ?",
+                    (eid, sub, seq),
+                )
+                out.append(received_from_row((*row[:8], None, None, row[10] + 1, *row[11:])))
+                continue
+            token = str(uuid.uuid4())
+            conn.execute(
+                "UPDATE messages SET lock_token = ?, locked_until = ?, "
+                "delivery_count = delivery_count + 1 WHERE eid = ? AND sub = ? AND seq = ?",
+                (token, until, eid, sub, seq),
+            )
+            out.append(received_from_row((*row[:8], until, token, row[10] + 1, *row[11:])))
+        return out
 
     def renew_lock(
         self,
@@ -1125,22 +1200,266 @@ class LocalBackend:
         def work(conn: sqlite3.Connection) -> None:
             eid, profile, _, _ = self._entity(conn, entity)
             sub = self._sub(conn, eid, profile, subscription)
-            if state is not None and len(state) > profile.max_message_size:
-                raise ValidationError(
-                    f"state is larger than the entity's max_message_size "
-                    f"({profile.max_message_size} bytes)",
-                    field="state",
+            _put_state(conn, eid, sub, profile, session_id, state)
+
+        self._write(work, timeout=self._busy_timeout)
+
+    # -- session receivers --------------------------------------------------------------
+
+    def accept_session(
+        self,
+        entity: str,
+        session_id: str | None = None,
+        *,
+        subscription: str | None = None,
+        max_wait_time: float | None = None,
+        lock_duration: timedelta = timedelta(seconds=60),
+    ) -> LocalSession:
+        """Lock a session of a sessionful queue or subscription to a new receiver.
+
+        ``session_id`` names the session (it need not have messages yet), or with
+        ``None`` the broker picks the next available session, as azure-servicebus's
+        ``NEXT_AVAILABLE_SESSION`` does: one that no receiver holds and that has a
+        message available now (the one with the oldest such message). It waits up
+        to ``max_wait_time`` seconds for one (``None`` or 0: no waiting) and then
+        raises :class:`~sendonce.errors.NoSessionAvailableError`. The wait ends
+        when either the broker's clock (the ``clock`` of this backend) or the real
+        clock has gone ``max_wait_time`` past its start.
+
+        A session that another receiver holds (a :class:`LocalSession` of any
+        handle or process, or an emulator client) raises
+        :class:`~sendonce.errors.SessionCannotBeLockedError` at once. The lock
+        lasts ``lock_duration`` unless :meth:`LocalSession.renew_lock` extends it;
+        an expired lock frees the session for the next receiver. The returned
+        :class:`LocalSession` is a context manager that releases the session.
+        """
+        if session_id is not None:
+            _check_session_id(session_id)
+        if not isinstance(lock_duration, timedelta) or lock_duration <= timedelta(0):
+            raise ValidationError(
+                "lock_duration must be a positive timedelta", field="lock_duration"
+            )
+        wait = _wait_seconds(max_wait_time)
+        token = uuid.uuid4().hex
+
+        def place(conn: sqlite3.Connection) -> tuple[int, str]:
+            eid, profile, _, _ = self._entity(conn, entity)
+            sub = self._sub(conn, eid, profile, subscription)
+            if not profile.sessions:
+                raise ConfigurationError(
+                    f"{entity!r} does not require sessions: receive from it without a session "
+                    "(a session receiver needs an entity created with sessions=True)",
+                    field="entity",
                 )
-            if state is None:
+            return eid, sub
+
+        def lock(conn: sqlite3.Connection) -> tuple[str, int] | None:
+            eid, sub = place(conn)
+            now = self._now()
+            wanted = session_id
+            if wanted is None:
+                row = conn.execute(_sessions.NEXT_SESSION, (eid, sub, now)).fetchone()
+                if row is None:
+                    return None
+                wanted = str(row[0])
+            until = now + lock_duration // _US
+            if _sessions.acquire(conn, eid, sub, wanted, token, until, now):
+                return wanted, until
+            if session_id is None:
+                return None  # taken meanwhile: look again
+            raise _sessions.cannot_lock(entity, subscription, wanted)
+
+        def available(conn: sqlite3.Connection) -> bool:
+            eid, sub = place(conn)
+            return (
+                conn.execute(_sessions.NEXT_SESSION, (eid, sub, self._now())).fetchone() is not None
+            )
+
+        started, started_real = self._now(), time.monotonic()
+        pause = 0.005
+        while True:
+            # A read first: waiting receivers must not take the broker's write lock.
+            got = (
+                self._write(lock, timeout=self._busy_timeout)
+                if session_id is not None or self._read(available)
+                else None
+            )
+            if got is not None:
+                name, until = got
+                return LocalSession(
+                    self, entity, subscription, name, token, from_us(until), lock_duration
+                )
+            waited = max((self._now() - started) * 1e-6, time.monotonic() - started_real)
+            if waited >= wait:
+                place_name = (
+                    entity if subscription is None else f"{entity}/Subscriptions/{subscription}"
+                )
+                raise NoSessionAvailableError(
+                    f"no session of {place_name!r} is free with a message available"
+                    + (f" (waited {wait:g} s)" if wait else ""),
+                    entity=entity,
+                )
+            time.sleep(min(pause, max(wait - waited, 0.001)))
+            pause = min(pause * 2, 0.1)
+
+    def _session_place(self, conn: sqlite3.Connection, session: LocalSession) -> tuple[int, str]:
+        eid, profile, _, _ = self._entity(conn, session.entity)
+        return eid, self._sub(conn, eid, profile, session.subscription)
+
+    def _held(self, conn: sqlite3.Connection, session: LocalSession) -> tuple[int, str, int, int]:
+        """(eid, sub, now, locked_until) of a session this receiver still holds."""
+        if session.closed:
+            raise _sessions.lock_lost(session.entity, session.subscription, session.session_id)
+        eid, sub = self._session_place(conn, session)
+        now = self._now()
+        until = _sessions.check_held(
+            conn,
+            eid,
+            sub,
+            session.session_id,
+            session._token,
+            now,
+            session.entity,
+            session.subscription,
+        )
+        return eid, sub, now, until
+
+    def _session_receive(
+        self, session: LocalSession, *, max_messages: int, mode: ReceiveMode
+    ) -> list[ReceivedMessage]:
+        limit = self._max(max_messages)
+        _check_mode(mode)
+
+        def anything(conn: sqlite3.Connection) -> bool:
+            eid, sub, now, _ = self._held(conn, session)
+            return (
                 conn.execute(
-                    "DELETE FROM session_states WHERE eid = ? AND sub = ? AND session_id = ?",
-                    (eid, sub, session_id),
-                )
-            else:
-                conn.execute(
-                    "INSERT OR REPLACE INTO session_states VALUES (?, ?, ?, ?)",
-                    (eid, sub, session_id, bytes(state)),
-                )
+                    "SELECT 1 FROM messages WHERE eid = ? AND sub = ? AND session_id = ? "
+                    "AND visible <= ? AND (locked_until IS NULL OR locked_until <= ?) "
+                    "AND deferred IS NULL LIMIT 1",
+                    (eid, sub, session.session_id, now, now),
+                ).fetchone()
+                is not None
+            )
+
+        def work(conn: sqlite3.Connection) -> list[ReceivedMessage]:
+            eid, sub, now, until = self._held(conn, session)
+            profile = self._entity(conn, session.entity)[1]
+            # The session's messages are locked with the session: same expiry, renewed with it.
+            return self._take(
+                conn,
+                eid,
+                sub,
+                profile,
+                now,
+                limit=limit,
+                mode=mode,
+                until=until,
+                session_id=session.session_id,
+                retire=True,
+            )
+
+        # A read first: an idle receiver polling an empty session takes no write lock.
+        if not self._read(anything):
+            return []
+        return self._write(work, timeout=self._busy_timeout)
+
+    def _session_receive_deferred(
+        self, session: LocalSession, sequence_numbers: Sequence[int], *, mode: ReceiveMode
+    ) -> list[ReceivedMessage]:
+        wanted = _sequence_numbers(sequence_numbers)
+        _check_mode(mode)
+
+        def work(conn: sqlite3.Connection) -> list[ReceivedMessage]:
+            eid, sub, now, until = self._held(conn, session)
+            return self._take_deferred(
+                conn,
+                eid,
+                sub,
+                now,
+                session.entity,
+                wanted,
+                mode=mode,
+                until=until,
+                session_id=session.session_id,
+                skip_locked_sessions=False,
+            )
+
+        return self._write(work, timeout=self._busy_timeout)
+
+    def _session_settle(
+        self,
+        session: LocalSession,
+        operation: str,
+        message: ReceivedMessage | str,
+        *,
+        reason: str | None = None,
+        error_description: str | None = None,
+    ) -> None:
+        token = message.lock_token if isinstance(message, ReceivedMessage) else message
+        if not isinstance(token, str) or not token:
+            raise ValidationError(
+                "settle a message received in peek-lock mode (or its lock token)",
+                field="message",
+            )
+        values: tuple[Any, ...] = ()
+        if operation == "dead_letter":
+            _check_reason(reason, error_description)
+            values = (DEAD_LETTER_SUFFIX, reason, error_description)
+        self._settle(
+            session.entity,
+            token,
+            session.subscription,
+            operation,
+            values=values,
+            session=session,
+        )
+
+    def _session_state(
+        self, session: LocalSession, *, get: bool, state: bytes | None = None
+    ) -> bytes | None:
+        if not get and state is not None and not isinstance(state, bytes | bytearray | memoryview):
+            raise ValidationError("state must be bytes or None", field="state")
+
+        def work(conn: sqlite3.Connection) -> bytes | None:
+            eid, sub, _, _ = self._held(conn, session)
+            if get:
+                row = conn.execute(
+                    "SELECT state FROM session_states WHERE eid = ? AND sub = ? AND session_id = ?",
+                    (eid, sub, session.session_id),
+                ).fetchone()
+                return None if row is None else bytes(row[0])
+            profile = self._entity(conn, session.entity)[1]
+            _put_state(conn, eid, sub, profile, session.session_id, state)
+            return None
+
+        if get:
+            return self._read(work)
+        return self._write(work, timeout=self._busy_timeout)
+
+    def _session_renew(self, session: LocalSession) -> datetime:
+        def work(conn: sqlite3.Connection) -> int:
+            if session.closed:
+                raise _sessions.lock_lost(session.entity, session.subscription, session.session_id)
+            eid, sub = self._session_place(conn, session)
+            now = self._now()
+            until = now + session.lock_duration // _US
+            if not _sessions.renew(conn, eid, sub, session.session_id, session._token, until, now):
+                raise _sessions.lock_lost(session.entity, session.subscription, session.session_id)
+            return until
+
+        return from_us(self._write(work, timeout=self._busy_timeout))
+
+    def _session_release(self, session: LocalSession) -> None:
+        if self._db.closed:
+            return  # nothing to release through: the lock runs out by itself
+
+        def work(conn: sqlite3.Connection) -> None:
+            try:
+                eid, sub = self._session_place(conn, session)
+            except ConfigurationError:
+                return  # the entity was deleted meanwhile
+            _sessions.release(conn, eid, sub, session.session_id, session._token, self._now())
 
         self._write(work, timeout=self._busy_timeout)
 
@@ -1381,6 +1700,76 @@ def _lock_lost(entity: str, lock_token: str, verb: str) -> NoReturn:
         f"cannot {verb} the message with lock token {lock_token!r} on {entity!r}: "
         "the lock expired or the message was settled already"
     )
+
+
+def _check_mode(mode: object) -> None:
+    if mode not in ("receive_and_delete", "peek_lock"):
+        raise ValidationError(
+            f"mode must be 'receive_and_delete' or 'peek_lock', got {mode!r}", field="mode"
+        )
+
+
+def _sequence_numbers(sequence_numbers: object) -> list[int]:
+    error = ValidationError("sequence_numbers must be a sequence of int", field="sequence_numbers")
+    if isinstance(sequence_numbers, int | str | bytes):
+        raise error
+    try:
+        items = list(sequence_numbers)  # type: ignore[call-overload]
+    except TypeError:
+        raise error from None
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in items):
+        raise error
+    return list(dict.fromkeys(items))
+
+
+def _wait_seconds(value: object) -> float:
+    if value is None:
+        return 0.0
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ValidationError(
+            f"max_wait_time must be a non-negative number of seconds or None, got {value!r}",
+            field="max_wait_time",
+        )
+    return float(value)
+
+
+def _put_state(
+    conn: sqlite3.Connection,
+    eid: int,
+    sub: str,
+    profile: EntityProfile,
+    session_id: str,
+    state: bytes | bytearray | memoryview | None,
+) -> None:
+    if state is not None and len(state) > profile.max_message_size:
+        raise ValidationError(
+            f"state is larger than the entity's max_message_size "
+            f"({profile.max_message_size} bytes)",
+            field="state",
+        )
+    if state is None:
+        conn.execute(
+            "DELETE FROM session_states WHERE eid = ? AND sub = ? AND session_id = ?",
+            (eid, sub, session_id),
+        )
+    else:
+        conn.execute(
+            "INSERT OR REPLACE INTO session_states VALUES (?, ?, ?, ?)",
+            (eid, sub, session_id, bytes(state)),
+        )
+
+
+def _check_reason(reason: object, error_description: object) -> None:
+    for name, value in (("reason", reason), ("error_description", error_description)):
+        if value is not None and not isinstance(value, str):
+            raise ValidationError(f"{name} must be a str or None", field=name)
 
 
 def _check_session_id(session_id: object) -> None:

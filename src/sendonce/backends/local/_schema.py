@@ -13,7 +13,7 @@ import sqlite3
 __all__ = ["FORMAT", "SCHEMA", "SCHEMA_VERSION", "upgrade"]
 
 FORMAT = "sendonce-broker"
-SCHEMA_VERSION = "4"
+SCHEMA_VERSION = "5"
 
 # Dedup keys live in a WITHOUT ROWID table keyed by (entity, message id, partition
 # key): the duplicate check is one indexed point lookup whatever the number of
@@ -72,6 +72,14 @@ CREATE TABLE session_states (
     state BLOB NOT NULL,
     PRIMARY KEY (eid, sub, session_id)
 ) WITHOUT ROWID;
+CREATE TABLE session_locks (
+    eid INTEGER NOT NULL,
+    sub TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    token TEXT NOT NULL,
+    locked_until INTEGER NOT NULL,
+    PRIMARY KEY (eid, sub, session_id)
+) WITHOUT ROWID;
 INSERT INTO meta VALUES ('format', '{FORMAT}'), ('schema_version', '{SCHEMA_VERSION}');
 """
 
@@ -94,6 +102,15 @@ _UPGRADES: dict[str, tuple[str, str]] = {
         "4",
         "CREATE TABLE session_states (eid INTEGER NOT NULL, sub TEXT NOT NULL,"
         " session_id TEXT NOT NULL, state BLOB NOT NULL,"
+        " PRIMARY KEY (eid, sub, session_id)) WITHOUT ROWID;\n",
+    ),
+    # Version 5: session locks, kept in the file so that every process and both doors
+    # (local:// session receivers and the emulator) see who holds a session. A row
+    # whose locked_until has passed is a released lock, free for the next receiver.
+    "4": (
+        "5",
+        "CREATE TABLE session_locks (eid INTEGER NOT NULL, sub TEXT NOT NULL,"
+        " session_id TEXT NOT NULL, token TEXT NOT NULL, locked_until INTEGER NOT NULL,"
         " PRIMARY KEY (eid, sub, session_id)) WITHOUT ROWID;\n",
     ),
 }
