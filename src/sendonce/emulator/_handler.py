@@ -15,15 +15,19 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from proton import Condition, Delivery, Endpoint, Handler, Link, Message, Terminus, symbol
 
 from ..errors import (
+    ConfigurationError,
     MessageSizeError,
+    NoSessionAvailableError,
     PermanentSendError,
     SendError,
     SendOnceError,
+    SessionCannotBeLockedError,
+    SessionLockLostError,
     TransientSendError,
     ValidationError,
 )
@@ -31,6 +35,7 @@ from . import _codec
 from ._faults import FaultAction
 
 if TYPE_CHECKING:
+    from ..backends.local import LocalSession
     from ._server import Emulator
 
 __all__ = ["EmulatorHandler", "Tick"]
@@ -122,6 +127,7 @@ class _Locked:
     lock_token: str
     key: uuid.UUID  # the lock token as the client reads it from the delivery tag
     sub_queue: Any = None
+    session: LocalSession | None = None  # received in a session: settled through it
 
 
 @dataclass
@@ -178,10 +184,8 @@ class EmulatorHandler(Handler):
         self.locked: dict[Any, _Locked] = {}
         self.tokens: dict[uuid.UUID, _Locked] = {}
         self.senders: list[Any] = []  # links delivering to clients' receivers
-        # Session receivers: who holds which session (session state: in the broker file).
-        self.session_locks: dict[tuple[str, str | None, str], Any] = {}
-        # When each session lock expires unless renewed (renew-session-lock extends it).
-        self.session_expiry: dict[tuple[str, str | None, str], datetime] = {}
+        # Session receivers: the broker's session (lock in the broker file) each link holds.
+        self.sessions: dict[Any, LocalSession] = {}
         # NEXT_AVAILABLE_SESSION receivers waiting for a session: link -> (node, give-up time).
         self.waiting: dict[Any, tuple[_Node, datetime]] = {}
 
@@ -224,8 +228,8 @@ class EmulatorHandler(Handler):
         for link in [k for k in self.nodes if k.connection == connection]:
             self.nodes.pop(link, None)
         self.senders = [s for s in self.senders if s.connection != connection]
-        for key in [k for k, v in self.session_locks.items() if v.connection == connection]:
-            self.session_locks.pop(key, None)
+        for link in [k for k in self.sessions if k.connection == connection]:
+            self._release_session(link)
         for link in [k for k in self.waiting if k.connection == connection]:
             self.waiting.pop(link, None)
         for dlv in [d for d in self.locked if d.link.connection == connection]:
@@ -281,49 +285,46 @@ class EmulatorHandler(Handler):
         elif node.kind == "entity":
             self.senders.append(link)
 
-    def _renew_session_messages(self, holder: Any) -> None:
-        """Extend the locks of the messages a session receiver holds.
+    def _release_session(self, link: Any) -> None:
+        """Give back the session a link holds (its unsettled messages become available)."""
+        session = self.sessions.pop(link, None)
+        if session is not None:
+            try:
+                session.close()
+            except Exception:  # the lock runs out by itself
+                _log.exception("releasing session %r failed", session.session_id)
 
-        In Service Bus a session's messages stay locked as long as the session
-        lock is held (they have no lock of their own to renew), so renewing the
-        session renews them too.
+    def _held_session(self, node: _Node, session_id: str | None) -> LocalSession | None:
+        """The session this emulator holds for a management request's session-id."""
+        for session in self.sessions.values():
+            if (
+                session.session_id == session_id
+                and session.entity == node.entity
+                and session.subscription == node.subscription
+            ):
+                return session
+        return None
+
+    def _lose_session(self, link: Any, description: str) -> None:
+        """Detach a session receiver whose session lock is gone, as Service Bus does.
+
+        The client raises ``SessionLockLostError``; the session is free for the next
+        receiver.
         """
-        for dlv, locked in list(self.locked.items()):
-            if dlv.link != holder:
-                continue
-            with contextlib.suppress(Exception):  # settled or lost meanwhile
-                self.store.renew_lock(
-                    locked.entity,
-                    locked.lock_token,
-                    subscription=locked.subscription,
-                    lock_duration=self.emulator.lock_duration,
-                )
+        self._release_session(link)
+        self.nodes.pop(link, None)
+        if link in self.senders:
+            self.senders.remove(link)
+        if not link.state & Endpoint.LOCAL_CLOSED:
+            link.condition = _condition(SESSION_LOCK_LOST, description)
+            link.close()
 
     def _expire_session_locks(self) -> None:
-        """Release session locks not renewed in time, as Service Bus does.
-
-        The holder's link is detached with ``com.microsoft:session-lock-lost``
-        (the client raises ``SessionLockLostError``) and the session is free for
-        the next receiver.
-        """
+        """Release session locks not renewed in time (the broker's lock has expired)."""
         now = datetime.now(UTC)
-        for key, until in list(self.session_expiry.items()):
-            holder = self.session_locks.get(key)
-            if holder is None:
-                self.session_expiry.pop(key, None)
-                continue
-            if until > now:
-                continue
-            self.session_expiry.pop(key, None)
-            self.session_locks.pop(key, None)
-            self.nodes.pop(holder, None)
-            if holder in self.senders:
-                self.senders.remove(holder)
-            if not holder.state & Endpoint.LOCAL_CLOSED:
-                holder.condition = _condition(
-                    SESSION_LOCK_LOST, f"the lock on session {key[2]!r} expired"
-                )
-                holder.close()
+        for link, session in list(self.sessions.items()):
+            if session.locked_until <= now:
+                self._lose_session(link, f"the lock on session {session.session_id!r} expired")
 
     def _retry_waiting(self) -> None:
         """Give waiting NEXT_AVAILABLE_SESSION receivers a session that became free."""
@@ -375,34 +376,26 @@ class EmulatorHandler(Handler):
                 )
             return None
         wanted = filters[str(SESSION_FILTER)]
-        session_id = _text(wanted) if wanted is not None else self._next_session(node)
-        if session_id is None:
-            return TIMEOUT, f"no session of {node.entity!r} has messages available"
-        key = (node.entity, node.subscription, session_id)
-        holder = self.session_locks.get(key)
-        if holder is not None and holder != link:
-            return SESSION_CANNOT_BE_LOCKED, f"session {session_id!r} is locked by another receiver"
-        self.session_locks[key] = link
-        node.session_id = session_id
-        until = datetime.now(UTC) + self.emulator.lock_duration
-        self.session_expiry[key] = until
-        ticks = _DOTNET_EPOCH_TICKS + int(until.timestamp() * 10_000_000)
+        # The lock lives in the broker file: local:// session receivers (LocalSession)
+        # and other emulators on the same file compete for it with this client.
+        try:
+            session = self.store.accept_session(
+                node.entity,
+                _text(wanted) if wanted is not None else None,
+                subscription=node.subscription,
+                max_wait_time=0,
+                lock_duration=self.emulator.lock_duration,
+            )
+        except SessionCannotBeLockedError as exc:
+            return SESSION_CANNOT_BE_LOCKED, _describe(exc)
+        except NoSessionAvailableError as exc:
+            return TIMEOUT, _describe(exc)
+        except ConfigurationError as exc:
+            return ARGUMENT_ERROR, _describe(exc)
+        self.sessions[link] = session
+        node.session_id = session.session_id
+        ticks = _DOTNET_EPOCH_TICKS + int(session.locked_until.timestamp() * 10_000_000)
         link.properties = {SESSION_LOCKED_UNTIL: ticks}
-        return None
-
-    def _next_session(self, node: _Node) -> str | None:
-        """A session with an available message that no receiver holds."""
-        now = datetime.now(UTC)
-        held = {k[2] for k in self.session_locks if k[:2] == (node.entity, node.subscription)}
-        for m in self.store.peek(node.entity, max_messages=500, subscription=node.subscription):
-            sid = m.session_id
-            if sid is None or sid in held:
-                continue
-            if m.locked_until is not None and m.locked_until > now:
-                continue
-            if m.scheduled_enqueue_time is not None and m.scheduled_enqueue_time > now:
-                continue
-            return str(sid)
         return None
 
     def _max_size(self, node: _Node) -> int:
@@ -419,11 +412,10 @@ class EmulatorHandler(Handler):
         if not link.state & Endpoint.LOCAL_CLOSED:
             link.close()
         self.waiting.pop(link, None)
-        node = self.nodes.pop(link, None)
+        self.nodes.pop(link, None)
         if link in self.senders:
             self.senders.remove(link)
-        if node is not None and node.session_id is not None:
-            self.session_locks.pop((node.entity, node.subscription, node.session_id), None)
+        self._release_session(link)
 
     @_guarded
     def on_link_flow(self, event: Any) -> None:
@@ -434,6 +426,8 @@ class EmulatorHandler(Handler):
                 self._pump(link)
 
     def close_all(self) -> None:
+        for link in list(self.sessions):
+            self._release_session(link)
         for state in list(self.connections.values()):
             self._hard_close(state.connection, release=True)
         self.emulator._connection_change(-len(self.connections))
@@ -745,7 +739,7 @@ class EmulatorHandler(Handler):
                 else:
                     self._abandon(locked)
             except Exception as exc:
-                raise _MgmtError(410, LOCK_LOST, _describe(exc)) from exc
+                raise _MgmtError(410, _lost(exc), _describe(exc)) from exc
             settled.add(locked.key)
         for dlv, locked in list(self.locked.items()):
             if locked.key in settled:
@@ -776,29 +770,21 @@ class EmulatorHandler(Handler):
         self, node: _Node, operation: str, body: dict[str, Any]
     ) -> tuple[tuple[int, str | None], Any]:
         session_id = _text(body.get("session-id"))
-        key = (node.entity, node.subscription, session_id or "")
-        if session_id is None or key not in self.session_locks:
+        session = self._held_session(node, session_id)
+        if session is None:
             raise _MgmtError(410, SESSION_LOCK_LOST, f"session {session_id!r} is not locked")
-        if operation.endswith("renew-session-lock"):
-            until = datetime.now(UTC) + self.emulator.lock_duration
-            self.session_expiry[key] = until
-            self._renew_session_messages(self.session_locks[key])
-            return (200, None), {"expiration": _codec._ms(until)}
         # Session state lives in the broker file: it outlives the emulator and
         # local:// consumers see it (LocalBackend.get/set_session_state).
-        assert session_id is not None
-        if operation.endswith("get-session-state"):
-            state = self.store.get_session_state(
-                node.entity, session_id, subscription=node.subscription
-            )
-            return (200, None), {"session-state": state}
-        state = body.get("session-state")
-        self.store.set_session_state(
-            node.entity,
-            session_id,
-            bytes(state) if state is not None else None,
-            subscription=node.subscription,
-        )
+        try:
+            if operation.endswith("renew-session-lock"):
+                # Renews the locks of the session's messages too (they have none of their own).
+                return (200, None), {"expiration": _codec._ms(session.renew_lock())}
+            if operation.endswith("get-session-state"):
+                return (200, None), {"session-state": session.get_state()}
+            state = body.get("session-state")
+            session.set_state(bytes(state) if state is not None else None)
+        except SessionLockLostError as exc:
+            raise _MgmtError(410, SESSION_LOCK_LOST, _describe(exc)) from exc
         return (200, None), {}
 
     def _peek(self, node: _Node, body: dict[str, Any]) -> tuple[tuple[int, str | None], Any]:
@@ -820,7 +806,7 @@ class EmulatorHandler(Handler):
     # -- delivering to receivers ----------------------------------------------------------
 
     def poll(self) -> None:
-        if self.session_expiry:
+        if self.sessions:
             self._expire_session_locks()
         if self.waiting:
             self._retry_waiting()
@@ -833,25 +819,35 @@ class EmulatorHandler(Handler):
         if node is None or not link.state & Endpoint.LOCAL_ACTIVE:
             return
         peek_lock = link.remote_snd_settle_mode != Link.SND_SETTLED
+        mode: Literal["peek_lock", "receive_and_delete"] = (
+            "peek_lock" if peek_lock else "receive_and_delete"
+        )
+        session = self.sessions.get(link)
         while link.credit > 0:
             try:
+                if session is not None:
+                    # Reads first itself; its messages are locked with the session.
+                    messages = session.receive(max_messages=min(link.credit, 100), mode=mode)
                 # A read first: an empty poll must not take the broker's write lock.
-                if (
+                elif (
                     self.store.count(
                         node.entity, subscription=node.subscription, sub_queue=node.sub_queue
                     )
                     == 0
                 ):
                     break
-                messages = self.store.receive(
-                    node.entity,
-                    max_messages=min(link.credit, 100),
-                    subscription=node.subscription,
-                    session_id=node.session_id,
-                    mode="peek_lock" if peek_lock else "receive_and_delete",
-                    lock_duration=self.emulator.lock_duration,
-                    sub_queue=node.sub_queue,
-                )
+                else:
+                    messages = self.store.receive(
+                        node.entity,
+                        max_messages=min(link.credit, 100),
+                        subscription=node.subscription,
+                        mode=mode,
+                        lock_duration=self.emulator.lock_duration,
+                        sub_queue=node.sub_queue,
+                    )
+            except SessionLockLostError as exc:
+                self._lose_session(link, _describe(exc))
+                return
             except Exception:
                 _log.exception("receive from %r failed", node.entity)
                 return
@@ -867,7 +863,7 @@ class EmulatorHandler(Handler):
                 if peek_lock and token:
                     key = uuid.UUID(bytes_le=tag)
                     locked = _Locked(
-                        node.entity, node.subscription, str(token), key, node.sub_queue
+                        node.entity, node.subscription, str(token), key, node.sub_queue, session
                     )
                     self.locked[dlv] = locked
                     self.tokens[key] = locked
@@ -933,7 +929,7 @@ class EmulatorHandler(Handler):
             else:
                 self._abandon(locked)
         except Exception as exc:
-            self._settle(dlv, Delivery.REJECTED, _condition(LOCK_LOST, _describe(exc)))
+            self._settle(dlv, Delivery.REJECTED, _condition(_lost(exc), _describe(exc)))
             return
         echo = (
             state
@@ -943,6 +939,9 @@ class EmulatorHandler(Handler):
         self._settle(dlv, echo)
 
     def _complete(self, locked: _Locked) -> None:
+        if locked.session is not None:
+            locked.session.complete(locked.lock_token)
+            return
         self.store.complete(
             locked.entity,
             locked.lock_token,
@@ -951,6 +950,9 @@ class EmulatorHandler(Handler):
         )
 
     def _abandon(self, locked: _Locked) -> None:
+        if locked.session is not None:
+            locked.session.abandon(locked.lock_token)
+            return
         self.store.abandon(
             locked.entity,
             locked.lock_token,
@@ -962,6 +964,9 @@ class EmulatorHandler(Handler):
         if locked.sub_queue is not None:
             self._abandon(locked)  # nothing to defer to on a dead-letter subqueue
             return
+        if locked.session is not None:
+            locked.session.defer(locked.lock_token)
+            return
         self.store.defer(locked.entity, locked.lock_token, subscription=locked.subscription)
 
     def _receive_deferred(self, node: _Node, body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -969,15 +974,26 @@ class EmulatorHandler(Handler):
         settle_mode = body.get("receiver-settle-mode")
         peek_lock = settle_mode is None or int(settle_mode) == 1
         session_id = _text(body.get("session-id"))
+        mode: Literal["peek_lock", "receive_and_delete"] = (
+            "peek_lock" if peek_lock else "receive_and_delete"
+        )
+        session = self._held_session(node, session_id) if session_id is not None else None
         try:
-            messages = self.store.receive_deferred(
-                node.entity,
-                seqs,
-                subscription=node.subscription,
-                session_id=session_id,
-                mode="peek_lock" if peek_lock else "receive_and_delete",
-                lock_duration=self.emulator.lock_duration,
-            )
+            if session is not None:
+                messages = session.receive_deferred(seqs, mode=mode)
+            else:
+                messages = self.store.receive_deferred(
+                    node.entity,
+                    seqs,
+                    subscription=node.subscription,
+                    session_id=session_id,
+                    mode=mode,
+                    lock_duration=self.emulator.lock_duration,
+                )
+        except SessionLockLostError as exc:
+            raise _MgmtError(410, SESSION_LOCK_LOST, _describe(exc)) from exc
+        except SessionCannotBeLockedError as exc:
+            raise _MgmtError(410, SESSION_LOCK_LOST, _describe(exc)) from exc
         except Exception as exc:
             raise _MgmtError(404, MESSAGE_NOT_FOUND, _describe(exc)) from exc
         out = []
@@ -985,7 +1001,9 @@ class EmulatorHandler(Handler):
             item: dict[str, Any] = {"message": self._encode_received(m, peek_lock=peek_lock)}
             if peek_lock and m.lock_token:
                 key = uuid.UUID(bytes_le=_codec.lock_token_tag(m.lock_token))
-                self.tokens[key] = _Locked(node.entity, node.subscription, m.lock_token, key)
+                self.tokens[key] = _Locked(
+                    node.entity, node.subscription, m.lock_token, key, session=session
+                )
                 item["lock-token"] = key
             out.append(item)
         return out
@@ -995,6 +1013,11 @@ class EmulatorHandler(Handler):
             # Service Bus: a message cannot be dead-lettered from the dead-letter queue;
             # settling it there completes it.
             self._complete(locked)
+            return
+        if locked.session is not None:
+            locked.session.dead_letter(
+                locked.lock_token, reason=reason, error_description=description
+            )
             return
         self.store.dead_letter(
             locked.entity,
@@ -1055,6 +1078,11 @@ def _as_uuid(value: Any) -> uuid.UUID:
     if isinstance(value, bytes | bytearray) and len(value) == 16:
         return uuid.UUID(bytes=bytes(value))
     return uuid.UUID(str(value))
+
+
+def _lost(exc: BaseException) -> str:
+    """The lock-lost condition for a failed settlement (a session's or a message's)."""
+    return SESSION_LOCK_LOST if isinstance(exc, SessionLockLostError) else LOCK_LOST
 
 
 def _describe(exc: BaseException) -> str:
