@@ -358,7 +358,26 @@ def to_message(raw: bytes, *, default_id: str | None = None) -> Decoded:
         application_properties={str(k): _property(v) for k, v in app.items()} or None,
         time_to_live=timedelta(milliseconds=int(ttl_ms)) if ttl_ms else None,
     )
-    return Decoded(message, bytes(raw), has_id)
+    return Decoded(message, _without_delivery_annotations(raw, sections), has_id)
+
+
+def _without_delivery_annotations(raw: bytes, sections: list[Any]) -> bytes:
+    """``raw`` minus its delivery-annotations section.
+
+    AMQP 1.0 (section 3.2.2): delivery annotations carry information for one hop,
+    the sender to the broker; they are not part of the bare message the broker
+    stores and forwards, so receivers never see a sender's delivery annotations.
+    """
+    cut = [s for s in sections if s.code == DELIVERY_ANNOTATIONS]
+    if not cut:
+        return bytes(raw)
+    out = bytearray()
+    at = 0
+    for s in cut:
+        out += raw[at : s.start]
+        at = s.end
+    out += raw[at:]
+    return bytes(out)
 
 
 def encode_fields(
@@ -490,18 +509,20 @@ def restamp(
 
     Everything else is copied byte for byte: every other section, every other
     header field, and each of the sender's own message annotations (key and
-    value bytes), so any AMQP type the sender used comes back unchanged.
+    value bytes), so any AMQP type the sender used comes back unchanged. The
+    sender's delivery annotations are dropped: they were for the hop to the
+    broker (AMQP 1.0, section 3.2.2), and messages stored before the broker
+    dropped them on arrival may still hold them.
     """
     sections = split_sections(raw)
     header: list[bytes] | None = None
     entries: list[tuple[Any, bytes, bytes]] = []
     rest: list[bytes] = []
-    delivery_annotations = b""
     for s in sections:
         if s.code == HEADER:
             header = [bytes(raw[a:b]) for a, b in _items(raw, s.value_start)]
         elif s.code == DELIVERY_ANNOTATIONS:
-            delivery_annotations = bytes(raw[s.start : s.end])
+            continue  # per hop: not forwarded
         elif s.code == ANNOTATIONS:
             spans = _items(raw, s.value_start)
             for (ka, kb), (va, vb) in zip(spans[::2], spans[1::2], strict=True):
@@ -533,7 +554,6 @@ def restamp(
             fields += [b"\x40"] * (5 - len(fields))
             fields[4] = b"\x70" + struct.pack(">I", max(0, delivery_count))
         out += b"\x00\x53\x70" + _compound(0xD0, fields)
-    out += delivery_annotations
     out += b"\x00\x53\x72" + _compound(0xD1, chunks)
     for chunk in rest:
         out += chunk

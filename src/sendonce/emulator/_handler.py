@@ -1010,9 +1010,14 @@ class EmulatorHandler(Handler):
 
     def _dead_letter(self, locked: _Locked, reason: str | None, description: str | None) -> None:
         if locked.sub_queue is not None:
-            # Service Bus: a message cannot be dead-lettered from the dead-letter queue;
-            # settling it there completes it.
-            self._complete(locked)
+            # Service Bus: "you can't dead-letter a message from a DLQ"; the message
+            # stays in the dead-letter subqueue, released (the broker decides).
+            self.store.dead_letter(
+                locked.entity,
+                locked.lock_token,
+                subscription=locked.subscription,
+                sub_queue=locked.sub_queue,
+            )
             return
         if locked.session is not None:
             locked.session.dead_letter(

@@ -41,6 +41,23 @@ def test_explicit_dead_letter_keeps_the_message_and_its_reason(broker, make_enti
     assert [m.message_id for m in broker.receive("orders", max_messages=5)] == ["b"]
 
 
+def test_a_message_from_the_dead_letter_subqueue_cannot_be_dead_lettered_again(broker, make_entity):
+    """Service Bus: "you can't dead-letter a message from a DLQ": it stays there, released."""
+    make_entity()
+    broker.send("orders", [msg("a")], timeout=5)
+    (a,) = broker.receive("orders", mode="peek_lock")
+    broker.dead_letter("orders", a.lock_token, reason="First")
+    (dead,) = broker.receive("orders", mode="peek_lock", sub_queue="dead_letter")
+    broker.dead_letter("orders", dead.lock_token, reason="Second", sub_queue="dead_letter")
+    (again,) = broker.receive("orders", mode="peek_lock", sub_queue="dead_letter")
+    assert (again.message_id, again.sequence_number) == ("a", dead.sequence_number)
+    assert again.dead_letter_reason == "First"
+    with pytest.raises(LockLostError):  # its first lock was released
+        broker.dead_letter("orders", dead.lock_token, sub_queue="dead_letter")
+    broker.complete("orders", again.lock_token, sub_queue="dead_letter")
+    assert broker.peek("orders", sub_queue="dead_letter") == []
+
+
 def test_dead_lettering_never_touches_duplicate_detection(broker, make_entity):
     make_entity()
     broker.send("orders", [msg("a")], timeout=5)

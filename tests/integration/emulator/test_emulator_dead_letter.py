@@ -107,3 +107,23 @@ def test_the_asyncio_client_dead_letters(emulator: Emulator, store: LocalBackend
 
     assert asyncio.run(run()) == ("a-1", "async")
     assert store.peek("orders", sub_queue="dead_letter") == []
+
+
+def test_dead_lettering_from_the_dead_letter_queue_leaves_the_message_there(
+    emulator: Emulator, store: LocalBackend
+) -> None:
+    """Service Bus: "you can't dead-letter a message from a DLQ" (it stays, and comes again)."""
+    with client(emulator) as sb:
+        send(sb, "orders", "stuck")
+        with sb.get_queue_receiver("orders") as receiver:
+            (m,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
+            receiver.dead_letter_message(m, reason="First", error_description="first try")
+        with sb.get_queue_receiver("orders", sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
+            (dead,) = dlq.receive_messages(max_message_count=1, max_wait_time=5)
+            dlq.dead_letter_message(dead, reason="Second")
+            (again,) = dlq.receive_messages(max_message_count=1, max_wait_time=5)
+            assert again.message_id == "stuck"
+            assert again.sequence_number == dead.sequence_number
+            assert again.dead_letter_reason == "First"  # the first reason stays
+            dlq.complete_message(again)
+    assert store.peek("orders", sub_queue="dead_letter") == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from azure.servicebus import ServiceBusClient, ServiceBusMessage
+from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
 from azure.servicebus.aio import ServiceBusClient as AsyncServiceBusClient
 from azure.servicebus.exceptions import ServiceBusError
 
@@ -56,3 +56,33 @@ def test_the_asyncio_client_defers(emulator: Emulator, store: LocalBackend) -> N
 
     assert asyncio.run(run()) == ["d-1"]
     assert store.peek("orders") == []
+
+
+def test_a_deferred_message_is_dead_lettered_after_its_receiver_is_gone(
+    emulator: Emulator, store: LocalBackend
+) -> None:
+    """A new receiver takes the deferred message by sequence number and dead-letters it:
+    the settlement goes through ``com.microsoft:update-disposition`` (no link delivered it)."""
+    with ServiceBusClient.from_connection_string(emulator.connection_string) as sb:
+        with sb.get_queue_sender("orders", keep_alive=None) as sender:
+            sender.send_messages(ServiceBusMessage("x", message_id="parked"), timeout=10)
+        with sb.get_queue_receiver("orders") as first:
+            (m,) = first.receive_messages(max_message_count=1, max_wait_time=5)
+            seq = m.sequence_number
+            first.defer_message(m)
+        # the link that received it is closed; another receiver, on another link
+        with sb.get_queue_receiver("orders") as second:
+            (deferred,) = second.receive_deferred_messages([seq])
+            assert deferred.message_id == "parked"
+            second.dead_letter_message(
+                deferred, reason="Parked too long", error_description="after deferral"
+            )
+            with pytest.raises(ServiceBusError):
+                second.receive_deferred_messages([seq])
+        with sb.get_queue_receiver("orders", sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
+            (dead,) = dlq.receive_messages(max_message_count=1, max_wait_time=5)
+            assert (dead.message_id, dead.sequence_number) == ("parked", seq)
+            assert dead.dead_letter_reason == "Parked too long"
+            assert dead.dead_letter_error_description == "after deferral"
+            dlq.complete_message(dead)
+    assert store.peek("orders") == [] and store.peek("orders", sub_queue="dead_letter") == []

@@ -1018,6 +1018,7 @@ class LocalBackend:
         subscription: str | None = None,
         reason: str | None = None,
         error_description: str | None = None,
+        sub_queue: SubQueue | None = None,
     ) -> None:
         """Move a peek-locked message to the entity's dead-letter subqueue.
 
@@ -1025,8 +1026,19 @@ class LocalBackend:
         ``error_description`` are handed out with it (Service Bus's
         ``DeadLetterReason`` and ``DeadLetterErrorDescription``). The
         duplicate-detection history is not touched: its id stays remembered.
+
+        A message received from the dead-letter subqueue (``sub_queue="dead_letter"``)
+        cannot be dead-lettered again: Service Bus documents that "you can't
+        dead-letter a message from a DLQ"
+        (https://learn.microsoft.com/azure/service-bus-messaging/service-bus-dead-letter-queues);
+        the message stays there with its reason, and its lock is released so it is
+        delivered again, as the service does. Complete it to remove it.
         """
         _check_reason(reason, error_description)
+        if sub_queue is not None:
+            _check_sub_queue(sub_queue)
+            self._settle(entity, lock_token, subscription, "abandon", sub_queue)
+            return
         self._settle(
             entity,
             lock_token,
