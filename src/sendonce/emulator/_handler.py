@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from proton import Condition, Delivery, Endpoint, Handler, Link, Message, Terminus, symbol
 
 from ..errors import (
-    ConfigurationError,
     MessageSizeError,
     NoSessionAvailableError,
     PermanentSendError,
@@ -390,7 +389,7 @@ class EmulatorHandler(Handler):
             return SESSION_CANNOT_BE_LOCKED, _describe(exc)
         except NoSessionAvailableError as exc:
             return TIMEOUT, _describe(exc)
-        except ConfigurationError as exc:
+        except ValidationError as exc:  # no sessions on the entity, a bad session id
             return ARGUMENT_ERROR, _describe(exc)
         self.sessions[link] = session
         node.session_id = session.session_id

@@ -98,3 +98,11 @@ def test_a_client_session_left_unsettled_returns_to_local_in_order(
         (s2,) = local.receive(max_messages=5)
         assert (s2.message_id, s2.delivery_count) == ("s2", 2)
         local.complete(s2)
+
+
+def test_a_session_receiver_on_an_entity_without_sessions_is_refused(emulator: Emulator) -> None:
+    from azure.servicebus.exceptions import ServiceBusError
+
+    with ServiceBusClient.from_connection_string(emulator.connection_string, retry_total=0) as sb:
+        with pytest.raises(ServiceBusError), sb.get_queue_receiver("orders", session_id="S"):
+            pass
