@@ -31,6 +31,10 @@ CONTRACT = {
         "PermanentSendError",
         "InDoubtError",
         "PayloadConflictError",
+        "LockLostError",
+        "SessionCannotBeLockedError",
+        "SessionLockLostError",
+        "NoSessionAvailableError",
     ],
     "sendonce.errors": [
         "SendOnceError",
@@ -44,8 +48,19 @@ CONTRACT = {
         "PermanentSendError",
         "InDoubtError",
         "PayloadConflictError",
+        "LockLostError",
+        "SessionCannotBeLockedError",
+        "SessionLockLostError",
+        "NoSessionAvailableError",
     ],
-    "sendonce.backends": ["Backend", "Ack", "connect", "LocalBackend", "AzureServiceBusBackend"],
+    "sendonce.backends": [
+        "Backend",
+        "Ack",
+        "connect",
+        "LocalBackend",
+        "LocalSession",
+        "AzureServiceBusBackend",
+    ],
     "sendonce.testing": ["FaultyBackend", "Fault"],
 }
 

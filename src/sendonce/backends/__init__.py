@@ -8,7 +8,7 @@ from ._base import Ack, AckOutcome, Backend
 from ._url import connect, connect_local, describe_url
 
 if TYPE_CHECKING:
-    from .local import LocalBackend, ReceivedMessage
+    from .local import LocalBackend, LocalSession, ReceivedMessage
     from .servicebus import AzureServiceBusBackend
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "AzureServiceBusBackend",
     "Backend",
     "LocalBackend",
+    "LocalSession",
     "ReceivedMessage",
     "connect",
     "connect_local",
@@ -26,7 +27,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     # The Service Bus backend imports azure-servicebus, an optional extra: load on use.
-    if name in ("LocalBackend", "ReceivedMessage"):
+    if name in ("LocalBackend", "LocalSession", "ReceivedMessage"):
         from . import local
 
         return getattr(local, name)

@@ -71,6 +71,9 @@ def test_a_session_is_locked_to_one_receiver(carts: LocalBackend) -> None:
 
 
 def test_the_errors_are_exported_and_lock_lost_is_a_lock_lost() -> None:
+    from sendonce.backends import LocalSession as FromBackends
+
+    assert FromBackends is LocalSession
     assert sendonce.SessionCannotBeLockedError is SessionCannotBeLockedError
     assert sendonce.SessionLockLostError is SessionLockLostError
     assert sendonce.NoSessionAvailableError is NoSessionAvailableError
