@@ -58,3 +58,16 @@ def test_demo_command_proves_exactly_once(tmp_path: Path) -> None:
     assert "messages in the queue: 600 for 600 orders" in proc.stdout
     assert "EXACTLY ONCE" in proc.stdout
     assert (tmp_path / "demo-broker.db").exists()
+
+
+def test_ledger_sample_rerun_sends_only_what_was_missing(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "samples" / "ledger_rerun.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert "sent 400, skipped as already sent 600 (from the ledger), failed 0" in proc.stdout
+    assert "the queue holds 1000 messages for 1000 orders, 0 twice" in proc.stdout
+    assert (tmp_path / "ledger.db").exists()
