@@ -52,8 +52,8 @@ def main(workdir: Path) -> None:
             print("day 2: the whole job is re-run")
             run(broker, ledger, ORDERS)
         copies = Counter(m.message_id for m in broker.receive("orders", max_messages=5000))
-    twice = sum(1 for n in copies.values() if n > 1)
-    print(f"the queue holds {sum(copies.values())} messages for {len(ORDERS)} orders, {twice} twice")
+    total, twice = sum(copies.values()), sum(1 for n in copies.values() if n > 1)
+    print(f"the queue holds {total} messages for {len(ORDERS)} orders, {twice} twice")
 
 
 if __name__ == "__main__":
