@@ -2,8 +2,8 @@
 
 Through psycopg 3 (``pip install 'sendonce[postgres]'``). Each primitive is one short
 transaction; the intents of a transfer are one ``INSERT ... ON CONFLICT ... RETURNING``
-statement, and a whole transfer's confirmation one ``UPDATE`` by its owner token
-(through a partial index of the unconfirmed rows). A connection lost mid-call is
+statement, and a whole transfer's confirmation one row of ``sendonce_ledger_transfers``
+(by its owner token). A connection lost mid-call is
 reopened and the call retried (tenacity): every primitive is idempotent, and intents
 a lost attempt did commit come back carrying this call's owner token, so they are
 recognised as ours.
@@ -42,9 +42,22 @@ CREATE TABLE IF NOT EXISTS sendonce_ledger (
     PRIMARY KEY (entity, message_id, partition_key)
 );
 CREATE INDEX IF NOT EXISTS sendonce_ledger_age ON sendonce_ledger (first_attempt);
-CREATE INDEX IF NOT EXISTS sendonce_ledger_unconfirmed ON sendonce_ledger (owner)
-    WHERE confirmed_at IS NULL;
+CREATE TABLE IF NOT EXISTS sendonce_ledger_transfers (
+    entity text NOT NULL,
+    owner text NOT NULL,
+    confirmed_at timestamptz NOT NULL,
+    PRIMARY KEY (entity, owner)
+);
+CREATE INDEX IF NOT EXISTS sendonce_ledger_transfers_age
+    ON sendonce_ledger_transfers (confirmed_at);
 """
+# A whole transfer's confirmation is one row of sendonce_ledger_transfers (its owner
+# token): no update of every key (an MVCC update rewrites each row and its indexes).
+# A key's own confirmed_at/outcome, where set, wins (duplicates, partial transfers,
+# keys resent by a later transfer, and every row of the first table-only format).
+_CONFIRMED = "coalesce(l.confirmed_at, t.confirmed_at)"
+_OUTCOME = "coalesce(l.outcome, CASE WHEN t.owner IS NOT NULL THEN 'sent' END)"
+_TRANSFER = "LEFT JOIN sendonce_ledger_transfers AS t ON t.entity = l.entity AND t.owner = l.owner"
 _INTENTS = """
 WITH written AS (
     INSERT INTO sendonce_ledger AS l
@@ -52,39 +65,50 @@ WITH written AS (
     SELECT %(entity)s, u.m, u.p, u.d, %(at)s, %(owner)s
     FROM unnest(%(mids)s::text[], %(pks)s::text[], %(digests)s::bytea[]) AS u(m, p, d)
     ON CONFLICT (entity, message_id, partition_key) DO UPDATE SET owner = l.owner
-    RETURNING l.message_id, l.partition_key, l.digest, l.first_attempt, l.owner,
+    RETURNING l.entity, l.message_id, l.partition_key, l.digest, l.first_attempt, l.owner,
         l.confirmed_at, l.outcome, (l.xmax = 0) AS inserted
 )
-SELECT message_id, partition_key, digest, first_attempt, owner, confirmed_at, outcome
-FROM written WHERE NOT inserted
-"""
+SELECT l.message_id, l.partition_key, l.digest, l.first_attempt, l.owner, """ + (
+    f"""{_CONFIRMED}, {_OUTCOME} FROM written AS l {_TRANSFER} WHERE NOT l.inserted"""
+)
 _CONFIRM = """
 UPDATE sendonce_ledger AS l SET confirmed_at = %(at)s, outcome = u.o
 FROM unnest(%(mids)s::text[], %(pks)s::text[], %(outcomes)s::text[]) AS u(m, p, o)
 WHERE l.entity = %(entity)s AND l.message_id = u.m AND l.partition_key = u.p
 """
 _CONFIRM_TRANSFERS = """
-UPDATE sendonce_ledger SET confirmed_at = %(at)s, outcome = 'sent'
-WHERE owner = ANY(%(owners)s::text[]) AND confirmed_at IS NULL AND entity = %(entity)s
+INSERT INTO sendonce_ledger_transfers (entity, owner, confirmed_at)
+SELECT %(entity)s, o, %(at)s FROM unnest(%(owners)s::text[]) AS o
+ON CONFLICT (entity, owner) DO NOTHING
 """
 _RELEASE = """
 DELETE FROM sendonce_ledger AS l
 USING unnest(%(mids)s::text[], %(pks)s::text[]) AS u(m, p)
 WHERE l.entity = %(entity)s AND l.message_id = u.m AND l.partition_key = u.p
-    AND l.owner = %(owner)s AND l.confirmed_at IS NULL
+    AND l.owner = %(owner)s AND l.confirmed_at IS NULL AND NOT EXISTS (
+        SELECT 1 FROM sendonce_ledger_transfers AS t
+        WHERE t.entity = l.entity AND t.owner = l.owner)
 """
-_LOOKUP = """
-SELECT l.message_id, l.partition_key, l.digest, l.first_attempt, l.owner, l.confirmed_at,
-    l.outcome
+_LOOKUP = f"""
+SELECT l.message_id, l.partition_key, l.digest, l.first_attempt, l.owner, {_CONFIRMED},
+    {_OUTCOME}
 FROM sendonce_ledger AS l
 JOIN unnest(%(mids)s::text[], %(pks)s::text[]) AS u(m, p)
     ON l.message_id = u.m AND l.partition_key = u.p
+{_TRANSFER}
 WHERE l.entity = %(entity)s
 """
 _PRUNE = """
 DELETE FROM sendonce_ledger WHERE ctid IN (
     SELECT ctid FROM sendonce_ledger WHERE first_attempt < %(before)s
     ORDER BY first_attempt LIMIT %(limit)s)
+"""
+# Once no key older than ``before`` is left, no transfer confirmed before it has keys
+# (a key's first attempt precedes its transfer's confirmation).
+_PRUNE_TRANSFERS = """
+DELETE FROM sendonce_ledger_transfers WHERE ctid IN (
+    SELECT ctid FROM sendonce_ledger_transfers WHERE confirmed_at < %(before)s
+    ORDER BY confirmed_at LIMIT %(limit)s)
 """
 
 
@@ -231,9 +255,14 @@ class PostgresStore:
         )
 
     def prune(self, before: datetime, limit: int) -> int:
-        return self._run(
-            lambda conn: conn.execute(_PRUNE, {"before": before, "limit": limit}).rowcount
-        )
+        def work(conn: psycopg.Connection[Any]) -> int:
+            params = {"before": before, "limit": limit}
+            deleted: int = conn.execute(_PRUNE, params).rowcount
+            if deleted < limit:
+                conn.execute(_PRUNE_TRANSFERS, params)
+            return deleted
+
+        return self._run(work)
 
     def close(self) -> None:
         with self._lock:

@@ -112,3 +112,31 @@ def test_an_unreachable_ledger_sends_nothing_more_and_a_rerun_completes(
         if report.sent == 30:  # the first transfer's confirmation went with the third's intents
             assert len(again.from_ledger) >= 10
         assert broker.count("orders") == 50
+
+
+def test_a_confirmed_transfer_is_one_row_and_pruning_drops_it_with_its_keys(
+    tmp_path: Path, pg_ledger_url: str
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    now = [datetime(2026, 1, 1, tzinfo=UTC)]
+    with LocalBackend(tmp_path / "b.db") as broker:
+        with Ledger(pg_ledger_url, clock=lambda: now[0], retention=timedelta(days=1)) as ledger:
+            with IdempotentSender(
+                broker, EntityProfile("orders"), ledger=ledger, max_batch_messages=10
+            ) as sender:
+                assert sender.send_many([msg(i) for i in range(30)]).sent == 30
+            with psycopg.connect(pg_ledger_url) as conn:
+                per_key = conn.execute(
+                    "SELECT count(*) FROM sendonce_ledger WHERE confirmed_at IS NOT NULL"
+                ).fetchone()
+                transfers = conn.execute("SELECT count(*) FROM sendonce_ledger_transfers")
+                assert (per_key, transfers.fetchone()) == ((0,), (3,))
+            rows = ledger.store.lookup("orders", [Key(f"order-{i}", "") for i in range(30)])
+            assert {(r.outcome, r.confirmed_at) for r in rows.values()} == {("sent", now[0])}
+            now[0] += timedelta(days=2)
+            assert ledger.prune(limit=25) == 25  # keys first; transfers once no old key is left
+            assert ledger.prune(limit=25) == 5
+            with psycopg.connect(pg_ledger_url) as conn:
+                left = conn.execute("SELECT count(*) FROM sendonce_ledger_transfers").fetchone()
+            assert left == (0,)
