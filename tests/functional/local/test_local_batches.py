@@ -89,3 +89,72 @@ def test_large_batch_over_the_json_limit(broker, make_entity):
     batch = [Message(body, message_id=f"big{i}") for i in range(16)]  # ~9.6 MB
     broker.send("orders", batch, timeout=30)
     assert [len(m.body) for m in broker.receive("orders", max_messages=20)] == [600_000] * 16
+
+
+def test_values_every_message_shares_are_stored_on_each(broker, make_entity, clock):
+    # One value shared by a whole batch (a content type, a partition key, a schedule
+    # time, one properties mapping) is bound once; each stored message still has it.
+    make_entity(partitioned=True)
+    props = {"source": "spark", "n": 7, "raw": b"\x01"}
+    batch = [
+        Message(
+            f"body {i}",
+            message_id=f"m{i}",
+            partition_key="pk",
+            session_id="pk",
+            content_type="application/json",
+            application_properties=props,
+            time_to_live=timedelta(hours=1),
+        )
+        for i in range(4)
+    ]
+    at = clock.now + timedelta(minutes=1)
+    acks = broker.schedule("orders", batch, at, timeout=5)
+    assert [a.outcome for a in acks] == ["accepted"] * 4
+    clock.advance(minutes=1)
+    stored = broker.peek("orders", max_messages=10)
+    assert [(m.message_id, m.body) for m in stored] == [
+        (f"m{i}", f"body {i}".encode()) for i in range(4)
+    ]
+    for m in stored:
+        assert (m.partition_key, m.session_id, m.content_type) == ("pk", "pk", "application/json")
+        assert dict(m.application_properties or {}) == props
+        assert m.time_to_live == timedelta(hours=1)
+        assert m.scheduled_enqueue_time == at
+
+
+def test_a_send_checks_the_entity_as_it_is_when_it_commits(db, clock):
+    # A send checks and encodes its messages before taking the write lock, against
+    # the profile it last saw; another handle changing the entity meanwhile must not
+    # let a message through that the entity as it now is refuses.
+    from sendonce import EntityProfile, PermanentSendError
+    from sendonce.backends.local import LocalBackend
+
+    with LocalBackend(db, clock=clock) as a, LocalBackend(db, clock=clock) as b:
+        b.create_entity(EntityProfile("orders"))
+        assert a.send("orders", [Message("x", message_id="1")], timeout=5)[0].outcome == "accepted"
+        b.delete_entity("orders")
+        b.create_entity(EntityProfile("orders", sessions=True))
+        with pytest.raises(PermanentSendError, match="session"):
+            a.send("orders", [Message("x", message_id="2")], timeout=5)
+        b.delete_entity("orders")
+        b.create_entity(EntityProfile("orders", max_message_size=1024))
+        with pytest.raises(PermanentSendError) as refused:
+            a.send("orders", [Message("x" * 2000, message_id="3")], timeout=5)
+        assert refused.value.condition == "amqp:link:message-size-exceeded"
+        b.delete_entity("orders")
+        with pytest.raises(PermanentSendError) as missing:
+            a.send("orders", [Message("x", message_id="4")], timeout=5)
+        assert missing.value.condition == "amqp:not-found"
+        b.create_entity(EntityProfile("orders", partitioned=True))
+        # Now partitioned: the same id under two partition keys is two messages.
+        acks = a.send(
+            "orders",
+            [
+                Message("x", message_id="5", partition_key="p1"),
+                Message("y", message_id="5", partition_key="p2"),
+            ],
+            timeout=5,
+        )
+        assert [ack.outcome for ack in acks] == ["accepted", "accepted"]
+        assert b.count("orders") == 2

@@ -16,7 +16,6 @@ from types import TracebackType
 from typing import Any, ClassVar, Literal, NoReturn, TypeVar
 
 from ..._entity import EntityProfile
-from ..._ids import MAX_ID_LENGTH
 from ..._message import Message
 from ...errors import (
     ConfigurationError,
@@ -226,6 +225,9 @@ class LocalBackend:
             create=create,
             on_restart=self._forget_volatile_caches,
         )
+        # Each entity's profile as last read (its stored text, parsed): sends check and
+        # encode their messages against it before taking the file's write lock.
+        self._profiles: dict[str, tuple[str, EntityProfile]] = {}
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -451,36 +453,77 @@ class LocalBackend:
         if len(raws) != len(messages):
             raise ValidationError("raw must hold one entry per message", field="raw")
         seconds = _positive_seconds(timeout, "timeout")
+        # The Python work (rule checks, stored columns, the JSON documents) is done
+        # before the write transaction, against the entity's profile as last read,
+        # so that processes sharing the file serialise on SQL only. The transaction
+        # re-reads the profile and redoes the work if the entity changed meanwhile.
+        known = self._profiles.get(entity) if isinstance(entity, str) else None
+        early = None
+        if known is not None and messages:
+            early = _Batch.of(entity, known[0], known[1], messages, at, raws)
 
-        def work(conn: sqlite3.Connection) -> list[Ack]:
-            return self._store_in(conn, entity, messages, at, atomic, raws)
+        def work(conn: sqlite3.Connection) -> tuple[int, list[bool] | None]:
+            eid, text, base, id_count = self._entity_row(conn, entity)
+            if not messages:
+                return base, None
+            batch = early
+            if batch is None or batch.text != text:
+                profile = self._profile_of(entity, text)
+                batch = _Batch.of(entity, text, profile, messages, at, raws)
+            return base, self._store_in(conn, eid, batch, base, id_count, atomic)
 
         try:
-            return self._write(work, timeout=seconds)
+            base, accepted = self._write(work, timeout=seconds)
         except _GroupRejected as rejected:
             # Only the members the broker already holds are duplicates; the others were
             # dropped with the group and are stored nowhere: they must not look delivered.
             return [_DUPLICATE if not new else _IGNORED for new in rejected.accepted]
+        if accepted is None:
+            return [_accepted(seq) for seq in range(base, base + len(messages))]
+        return [_accepted(base + i) if ok else _DUPLICATE for i, ok in enumerate(accepted)]
+
+    def _entity_row(self, conn: sqlite3.Connection, name: str) -> tuple[int, str, int, int]:
+        """(eid, profile text, next sequence number, id count) of an entity sent to."""
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError("entity must be a non-empty str", field="entity")
+        row = conn.execute(
+            "SELECT eid, profile, next_seq, id_count FROM entities WHERE name = ?", (name,)
+        ).fetchone()
+        if row is None:
+            raise PermanentSendError(
+                f"entity {name!r} does not exist in the local broker",
+                condition="amqp:not-found",
+            )
+        eid, text, next_seq, id_count = row
+        return eid, text, next_seq, id_count
+
+    def _profile_of(self, name: str, text: str) -> EntityProfile:
+        """The profile stored as ``text``, parsed once per change and remembered."""
+        known = self._profiles.get(name)
+        if known is not None and known[0] == text:
+            return known[1]
+        profile = _profile_from_json(name, text)
+        self._profiles[name] = (text, profile)
+        return profile
 
     def _store_in(
         self,
         conn: sqlite3.Connection,
-        entity: str,
-        messages: list[Message],
-        at: int | None,
+        eid: int,
+        batch: _Batch,
+        base: int,
+        id_count: int,
         atomic: bool,
-        raws: list[bytes | None],
-    ) -> list[Ack]:
-        eid, profile, base, id_count = self._entity(conn, entity, sending=True)
-        n = len(messages)
-        if n == 0:
-            return []
+    ) -> list[bool] | None:
+        """The SQL of a send, in its transaction; None when every message was new."""
+        if batch.error is not None:
+            raise batch.error
+        profile = batch.profile
+        n = len(batch.rows)
         now = self._now()
-        prepared = self._prepare(entity, profile, messages, at, now, raws)
         conn.execute("UPDATE entities SET next_seq = next_seq + ? WHERE eid = ?", (n, eid))
-
         if profile.duplicate_detection:
-            accepted = self._remember(conn, eid, profile, messages, base, now, id_count)
+            accepted = _remember(conn, eid, profile, batch, base, now, id_count)
         else:
             accepted = [True] * n
         all_new = all(accepted)
@@ -490,160 +533,36 @@ class LocalBackend:
             subs = [r[0] for r in conn.execute(_SUBSCRIPTIONS, (eid,))]
         else:
             subs = [""]
-        if subs and not (all_new and _insert_as_json(conn, eid, subs, base, now, prepared)):
+        if not subs:
+            return None if all_new else accepted
+        if all_new and batch.insert is not None:
+            sql, params = batch.insert
+            conn.execute(sql, (eid, base, now, json.dumps(subs), *params))
+        else:
             conn.executemany(
                 "INSERT INTO messages (eid, sub, seq, message_id, partition_key, session_id, "
                 "body, extra, enqueued, scheduled, visible, raw) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 [
-                    (eid, sub, base + i, *row)
-                    for i, row in enumerate(prepared)
+                    (
+                        eid,
+                        sub,
+                        base + i,
+                        mid,
+                        pkey,
+                        sid,
+                        body,
+                        extra,
+                        now,
+                        when,
+                        now if when is None else when,
+                        raw,
+                    )
+                    for i, (mid, pkey, sid, body, extra, when, raw) in enumerate(batch.rows)
                     if all_new or accepted[i]
                     for sub in subs
                 ],
             )
-        if all_new:
-            return [_accepted(seq) for seq in range(base, base + n)]
-        return [_accepted(base + i) if ok else _DUPLICATE for i, ok in enumerate(accepted)]
-
-    @staticmethod
-    def _prepare(
-        entity: str,
-        profile: EntityProfile,
-        messages: list[Message],
-        at: int | None,
-        now: int,
-        raws: list[bytes | None],
-    ) -> list[tuple[Any, ...]]:
-        """Check every message against the entity's rules and build its stored columns.
-
-        A plain message (no properties) whose body leaves room for the longest ids
-        skips the full rule check: it cannot break the size limit, and Message
-        itself guarantees partition key == session id.
-        """
-        room = profile.max_message_size - 3 * MAX_ID_LENGTH
-        sessions = profile.sessions
-        prepared = []
-        for i, message in enumerate(messages):
-            body = message.body
-            if isinstance(body, str):
-                body = body.encode("utf-8")
-            plain = (
-                message.application_properties is None
-                and message.subject is None
-                and message.content_type is None
-                and message.correlation_id is None
-            )
-            if not plain or len(body) > room or (sessions and message.session_id is None):
-                try:
-                    profile.check(message)
-                except ValidationError as exc:
-                    raise _refused(entity, message, exc) from None
-            when = at
-            if when is None and message.scheduled_enqueue_time is not None:
-                when = to_us(message.scheduled_enqueue_time)
-            prepared.append(
-                (
-                    message.message_id,
-                    message.partition_key,
-                    message.session_id,
-                    body,
-                    None if plain and message.time_to_live is None else encode_extra(message),
-                    now,
-                    when,
-                    now if when is None else when,
-                    raws[i],
-                )
-            )
-        return prepared
-
-    @staticmethod
-    def _remember(
-        conn: sqlite3.Connection,
-        eid: int,
-        profile: EntityProfile,
-        messages: list[Message],
-        base: int,
-        now: int,
-        id_count: int,
-    ) -> list[bool]:
-        """Record the dedup keys; True for each message seen for the first time.
-
-        One statement per chunk: an upsert over ``json_each`` that writes exactly
-        the keys that are new (or whose window had expired); ``RETURNING`` names
-        them when some were not.
-        """
-        partitioned = profile.partitioned
-        if partitioned:
-            keys: list[Any] = []
-            for message in messages:
-                mid, pkey = profile.dedup_key(message)
-                keys.append((mid, pkey or ""))
-            select = "j.value ->> 0, j.value ->> 1"
-        else:
-            keys = [message.message_id for message in messages]
-            select = "j.value, ''"
-        counted = profile.id_cache_size is not None
-        window = profile.window
-        cutoff = -1 if window is None else now - window // _US
-        accepted = [False] * len(messages)
-        first: dict[Any, int] | None = None
-        new = 0
-        sql = (
-            f"INSERT INTO ids (eid, mid, pkey, stamp) SELECT ?1, {select}, "
-            "CASE WHEN ?2 THEN ?3 + j.key ELSE ?4 END FROM json_each(?5) AS j WHERE true "
-            "ON CONFLICT (eid, mid, pkey) DO UPDATE SET stamp = excluded.stamp "
-            "WHERE ids.stamp <= ?6"
-        )
-        for start in range(0, len(keys), _MAX_JSON_BATCH):
-            chunk = keys[start : start + _MAX_JSON_BATCH]
-            params = (
-                eid,
-                counted,
-                base + start,
-                now,
-                json.dumps(chunk, ensure_ascii=False),
-                cutoff,
-            )
-            # The usual case, every key new, needs only the count of rows written; when
-            # some were duplicates, redo the chunk listing the keys that were new.
-            conn.execute("SAVEPOINT remember")
-            if conn.execute(sql, params).rowcount == len(chunk):
-                conn.execute("RELEASE remember")
-                accepted[start : start + len(chunk)] = [True] * len(chunk)
-                new += len(chunk)
-                continue
-            conn.execute("ROLLBACK TO remember")
-            conn.execute("RELEASE remember")
-            returned = conn.execute(sql + " RETURNING mid, pkey", params).fetchall()
-            new += len(returned)
-            if first is None:
-                first = {}
-                for i, key in enumerate(keys):
-                    first.setdefault(tuple(key) if partitioned else key, i)
-            for mid, pkey in returned:
-                accepted[first[(mid, pkey) if partitioned else mid]] = True
-        if counted:
-            # Artemis: a fixed-size cache; the oldest ids make room for the new ones.
-            assert profile.id_cache_size is not None
-            id_count += new
-            excess = id_count - profile.id_cache_size
-            if excess > 0:
-                conn.execute(
-                    "DELETE FROM ids WHERE eid = ?1 AND stamp <= (SELECT stamp FROM ids "
-                    "WHERE eid = ?1 ORDER BY stamp LIMIT 1 OFFSET ?2)",
-                    (eid, excess - 1),
-                )
-                id_count = profile.id_cache_size
-            conn.execute("UPDATE entities SET id_count = ? WHERE eid = ?", (id_count, eid))
-        else:
-            # Time window: forget a bounded batch of expired ids, oldest first, by index
-            # range (the bound is found first, so no statement walks all expired ids).
-            conn.execute(
-                "DELETE FROM ids WHERE eid = ?1 AND stamp <= coalesce((SELECT stamp FROM ids "
-                "WHERE eid = ?1 AND stamp <= ?2 ORDER BY stamp LIMIT 1 OFFSET ?3), ?2)",
-                (eid, cutoff, max(_HOUSEKEEPING_MIN, 2 * len(messages)) - 1),
-            )
-        return accepted
+        return None if all_new else accepted
 
     def cancel_scheduled(
         self, entity: str, sequence_numbers: Sequence[int], *, timeout: float | None = None
@@ -1550,55 +1469,244 @@ class LocalBackend:
         return self._read(work)
 
 
-# Columns of a prepared row (see LocalBackend._prepare) that vary between messages and
-# may be absent from a whole batch: (index in the row, column name).
-_OPTIONAL = ((1, "partition_key"), (2, "session_id"), (4, "extra"), (6, "scheduled"))
+# Columns of a prepared row (see _prepare) that vary between messages and may be
+# absent from a whole batch: (index in the row, column name).
+_OPTIONAL = ((1, "partition_key"), (2, "session_id"), (4, "extra"), (5, "scheduled"))
 _JSON_MAX_BYTES = 8 * 1024 * 1024
+_UNSET = object()
 
 
-def _insert_as_json(
-    conn: sqlite3.Connection,
-    eid: int,
-    subs: list[str],
-    base: int,
-    now: int,
-    prepared: list[tuple[Any, ...]],
-) -> bool:
-    """Insert a batch of message rows in one statement over ``json_each``; False if unfit.
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Batch:
+    """A send's messages, checked and turned into what its SQL binds, outside any lock.
+
+    Built against one version of the entity's profile (``text``); the transaction
+    uses it only if the profile it reads is still that one.
+    """
+
+    text: str
+    profile: EntityProfile
+    rows: list[tuple[Any, ...]]
+    """Per message: (id, partition key, session id, body, extra, scheduled, raw)."""
+    keys: list[Any]
+    """The dedup keys (duplicate detection on): ids, or [id, partition key] pairs."""
+    key_chunks: list[str]
+    """``keys`` as JSON arrays of at most ``_MAX_JSON_BATCH``."""
+    insert: tuple[str, tuple[Any, ...]] | None
+    """The one-statement insert of the rows and its parameters after the first four."""
+    error: PermanentSendError | None
+
+    @classmethod
+    def of(
+        cls,
+        entity: str,
+        text: str,
+        profile: EntityProfile,
+        messages: list[Message],
+        at: int | None,
+        raws: list[bytes | None],
+    ) -> _Batch:
+        try:
+            rows = _prepare(entity, profile, messages, at, raws)
+        except PermanentSendError as exc:
+            return cls(text, profile, [], [], [], None, exc)
+        keys: list[Any] = []
+        chunks: list[str] = []
+        if profile.duplicate_detection:
+            if profile.partitioned:
+                for message in messages:
+                    mid, pkey = profile.dedup_key(message)
+                    keys.append([mid, pkey or ""])
+            else:
+                keys = [row[0] for row in rows]
+            chunks = [
+                json.dumps(keys[start : start + _MAX_JSON_BATCH], ensure_ascii=False)
+                for start in range(0, len(keys), _MAX_JSON_BATCH)
+            ]
+        return cls(text, profile, rows, keys, chunks, _json_insert(rows), None)
+
+
+def _prepare(
+    entity: str,
+    profile: EntityProfile,
+    messages: list[Message],
+    at: int | None,
+    raws: list[bytes | None],
+) -> list[tuple[Any, ...]]:
+    """Check every message against the entity's rules and build its stored columns.
+
+    Message itself guarantees partition key == session id, so only the size and,
+    for a session entity, a missing session id can break a rule; the full check
+    runs (and raises) for those. The optional properties of messages that share
+    them (Spark rows with one content type) are encoded once per batch.
+    """
+    limit = profile.max_message_size
+    sessions = profile.sessions
+    extras: dict[tuple[Any, ...], str | None] = {}
+    prepared = []
+    for i, message in enumerate(messages):
+        body = message.body
+        if isinstance(body, str):
+            body = body.encode("utf-8")
+        if message.size > limit or (sessions and message.session_id is None):
+            try:
+                profile.check(message)
+            except ValidationError as exc:
+                raise _refused(entity, message, exc) from None
+        props = message.application_properties
+        # id(props) is stable for this call: ``messages`` keeps every mapping alive.
+        shape = (
+            message.subject,
+            message.content_type,
+            message.correlation_id,
+            message.time_to_live,
+            None if props is None else id(props),
+        )
+        extra = extras.get(shape, _UNSET)
+        if extra is _UNSET:
+            extra = extras[shape] = encode_extra(message)
+        when = at
+        if when is None and message.scheduled_enqueue_time is not None:
+            when = to_us(message.scheduled_enqueue_time)
+        prepared.append(
+            (
+                message.message_id,
+                message.partition_key,
+                message.session_id,
+                body,
+                extra,
+                when,
+                raws[i],
+            )
+        )
+    return prepared
+
+
+def _json_insert(prepared: list[tuple[Any, ...]]) -> tuple[str, tuple[Any, ...]] | None:
+    """One ``INSERT … SELECT FROM json_each`` of a batch's rows, or None if unfit.
 
     Binding a dozen parameters per row in ``executemany`` costs more than SQLite's
-    own insert; one JSON document per batch avoids it. Only the columns some
-    message of the batch uses travel in the JSON (each is re-parsed per row).
-    Bodies travel as text, so a batch with a body that is not UTF-8 (or holds NUL),
-    with raw AMQP bytes, or over 8 MiB goes through ``executemany`` instead.
+    own insert; one JSON document per batch avoids it. Only the columns that vary
+    within the batch travel in the JSON (each is re-parsed per row); one value
+    shared by every row (a content type, a partition key) is bound once. Bodies
+    travel as text, so a batch with a body that is not UTF-8 (or holds NUL), with
+    raw AMQP bytes, or over 8 MiB goes through ``executemany`` instead.
+
+    Parameters 1-4 are bound in the transaction: entity id, first sequence
+    number, now, the JSON array of subscriptions.
     """
-    used = [
-        (index, name) for index, name in _OPTIONAL if any(r[index] is not None for r in prepared)
-    ]
     entries: list[list[Any]] = []
     total = 0
     for row in prepared:
         body: bytes = row[3]
         total += len(body)
-        if row[8] is not None or total > _JSON_MAX_BYTES or b"\x00" in body:
-            return False
+        if row[6] is not None or total > _JSON_MAX_BYTES or b"\x00" in body:
+            return None
         try:
             text = body.decode("utf-8")
         except UnicodeDecodeError:
-            return False
-        entries.append([row[0], text, *(row[index] for index, _ in used)])
-    columns = {name: f"j.value ->> {2 + k}" for k, (_, name) in enumerate(used)}
+            return None
+        entries.append([row[0], text])
+    first = prepared[0]
+    columns: dict[str, str] = {}
+    params: list[Any] = []
+    for index, name in _OPTIONAL:
+        value = first[index]
+        if all(row[index] == value for row in prepared):
+            if value is not None:
+                params.append(value)
+                columns[name] = f"?{5 + len(params)}"
+            continue
+        position = len(entries[0])
+        for entry, row in zip(entries, prepared, strict=True):
+            entry.append(row[index])
+        columns[name] = f"j.value ->> {position}"
     scheduled = columns.get("scheduled", "NULL")
-    conn.execute(
+    sql = (
         "INSERT INTO messages (eid, sub, seq, message_id, partition_key, session_id, body, "
         "extra, enqueued, scheduled, visible) "
         f"SELECT ?1, s.value, ?2 + j.key, j.value ->> 0, {columns.get('partition_key', 'NULL')}, "
         f"{columns.get('session_id', 'NULL')}, CAST(j.value ->> 1 AS BLOB), "
         f"{columns.get('extra', 'NULL')}, ?3, {scheduled}, coalesce({scheduled}, ?3) "
-        "FROM json_each(?4) AS s, json_each(?5) AS j",
-        (eid, base, now, json.dumps(subs), json.dumps(entries, ensure_ascii=False)),
+        "FROM json_each(?4) AS s, json_each(?5) AS j"
     )
-    return True
+    return sql, (json.dumps(entries, ensure_ascii=False), *params)
+
+
+def _remember(
+    conn: sqlite3.Connection,
+    eid: int,
+    profile: EntityProfile,
+    batch: _Batch,
+    base: int,
+    now: int,
+    id_count: int,
+) -> list[bool]:
+    """Record the dedup keys; True for each message seen for the first time.
+
+    One statement per chunk: an upsert over ``json_each`` that writes exactly
+    the keys that are new (or whose window had expired); ``RETURNING`` names
+    them when some were not.
+    """
+    partitioned = profile.partitioned
+    select = "j.value ->> 0, j.value ->> 1" if partitioned else "j.value, ''"
+    keys = batch.keys
+    counted = profile.id_cache_size is not None
+    window = profile.window
+    cutoff = -1 if window is None else now - window // _US
+    accepted = [False] * len(keys)
+    first: dict[Any, int] | None = None
+    new = 0
+    sql = (
+        f"INSERT INTO ids (eid, mid, pkey, stamp) SELECT ?1, {select}, "
+        "CASE WHEN ?2 THEN ?3 + j.key ELSE ?4 END FROM json_each(?5) AS j WHERE true "
+        "ON CONFLICT (eid, mid, pkey) DO UPDATE SET stamp = excluded.stamp "
+        "WHERE ids.stamp <= ?6"
+    )
+    for number, chunk in enumerate(batch.key_chunks):
+        start = number * _MAX_JSON_BATCH
+        size = min(_MAX_JSON_BATCH, len(keys) - start)
+        params = (eid, counted, base + start, now, chunk, cutoff)
+        # The usual case, every key new, needs only the count of rows written; when
+        # some were duplicates, redo the chunk listing the keys that were new.
+        conn.execute("SAVEPOINT remember")
+        if conn.execute(sql, params).rowcount == size:
+            conn.execute("RELEASE remember")
+            accepted[start : start + size] = [True] * size
+            new += size
+            continue
+        conn.execute("ROLLBACK TO remember")
+        conn.execute("RELEASE remember")
+        returned = conn.execute(sql + " RETURNING mid, pkey", params).fetchall()
+        new += len(returned)
+        if first is None:
+            first = {}
+            for i, key in enumerate(keys):
+                first.setdefault(tuple(key) if partitioned else key, i)
+        for mid, pkey in returned:
+            accepted[first[(mid, pkey) if partitioned else mid]] = True
+    if counted:
+        # Artemis: a fixed-size cache; the oldest ids make room for the new ones.
+        assert profile.id_cache_size is not None
+        id_count += new
+        excess = id_count - profile.id_cache_size
+        if excess > 0:
+            conn.execute(
+                "DELETE FROM ids WHERE eid = ?1 AND stamp <= (SELECT stamp FROM ids "
+                "WHERE eid = ?1 ORDER BY stamp LIMIT 1 OFFSET ?2)",
+                (eid, excess - 1),
+            )
+            id_count = profile.id_cache_size
+        conn.execute("UPDATE entities SET id_count = ? WHERE eid = ?", (id_count, eid))
+    else:
+        # Time window: forget a bounded batch of expired ids, oldest first, by index
+        # range (the bound is found first, so no statement walks all expired ids).
+        conn.execute(
+            "DELETE FROM ids WHERE eid = ?1 AND stamp <= coalesce((SELECT stamp FROM ids "
+            "WHERE eid = ?1 AND stamp <= ?2 ORDER BY stamp LIMIT 1 OFFSET ?3), ?2)",
+            (eid, cutoff, max(_HOUSEKEEPING_MIN, 2 * len(keys)) - 1),
+        )
+    return accepted
 
 
 def _refused(entity: str, message: Message, exc: ValidationError) -> PermanentSendError:
