@@ -550,7 +550,7 @@ class LocalBackend:
                         mid,
                         pkey,
                         sid,
-                        body,
+                        body.encode("utf-8") if isinstance(body, str) else body,
                         extra,
                         now,
                         when,
@@ -1487,7 +1487,7 @@ class _Batch:
     text: str
     profile: EntityProfile
     rows: list[tuple[Any, ...]]
-    """Per message: (id, partition key, session id, body, extra, scheduled, raw)."""
+    """Per message: (id, partition key, session id, body (bytes or str), extra, scheduled, raw)."""
     keys: list[Any]
     """The dedup keys (duplicate detection on): ids, or [id, partition key] pairs."""
     key_chunks: list[str]
@@ -1545,9 +1545,6 @@ def _prepare(
     extras: dict[tuple[Any, ...], str | None] = {}
     prepared = []
     for i, message in enumerate(messages):
-        body = message.body
-        if isinstance(body, str):
-            body = body.encode("utf-8")
         if message.size > limit or (sessions and message.session_id is None):
             try:
                 profile.check(message)
@@ -1573,7 +1570,7 @@ def _prepare(
                 message.message_id,
                 message.partition_key,
                 message.session_id,
-                body,
+                message.body,
                 extra,
                 when,
                 raws[i],
@@ -1595,32 +1592,32 @@ def _json_insert(prepared: list[tuple[Any, ...]]) -> tuple[str, tuple[Any, ...]]
     Parameters 1-4 are bound in the transaction: entity id, first sequence
     number, now, the JSON array of subscriptions.
     """
-    entries: list[list[Any]] = []
-    total = 0
-    for row in prepared:
-        body: bytes = row[3]
-        total += len(body)
-        if row[6] is not None or total > _JSON_MAX_BYTES or b"\x00" in body:
-            return None
-        try:
-            text = body.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-        entries.append([row[0], text])
+    if any(row[6] is not None for row in prepared):
+        return None
+    bodies: list[bytes | str] = [row[3] for row in prepared]
+    if sum(map(len, bodies)) > _JSON_MAX_BYTES:  # bytes, or characters of a str body
+        return None
+    try:
+        texts = [body if isinstance(body, str) else body.decode("utf-8") for body in bodies]
+    except UnicodeDecodeError:
+        return None
+    fields: list[list[Any]] = [[row[0] for row in prepared], texts]
     first = prepared[0]
     columns: dict[str, str] = {}
     params: list[Any] = []
     for index, name in _OPTIONAL:
         value = first[index]
-        if all(row[index] == value for row in prepared):
+        values = [row[index] for row in prepared]
+        if values.count(value) == len(values):
             if value is not None:
                 params.append(value)
                 columns[name] = f"?{5 + len(params)}"
             continue
-        position = len(entries[0])
-        for entry, row in zip(entries, prepared, strict=True):
-            entry.append(row[index])
-        columns[name] = f"j.value ->> {position}"
+        columns[name] = f"j.value ->> {len(fields)}"
+        fields.append(values)
+    document = json.dumps(list(zip(*fields, strict=True)), ensure_ascii=False)
+    if "\\u0000" in document:  # a NUL, which ends SQLite text (rarely, a literal "\\u0000")
+        return None
     scheduled = columns.get("scheduled", "NULL")
     sql = (
         "INSERT INTO messages (eid, sub, seq, message_id, partition_key, session_id, body, "
@@ -1630,7 +1627,7 @@ def _json_insert(prepared: list[tuple[Any, ...]]) -> tuple[str, tuple[Any, ...]]
         f"{columns.get('extra', 'NULL')}, ?3, {scheduled}, coalesce({scheduled}, ?3) "
         "FROM json_each(?4) AS s, json_each(?5) AS j"
     )
-    return sql, (json.dumps(entries, ensure_ascii=False), *params)
+    return sql, (document, *params)
 
 
 def _remember(
