@@ -132,3 +132,26 @@ def test_ids_the_template_refuses_fail_their_row_only() -> None:
     encoded = encode_columns(BatchEncoder(spec, plan), columns, 3)
     assert [m.message_id for m in encoded.messages] == ["fine/3"]
     assert sorted(type(e).__name__ for _, e in encoded.errors) == ["MessageIdError"] * 2
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    column=st.one_of(
+        st.lists(VALUE, max_size=6),
+        st.lists(INSTANT, max_size=6),
+        st.lists(st.datetimes(datetime(1970, 1, 2), datetime(2100, 1, 1)), max_size=6),
+    )
+)
+def test_rows_without_a_schema_normalise_each_value_by_its_type(column: list[Any]) -> None:
+    # Columns whose values need nothing, or are all datetimes, are normalised in one
+    # pass; every value must come out as the per-value rule makes it.
+    from sendonce.spark._rows import _dynamic, normalize_columns
+
+    plan = ColumnPlan(("d",), (None,), (), True, dynamic=True)
+    expected = [_dynamic(v) for v in column]
+    got = normalize_columns(plan, {"d": list(column)})["d"]
+    assert got == expected
+    assert [type(v) for v in got] == [type(v) for v in expected]
+    assert [getattr(v, "tzinfo", None) for v in got] == [
+        getattr(v, "tzinfo", None) for v in expected
+    ]
