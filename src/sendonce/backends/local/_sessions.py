@@ -217,14 +217,17 @@ class LocalSession:
 
     @property
     def session_id(self) -> str:
+        """The session this receiver holds."""
         return self._session_id
 
     @property
     def entity(self) -> str:
+        """The queue or topic the session is on."""
         return self._entity
 
     @property
     def subscription(self) -> str | None:
+        """The subscription, on a topic; None on a queue."""
         return self._subscription
 
     @property
@@ -234,10 +237,12 @@ class LocalSession:
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` released the session (a lost lock does not close it)."""
         return self._closed
 
     @property
     def lock_duration(self) -> timedelta:
+        """How long each accept or renewal locks the session for."""
         return self._lock_duration
 
     def __repr__(self) -> str:
