@@ -95,9 +95,13 @@ class _Server(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
     board: ProgressBoard
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        self.board.opened(+1)  # counted at accept, before the handler thread starts
-        super().process_request(request, client_address)
+    def get_request(self) -> Any:
+        # Accepted and counted under the board's lock: ``settle`` never sees a
+        # connection that has left the listen queue but is not counted yet.
+        with self.board._lock:
+            request = super().get_request()
+            self.board._open += 1
+        return request
 
 
 class ProgressBoard:
@@ -128,9 +132,9 @@ class ProgressBoard:
         """Wait a little for reports still on their way (a cancelled task may still report)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            with self._lock:
+            with self._lock:  # atomic with the accept-and-count of ``get_request``
                 idle = self._open == 0
-            pending, _, _ = select.select([self._server.socket], [], [], 0)
+                pending, _, _ = select.select([self._server.socket], [], [], 0)
             if idle and not pending:
                 return
             time.sleep(0.02)
