@@ -58,7 +58,7 @@ CREATE INDEX IF NOT EXISTS sendonce_ledger_transfers_age
 _CONFIRMED = "coalesce(l.confirmed_at, t.confirmed_at)"
 _OUTCOME = "coalesce(l.outcome, CASE WHEN t.owner IS NOT NULL THEN 'sent' END)"
 _TRANSFER = "LEFT JOIN sendonce_ledger_transfers AS t ON t.entity = l.entity AND t.owner = l.owner"
-_INTENTS = """
+_INTENTS = f"""
 WITH written AS (
     INSERT INTO sendonce_ledger AS l
         (entity, message_id, partition_key, digest, first_attempt, owner)
@@ -68,9 +68,11 @@ WITH written AS (
     RETURNING l.entity, l.message_id, l.partition_key, l.digest, l.first_attempt, l.owner,
         l.confirmed_at, l.outcome, (l.xmax = 0) AS inserted
 )
-SELECT l.message_id, l.partition_key, l.digest, l.first_attempt, l.owner, """ + (
-    f"""{_CONFIRMED}, {_OUTCOME} FROM written AS l {_TRANSFER} WHERE NOT l.inserted"""
-)
+SELECT l.message_id, l.partition_key, l.digest, l.first_attempt, l.owner, {_CONFIRMED},
+    {_OUTCOME}
+FROM written AS l {_TRANSFER}
+WHERE NOT l.inserted
+"""
 _CONFIRM = """
 UPDATE sendonce_ledger AS l SET confirmed_at = %(at)s, outcome = u.o
 FROM unnest(%(mids)s::text[], %(pks)s::text[], %(outcomes)s::text[]) AS u(m, p, o)

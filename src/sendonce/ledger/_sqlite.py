@@ -259,8 +259,8 @@ class SQLiteStore:
         )
         return result
 
-    def _packer(self, entity: str) -> Callable[[Key], str]:
-        """The key packer of ``entity``, whose id is created on first use."""
+    def _entity_id(self, entity: str) -> int:
+        """The id of ``entity`` in this file, created on first use."""
         eid = self._eids.get(entity)
         if eid is None:
 
@@ -273,7 +273,7 @@ class SQLiteStore:
 
             eid = self._tx(work)
             self._eids[entity] = eid  # only once committed: a rolled-back id is never kept
-        return _packer(eid)
+        return eid
 
     def record_intents(
         self,
@@ -287,8 +287,8 @@ class SQLiteStore:
     ) -> dict[Key, Entry]:
         if not keys:
             return {}
-        pack = self._packer(entity)
-        prefix = pack(Key("", ""))[:-3]
+        eid = self._entity_id(entity)
+        pack, prefix = _packer(eid), f"{eid}:"
         pairs = zip(keys, digests, strict=True)
         if all(not pk for _mid, pk in keys):
             packed = json.dumps(
@@ -331,13 +331,13 @@ class SQLiteStore:
     def confirm(self, entity: str, confirmation: Confirmation, at: datetime) -> None:
         if not confirmation:
             return
-        pack = self._packer(entity)
+        pack = _packer(self._entity_id(entity))
         self._tx(lambda conn: _apply_confirm(conn, pack, confirmation, _us(at)))
 
     def release(self, entity: str, keys: Sequence[Key], owner: str) -> None:
         if not keys:
             return
-        pack = self._packer(entity)
+        pack = _packer(self._entity_id(entity))
         packed = json.dumps([pack(k) for k in keys], ensure_ascii=False)
 
         def work(conn: sqlite3.Connection) -> None:
@@ -360,7 +360,7 @@ class SQLiteStore:
     def lookup(self, entity: str, keys: Sequence[Key]) -> dict[Key, Entry]:
         if not keys:
             return {}
-        pack = self._packer(entity)
+        pack = _packer(self._entity_id(entity))
         packed = {pack(k): Key(*k) for k in keys}
         return self._tx(lambda conn: _select(conn, packed))
 

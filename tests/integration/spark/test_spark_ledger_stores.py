@@ -169,6 +169,18 @@ def test_bad_ledger_arguments_are_refused_before_any_job(tmp_path: Path) -> None
     assert "topsecret" not in str(unreachable.value)
 
 
+def _order_3_crashed_yesterday(ledger: Ledger) -> None:
+    """What a producer killed between its send of order 3 and the confirmation left behind."""
+    crashed = SPEC.to_message({"order_id": 3, "customer": "customer-3"})
+    ledger.store.record_intents(
+        "orders",
+        [Key(crashed.message_id, "")],
+        [body_digest(crashed)],
+        first_attempt=datetime.now(UTC) - timedelta(seconds=2 * WINDOW),
+        owner="dead",
+    )
+
+
 @pytest.mark.spark
 @pytest.mark.parametrize("policy", ["error", "resend"])
 def test_the_applications_in_doubt_choice_reaches_the_executors(
@@ -177,16 +189,8 @@ def test_the_applications_in_doubt_choice_reaches_the_executors(
     """A ``Ledger(in_doubt=...)`` passed to publish is applied by every task's own ledger."""
     url, path = broker
     ledger_url = f"sqlite://{tmp_path / 'ledger.db'}"
-    yesterday = datetime.now(UTC) - timedelta(seconds=2 * WINDOW)
-    crashed = SPEC.to_message({"order_id": 3, "customer": "customer-3"})
-    with Ledger(ledger_url) as ledger:  # a producer died between send and confirmation
-        ledger.store.record_intents(
-            "orders",
-            [Key(crashed.message_id, "")],
-            [body_digest(crashed)],
-            first_attempt=yesterday,
-            owner="dead",
-        )
+    with Ledger(ledger_url) as ledger:
+        _order_3_crashed_yesterday(ledger)
     with Ledger(ledger_url, in_doubt=policy) as ledger:  # type: ignore[arg-type]
         report = publish(orders(spark, 10, 2), url, EntityProfile("orders"), SPEC, ledger=ledger)
     ids = ids_on(path)
@@ -206,16 +210,8 @@ def test_a_batch_publisher_applies_the_ledgers_in_doubt_choice(
     """``batch_publisher(ledger=Ledger(..., in_doubt="resend"))`` keeps that choice per batch."""
     url, path = broker
     ledger_url = f"sqlite://{tmp_path / 'ledger.db'}"
-    yesterday = datetime.now(UTC) - timedelta(seconds=2 * WINDOW)
-    crashed = SPEC.to_message({"order_id": 3, "customer": "customer-3"})
     with Ledger(ledger_url, in_doubt="resend") as ledger:
-        ledger.store.record_intents(
-            "orders",
-            [Key(crashed.message_id, "")],
-            [body_digest(crashed)],
-            first_attempt=yesterday,
-            owner="dead",
-        )
+        _order_3_crashed_yesterday(ledger)
         run = batch_publisher(url, EntityProfile("orders"), SPEC, ledger=ledger)
     assert (run.ledger_in_doubt, run.ledger_retention) == ("resend", ledger.retention)
     run(orders(spark, 10, 2), 0)  # order-3 is in doubt: resent, as the application chose
