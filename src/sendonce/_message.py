@@ -245,6 +245,11 @@ class MessageFactory:
         self._fixed_size = probe.size - 1  # what the shared fields add to every size
         self._constant = application_properties
 
+    @property
+    def fixed_size(self) -> int:
+        """What the shared fields add to every message's size (``Message.size``)."""
+        return self._fixed_size
+
     def __call__(
         self,
         body: bytes | str,

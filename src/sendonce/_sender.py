@@ -25,6 +25,7 @@ from typing import Any, Literal, NamedTuple, Protocol, cast
 
 from ._entity import EntityProfile
 from ._message import Message
+from ._message_columns import MessageColumns
 from ._retry import Attempted, RetryPolicy
 from .backends._base import Ack, Backend
 from .errors import (
@@ -240,7 +241,7 @@ class _Plan:
     __slots__ = ("batches", "reordered", "repeated_results", "repeats", "seen")
 
     def __init__(self) -> None:
-        self.batches: list[list[Message]] = []
+        self.batches: list[Sequence[Message]] = []
         self.repeats: list[int] = []
         self.seen: dict[object, int] = {}
         self.reordered = False  # a batch took a message after a later batch had started
@@ -381,6 +382,8 @@ class SenderCore:
         profile = self.profile
         if profile.partitioned or profile.sessions:
             return None
+        if isinstance(messages, MessageColumns):
+            return self._plan_columns(messages)
         if not all(m.__class__ is Message for m in messages):
             return None
         if any(m.partition_key is not None or m.session_id is not None for m in messages):
@@ -394,6 +397,22 @@ class SenderCore:
         )
         if len(seen) != len(messages):
             return None
+        return self._planned(messages, sizes, seen)
+
+    def _plan_columns(self, columns: MessageColumns) -> _Plan | None:
+        """``_plan_unkeyed`` read off the columns: transfers are slices of them."""
+        if columns.partition_keys is not None or columns.session_ids is not None:
+            return None
+        sizes = [size + _PER_MESSAGE_OVERHEAD for size in columns.sizes]
+        seen: dict[object, int] = dict(zip(columns.message_ids, columns.hashes, strict=True))
+        if len(seen) != len(columns) or max(sizes) > self.profile.max_message_size:
+            return None
+        return self._planned(columns, sizes, seen)
+
+    def _planned(
+        self, messages: Sequence[Message], sizes: list[int], seen: dict[object, int]
+    ) -> _Plan | None:
+        """Transfers of consecutive messages within the size and count limits."""
         memory = self._memory.entries
         if memory:
             common = memory.keys() & seen.keys()
@@ -401,13 +420,14 @@ class SenderCore:
                 return None
         plan = _Plan()
         plan.seen = seen
-        cap = self.max_batch_messages
+        cap, limit = self.max_batch_messages, self.profile.max_message_size
         ends = list(accumulate(sizes))
         start, offset, total = 0, 0, len(messages)
         while start < total:
             end = min(bisect_right(ends, offset + limit, lo=start), start + cap)
             end = max(end, start + 1)
-            plan.batches.append(list(messages[start:end]))
+            chunk = messages[start:end]
+            plan.batches.append(chunk if isinstance(chunk, MessageColumns) else list(chunk))
             offset = ends[end - 1]
             start = end
         return plan
@@ -417,7 +437,7 @@ class SenderCore:
 
         Validates like ``send_many`` (raising on a bad message). For tools and benchmarks.
         """
-        return self._plan(messages, what="messages").batches
+        return [list(batch) for batch in self._plan(messages, what="messages").batches]
 
     def _remember(self, plan: _Plan) -> None:
         self._memory.add(plan.seen, self.retry.clock())
@@ -568,7 +588,7 @@ class SenderCore:
             )
             report.failures.append(SendFailure(message.message_id, message.partition_key, error))
 
-    def _ledger_intents(self, batch: list[Message], pending: Confirmation | None) -> Prepared:
+    def _ledger_intents(self, batch: Sequence[Message], pending: Confirmation | None) -> Prepared:
         """Write ``batch``'s intents (with the previous transfer's confirmation)."""
         assert self._ledger is not None
         return self._ledger.prepare(
@@ -582,7 +602,7 @@ class SenderCore:
 
     def _ledger_failed(
         self,
-        batches: list[list[Message]],
+        batches: list[Sequence[Message]],
         index: int,
         exc: Exception,
         report: SendReport,
@@ -840,7 +860,7 @@ class IdempotentSender(SenderCore):
         """
         self._check_open()
         started = self._started(first_attempt)
-        items = messages if isinstance(messages, list | tuple) else list(messages)
+        items = messages if isinstance(messages, list | tuple | MessageColumns) else list(messages)
         plan = self._plan(items, what="messages")
         self._remember(plan)
         report = SendReport()
@@ -862,7 +882,7 @@ class IdempotentSender(SenderCore):
 
     def _send_batch(
         self,
-        batch: list[Message],
+        batch: Sequence[Message],
         report: SendReport,
         failed: dict[object, SendError],
         started: float | None = None,
@@ -890,7 +910,7 @@ class IdempotentSender(SenderCore):
 
     def _send_through_ledger(
         self,
-        batches: list[list[Message]],
+        batches: list[Sequence[Message]],
         report: SendReport,
         failed: dict[object, SendError],
         started: float | None,

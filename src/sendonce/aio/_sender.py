@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from .._entity import EntityProfile
 from .._message import Message
+from .._message_columns import MessageColumns
 from .._retry import Attempted, RetryPolicy
 from .._sender import (
     DEFAULT_MAX_BATCH_MESSAGES,
@@ -253,7 +254,7 @@ class IdempotentSender(SenderCore):
         """
         self._check_open()
         started = self._started(first_attempt)
-        items = messages if isinstance(messages, list | tuple) else list(messages)
+        items = messages if isinstance(messages, list | tuple | MessageColumns) else list(messages)
         plan = self._plan(items, what="messages")
         self._remember(plan)
         report = SendReport()
@@ -268,7 +269,7 @@ class IdempotentSender(SenderCore):
 
     async def _send_batch(
         self,
-        batch: list[Message],
+        batch: Sequence[Message],
         report: SendReport,
         failed: dict[object, SendError],
         started: float | None,
@@ -295,7 +296,7 @@ class IdempotentSender(SenderCore):
 
     async def _send_through_ledger(
         self,
-        batches: list[list[Message]],
+        batches: list[Sequence[Message]],
         report: SendReport,
         failed: dict[object, SendError],
         started: float | None,

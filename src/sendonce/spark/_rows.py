@@ -16,15 +16,16 @@ This module runs on executors; it does not import pyspark.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from json.encoder import encode_basestring
-from typing import Any
+from typing import Any, cast
 
 from .._ids import MessageIdTemplate, canonical_text, escape_table
 from .._message import Message, MessageFactory, MessageSpec, canonical_json
+from .._message_columns import MessageColumns
 from ..errors import MessageIdError, ValidationError
 
 __all__ = [
@@ -71,6 +72,20 @@ def _to_utc(value: Any) -> Any:
         # local time zone, and astimezone() reads a naive value in that same zone.
         return value.astimezone(UTC)
     return value
+
+
+def utc_values(values: list[Any]) -> list[Any]:
+    """A timestamp column as aware UTC datetimes (naive values are local time).
+
+    Values already in UTC (the Arrow path attaches it) are kept as they are, with one
+    pass over the column; any other goes through ``astimezone(UTC)``.
+    """
+    first = next((v for v in values if v is not None), None)
+    if first is None:
+        return values
+    if first.tzinfo is UTC and {v.tzinfo for v in values if v is not None} == {UTC}:
+        return values
+    return [None if v is None else _to_utc(v) for v in values]
 
 
 def normalizer(shape: Shape) -> Callable[[Any], Any] | None:
@@ -149,12 +164,15 @@ def normalize_columns(plan: ColumnPlan, columns: dict[str, list[Any]]) -> dict[s
             kinds = set(map(type, values))
             if kinds <= _LEAVES_AND_PLAIN:
                 continue  # every value stays as it is (what _dynamic returns for it)
-            if kinds == {datetime}:
-                columns[name] = [v.astimezone(UTC) for v in values]
+            if kinds == {datetime} or kinds == {datetime, type(None)}:
+                columns[name] = utc_values(values)
             elif any(v is not None and not isinstance(v, _PLAIN) for v in values):
                 columns[name] = [_dynamic(v) for v in values]
         return columns
     for name, shape in zip(plan.columns, plan.shapes, strict=True):
+        if shape == ("ts",):
+            columns[name] = utc_values(columns[name])
+            continue
         norm = normalizer(shape)
         if norm is not None:
             columns[name] = [None if v is None else norm(v) for v in columns[name]]
@@ -223,6 +241,12 @@ class _ColumnTemplate:
         ids: list[str] | None = None
         for (name, kind, chars, table), tail in zip(self.steps, self.tails, strict=True):
             values = columns[name]
+            if kind == "any":
+                # No schema said (partition_publisher without schema=): a column of
+                # plain str or int values takes the fast path canonical_text would match.
+                types = set(map(type, values))
+                if types == {str} or types == {int}:
+                    kind = "str" if str in types else "int"
             if kind == "str":
                 texts: list[str] = values
             elif kind == "int":
@@ -279,29 +303,37 @@ _JSON_TEXT: dict[type, Callable[[Any], str]] = {
 }
 
 
-def _quoted(values: Iterable[str]) -> list[str]:
-    return list(map('"%s"'.__mod__, values))
-
-
 # A column whose values all have one of these exact types (no None) is encoded by one
-# C-level map, with the same text as _JSON_TEXT gives each value.
+# C-level map, with the same text as _JSON_TEXT gives each value. The texts of the
+# quoted kinds come without their quotes: the row template carries them.
 _JSON_COLUMN: dict[type, Callable[[list[Any]], list[str]]] = {
     str: lambda values: list(map(encode_basestring, values)),
     int: lambda values: list(map(int.__repr__, values)),
-    Decimal: _quoted,  # '"%s"' % value is '"' + str(value) + '"'
-    datetime: lambda values: _quoted(map(datetime.isoformat, values)),
-    date: lambda values: _quoted(map(date.isoformat, values)),
+}
+_JSON_QUOTED_COLUMN: dict[type, Callable[[list[Any]], list[str]]] = {
+    Decimal: lambda values: list(map(str, values)),
+    datetime: lambda values: list(map(datetime.isoformat, values)),
+    date: lambda values: list(map(date.isoformat, values)),
 }
 
 
-def _json_column(values: list[Any]) -> list[str]:
-    """The JSON text of every value of a column (as ``_JSON_TEXT`` gives it)."""
+def _json_column(values: list[Any]) -> tuple[list[str], bool]:
+    """The JSON text of every value of a column (as ``_JSON_TEXT`` gives it).
+
+    The flag says the texts still need their quotes (Decimal, datetime and date
+    columns of one type: the row template adds them, saving a pass per column).
+    """
     kinds = set(map(type, values))
     if len(kinds) == 1:
-        whole = _JSON_COLUMN.get(kinds.pop())
+        kind = kinds.pop()
+        whole = _JSON_COLUMN.get(kind)
         if whole is not None:
-            return whole(values)
-    return ["null" if v is None else _JSON_TEXT.get(type(v), _json_fallback)(v) for v in values]
+            return whole(values), False
+        bare = _JSON_QUOTED_COLUMN.get(kind)
+        if bare is not None:
+            return bare(values), True
+    texts = ["null" if v is None else _JSON_TEXT.get(type(v), _json_fallback)(v) for v in values]
+    return texts, False
 
 
 class _JsonColumns:
@@ -321,13 +353,21 @@ class _JsonColumns:
             return None
         names = sorted(columns)
         texts: list[list[str]] = []
+        slots: list[str] = []
         try:
             for name in names:
-                texts.append(_json_column(columns[name]))
+                column, quote = _json_column(columns[name])
+                texts.append(column)
+                slots.append('"%s"' if quote else "%s")
         except (TypeError, ValueError):
             return None  # a value canonical_json refuses: let body_of report it per row
         template = (
-            "{" + ",".join(encode_basestring(n).replace("%", "%%") + ":%s" for n in names) + "}"
+            "{"
+            + ",".join(
+                encode_basestring(n).replace("%", "%%") + ":" + slot
+                for n, slot in zip(names, slots, strict=True)
+            )
+            + "}"
         )
         bodies: list[bytes | str | None] = [
             (template % values).encode("utf-8") for values in zip(*texts, strict=True)
@@ -339,7 +379,8 @@ class _JsonColumns:
 class Encoded:
     """The messages of one batch of rows, and the rows that could not become one."""
 
-    messages: list[Message]
+    messages: Sequence[Message]
+    """A list, or :class:`MessageColumns` when every message of the batch is plain."""
     errors: list[tuple[str, ValidationError]]
     """(a description of the row, the error) for rows the spec refused."""
 
@@ -366,7 +407,7 @@ class BatchEncoder:
         ]
         self.body_field = spec.body if isinstance(spec.body, str) else None
         self.json = _JsonColumns() if spec.body is None else None
-        self._make: Callable[..., Message] | None = None
+        self._make: MessageFactory | Callable[..., Message] | None = None
 
     def encode(self, columns: dict[str, list[Any]], rows: int) -> Encoded:
         """Messages for ``rows`` rows given as normalised columns."""
@@ -389,6 +430,10 @@ class BatchEncoder:
             errors.append((ids[i] or self._describe(columns, i), exc))
         bodies = self._bodies(columns, rows, ids, errors, failed)
         make = self._factory()
+        if not failed and isinstance(make, MessageFactory):
+            whole = MessageColumns.of(make, cast(list[Any], bodies), ids, pks, sids)
+            if whole is not None:
+                return Encoded(whole, errors)
         messages: list[Message] = []
         append = messages.append
         for i in range(rows):
@@ -408,7 +453,7 @@ class BatchEncoder:
                 errors.append((ids[i], exc))
         return Encoded(messages, errors)
 
-    def _factory(self) -> Callable[..., Message]:
+    def _factory(self) -> MessageFactory | Callable[..., Message]:
         """A fast builder for this spec's messages (plain ``Message()`` if the spec's
         shared fields are refused, so each row reports the error)."""
         if self._make is None:
