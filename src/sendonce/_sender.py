@@ -545,6 +545,8 @@ class SenderCore:
     def _ledger_keys(self, batch: Sequence[Message]) -> list[Key]:
         if not self.profile.partitioned:
             # Plain tuples equal (and hash like) Key: cheaper by the 100k.
+            if isinstance(batch, MessageColumns):
+                return cast(list[Key], [(mid, "") for mid in batch.message_ids])
             return cast(list[Key], [(m.message_id, "") for m in batch])
         dedup_key = self.profile.dedup_key
         return [Key(mid, pk or "") for mid, pk in map(dedup_key, batch)]
