@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from itertools import repeat
 from types import TracebackType
-from typing import Any, ClassVar, Literal, NoReturn, TypeVar
+from typing import Any, ClassVar, Literal, NoReturn, TypeVar, cast
 
 from ..._entity import EntityProfile
 from ..._message import Message
@@ -482,7 +482,7 @@ class LocalBackend:
             # dropped with the group and are stored nowhere: they must not look delivered.
             return [_DUPLICATE if not new else _IGNORED for new in rejected.accepted]
         if accepted is None:
-            return [_accepted(seq) for seq in range(base, base + len(messages))]
+            return list(map(_accepted, range(base, base + len(messages))))
         return [_accepted(base + i) if ok else _DUPLICATE for i, ok in enumerate(accepted)]
 
     def _entity_row(self, conn: sqlite3.Connection, name: str) -> tuple[int, str, int, int]:
@@ -1625,22 +1625,27 @@ def _json_insert(prepared: list[tuple[Any, ...]]) -> tuple[str, tuple[Any, ...]]
     Parameters 1-4 are bound in the transaction: entity id, first sequence
     number, now, the JSON array of subscriptions.
     """
-    if any(row[6] is not None for row in prepared):
+    if not prepared:
         return None
-    bodies: list[bytes | str] = [row[3] for row in prepared]
+    columns_ = list(zip(*prepared, strict=True))  # one C-level transpose, then per column
+    if columns_[6].count(None) != len(prepared):  # raw AMQP bytes travel by executemany
+        return None
+    bodies: tuple[bytes | str, ...] = columns_[3]
     if sum(map(len, bodies)) > _JSON_MAX_BYTES:  # bytes, or characters of a str body
         return None
     try:
-        texts = [body if isinstance(body, str) else body.decode("utf-8") for body in bodies]
+        if set(map(type, bodies)) == {bytes}:
+            texts = list(map(bytes.decode, cast(tuple[bytes, ...], bodies)))  # UTF-8
+        else:
+            texts = [body if isinstance(body, str) else body.decode("utf-8") for body in bodies]
     except UnicodeDecodeError:
         return None
-    fields: list[list[Any]] = [[row[0] for row in prepared], texts]
-    first = prepared[0]
+    fields: list[Sequence[Any]] = [columns_[0], texts]
     columns: dict[str, str] = {}
     params: list[Any] = []
     for index, name in _OPTIONAL:
-        value = first[index]
-        values = [row[index] for row in prepared]
+        values = columns_[index]
+        value = values[0]
         if values.count(value) == len(values):
             if value is not None:
                 params.append(value)
