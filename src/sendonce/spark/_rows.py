@@ -207,7 +207,7 @@ class _ColumnTemplate:
         if self.trusted:
             try:
                 ids = self._columns(columns)
-            except ValidationError:
+            except (ValidationError, ValueError):  # ValueError: an int too long for str()
                 ids = None  # some value has no canonical text: find which, row by row
         if ids is None:
             return self._rows(columns, rows, failed)
@@ -271,6 +271,14 @@ class _ColumnTemplate:
                 ids = [a + t for a, t in zip(ids, texts, strict=True)]
         assert ids is not None
         return ids
+
+
+def _short_repr(value: Any) -> str:
+    """``repr`` for an error message, even of an int too long to print."""
+    try:
+        return repr(value)
+    except ValueError:
+        return f"<{type(value).__name__} of {getattr(value, 'bit_length', lambda: '?')()} bits>"
 
 
 def _row(columns: dict[str, list[Any]], index: int) -> dict[str, Any]:
@@ -507,7 +515,8 @@ class BatchEncoder:
             return self.spec.message_id.build(_row(columns, index))
         except MessageIdError:
             fields = ", ".join(
-                f"{name}={columns[name][index]!r}"[:60] for name in self.spec.message_id.fields
+                f"{name}={_short_repr(columns[name][index])}"[:60]
+                for name in self.spec.message_id.fields
             )
             return f"row ({fields})"
 

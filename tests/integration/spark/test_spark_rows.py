@@ -44,12 +44,17 @@ SPECS = [
 ]
 
 
-def plan_for(spec: MessageSpec, rows: list[dict[str, Any]] | None = None) -> ColumnPlan:
-    """The plan the driver would make; id columns of one Python type get their fast path."""
+def plan_for(
+    spec: MessageSpec, rows: list[dict[str, Any]] | None = None, *, declared: bool = True
+) -> ColumnPlan:
+    """The plan the driver would make; id columns of one Python type get their fast path.
+
+    ``declared=False``: no kinds, as without a schema (each batch finds its own).
+    """
     whole = not isinstance(spec.body, str)
     columns = ("a", "b", "c", "d") if whole else ("a", "b", "c")
     kinds = []
-    for name in ("a", "b"):
+    for name in ("a", "b") if declared else ():
         types = {type(r[name]) for r in rows or []}
         if types == {str}:
             kinds.append((name, "str"))
@@ -64,12 +69,13 @@ def plan_for(spec: MessageSpec, rows: list[dict[str, Any]] | None = None) -> Col
     rows=st.lists(
         st.fixed_dictionaries({"a": KEY, "b": KEY, "c": TEXT, "d": VALUE}), min_size=1, max_size=8
     ),
+    declared=st.booleans(),
 )
 def test_columns_build_the_messages_the_spec_builds(
-    spec_index: int, rows: list[dict[str, Any]]
+    spec_index: int, rows: list[dict[str, Any]], declared: bool
 ) -> None:
     spec = SPECS[spec_index]
-    plan = plan_for(spec, rows)
+    plan = plan_for(spec, rows, declared=declared)
     columns = {name: [r[name] for r in rows] for name in plan.columns}
     encoded = encode_columns(BatchEncoder(spec, plan), columns, len(rows))
     assert not encoded.errors
@@ -119,6 +125,33 @@ def test_naive_timestamps_from_rows_read_as_the_worker_local_time() -> None:
     assert arrow.messages == rows.messages
     assert arrow.messages[0].message_id == "2024-03-10T16:00:00Z/2024-01-02"
     assert Decimal  # the decimal path is covered by the property test
+
+
+def test_an_int_too_long_for_text_fails_its_row_without_a_schema() -> None:
+    spec = MessageSpec("{a}/{b}", body="c")
+    plan = ColumnPlan(("a", "b", "c"), (None, None, None), (), False)  # kinds found per batch
+    columns: dict[str, list[Any]] = {"a": [1, 10**5000, 3], "b": [1, 2, 3], "c": ["p", "q", "r"]}
+    encoded = encode_columns(BatchEncoder(spec, plan), columns, 3)
+    assert [m.message_id for m in encoded.messages] == ["1/1", "3/3"]
+    assert [type(e).__name__ for _, e in encoded.errors] == ["MessageIdError"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.none(), INSTANT, st.datetimes(datetime(1970, 1, 2), datetime(2100, 1, 1))),
+        max_size=6,
+    )
+)
+def test_a_timestamp_column_is_normalised_as_each_value_would_be(column: list[Any]) -> None:
+    """Aware UTC values (Arrow) are kept; naive (Row) and other zones become UTC."""
+    from sendonce.spark._rows import _to_utc, normalize_columns
+
+    plan = ColumnPlan(("t",), (("ts",),), (), True)
+    got = normalize_columns(plan, {"t": list(column)})["t"]
+    expected = [None if v is None else _to_utc(v) for v in column]
+    assert got == expected
+    assert [getattr(v, "tzinfo", None) for v in got] == [UTC if v else None for v in expected]
 
 
 def test_ids_the_template_refuses_fail_their_row_only() -> None:
