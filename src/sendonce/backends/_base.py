@@ -41,6 +41,9 @@ class Backend(Protocol):
     ``PermanentSendError`` (nothing was stored). With ``atomic=True`` the
     messages are one all-or-nothing group; a backend that cannot honour that
     raises ``ConfigurationError``.
+
+    ``messages`` is any ``Sequence[Message]``, not always a list: bulk paths (Spark)
+    pass one that holds columns and builds each ``Message`` when it is read.
     """
 
     def describe(self, entity: str) -> EntityProfile:
