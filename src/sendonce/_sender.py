@@ -427,7 +427,7 @@ class SenderCore:
             end = min(bisect_right(ends, offset + limit, lo=start), start + cap)
             end = max(end, start + 1)
             chunk = messages[start:end]
-            plan.batches.append(chunk if isinstance(chunk, MessageColumns) else list(chunk))
+            plan.batches.append(chunk if isinstance(chunk, MessageColumns | list) else list(chunk))
             offset = ends[end - 1]
             start = end
         return plan
