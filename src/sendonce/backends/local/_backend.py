@@ -12,7 +12,6 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from itertools import repeat
 from types import TracebackType
 from typing import Any, ClassVar, Literal, NoReturn, TypeVar, cast
 
@@ -444,14 +443,14 @@ class LocalBackend:
         atomic: bool,
         raw: Sequence[bytes | None] | None,
     ) -> list[Ack]:
-        if not isinstance(messages, MessageColumns):
+        if not isinstance(messages, MessageColumns):  # columns hold only plain messages
             messages = list(messages)
-        for message in () if isinstance(messages, MessageColumns) else messages:
-            if not isinstance(message, Message):
-                raise ValidationError(
-                    f"messages must be Message objects, got {type(message).__name__}",
-                    field="messages",
-                )
+            for message in messages:
+                if not isinstance(message, Message):
+                    raise ValidationError(
+                        f"messages must be Message objects, got {type(message).__name__}",
+                        field="messages",
+                    )
         raws: list[bytes | None] = [None] * len(messages) if raw is None else list(raw)
         if len(raws) != len(messages):
             raise ValidationError("raw must hold one entry per message", field="raw")
@@ -1509,10 +1508,18 @@ class _Batch:
         at: int | None,
         raws: list[bytes | None],
     ) -> _Batch:
-        try:
-            rows = _prepare(entity, profile, messages, at, raws)
-        except PermanentSendError as exc:
-            return cls(text, profile, [], [], [], None, exc)
+        fields: Sequence[Sequence[Any]]
+        if isinstance(messages, MessageColumns) and _plain(messages, profile):
+            fields = _fields_of_columns(messages, at, raws)
+            rows = list(zip(*fields, strict=True))
+        else:
+            if isinstance(messages, MessageColumns):
+                messages = messages.messages()  # the per-message checks name the culprit
+            try:
+                rows = _prepare(entity, profile, messages, at, raws)
+            except PermanentSendError as exc:
+                return cls(text, profile, [], [], [], None, exc)
+            fields = list(zip(*rows, strict=True))
         keys: list[Any] = []
         chunks: list[str] = []
         if profile.duplicate_detection:
@@ -1521,18 +1528,18 @@ class _Batch:
                     mid, pkey = profile.dedup_key(message)
                     keys.append([mid, pkey or ""])
             else:
-                keys = [row[0] for row in rows]
+                keys = list(fields[0]) if fields else []
             chunks = [
                 json.dumps(keys[start : start + _MAX_JSON_BATCH], ensure_ascii=False)
                 for start in range(0, len(keys), _MAX_JSON_BATCH)
             ]
-        return cls(text, profile, rows, keys, chunks, _json_insert(rows), None)
+        return cls(text, profile, rows, keys, chunks, _json_insert(fields), None)
 
 
 def _prepare(
     entity: str,
     profile: EntityProfile,
-    messages: list[Message] | MessageColumns,
+    messages: list[Message],
     at: int | None,
     raws: list[bytes | None],
 ) -> list[tuple[Any, ...]]:
@@ -1545,10 +1552,6 @@ def _prepare(
     """
     limit = profile.max_message_size
     sessions = profile.sessions
-    if isinstance(messages, MessageColumns):
-        if max(messages.sizes) <= limit and not (sessions and messages.session_ids is None):
-            return _prepare_columns(messages, at, raws)
-        messages = messages.messages()  # the per-message checks below name the culprit
     extras: dict[tuple[Any, ...], str | None] = {}
     prepared = []
     for i, message in enumerate(messages):
@@ -1586,34 +1589,38 @@ def _prepare(
     return prepared
 
 
-def _prepare_columns(
+def _plain(columns: MessageColumns, profile: EntityProfile) -> bool:
+    """Columns no rule of the entity can refuse (what ``_prepare`` would check per message)."""
+    return max(columns.sizes) <= profile.max_message_size and not (
+        profile.sessions and columns.session_ids is None
+    )
+
+
+def _fields_of_columns(
     columns: MessageColumns, at: int | None, raws: list[bytes | None]
-) -> list[tuple[Any, ...]]:
-    """``_prepare`` for messages held as columns that break no rule: one zip.
+) -> list[Sequence[Any]]:
+    """The stored fields of ``_prepare``'s rows, column by column, for plain columns.
 
     They share their optional properties (one factory) and have no schedule time
     of their own, so one ``extra`` and one ``when`` serve them all.
     """
     n = len(columns)
-    extra = encode_extra(columns[0])
-    pks = repeat(None, n) if columns.partition_keys is None else columns.partition_keys
-    sids = repeat(None, n) if columns.session_ids is None else columns.session_ids
-    return list(
-        zip(
-            columns.message_ids,
-            pks,
-            sids,
-            columns.bodies,
-            repeat(extra),
-            repeat(at),
-            raws,
-            strict=False,
-        )
-    )
+    nothing: list[Any] = [None] * n
+    return [
+        columns.message_ids,
+        nothing if columns.partition_keys is None else columns.partition_keys,
+        nothing if columns.session_ids is None else columns.session_ids,
+        columns.bodies,
+        [encode_extra(columns[0])] * n,
+        [at] * n,
+        raws,
+    ]
 
 
-def _json_insert(prepared: list[tuple[Any, ...]]) -> tuple[str, tuple[Any, ...]] | None:
+def _json_insert(stored: Sequence[Sequence[Any]]) -> tuple[str, tuple[Any, ...]] | None:
     """One ``INSERT … SELECT FROM json_each`` of a batch's rows, or None if unfit.
+
+    ``stored`` holds the rows' seven stored fields (see ``_Batch.rows``) as columns.
 
     Binding a dozen parameters per row in ``executemany`` costs more than SQLite's
     own insert; one JSON document per batch avoids it. Only the columns that vary
@@ -1625,26 +1632,25 @@ def _json_insert(prepared: list[tuple[Any, ...]]) -> tuple[str, tuple[Any, ...]]
     Parameters 1-4 are bound in the transaction: entity id, first sequence
     number, now, the JSON array of subscriptions.
     """
-    if not prepared:
+    if not stored or not stored[0]:
         return None
-    columns_ = list(zip(*prepared, strict=True))  # one C-level transpose, then per column
-    if columns_[6].count(None) != len(prepared):  # raw AMQP bytes travel by executemany
+    if stored[6].count(None) != len(stored[6]):  # raw AMQP bytes travel by executemany
         return None
-    bodies: tuple[bytes | str, ...] = columns_[3]
+    bodies: Sequence[bytes | str] = stored[3]
     if sum(map(len, bodies)) > _JSON_MAX_BYTES:  # bytes, or characters of a str body
         return None
     try:
         if set(map(type, bodies)) == {bytes}:
-            texts = list(map(bytes.decode, cast(tuple[bytes, ...], bodies)))  # UTF-8
+            texts = list(map(bytes.decode, cast(Sequence[bytes], bodies)))  # UTF-8
         else:
             texts = [body if isinstance(body, str) else body.decode("utf-8") for body in bodies]
     except UnicodeDecodeError:
         return None
-    fields: list[Sequence[Any]] = [columns_[0], texts]
+    fields: list[Sequence[Any]] = [stored[0], texts]
     columns: dict[str, str] = {}
     params: list[Any] = []
     for index, name in _OPTIONAL:
-        values = columns_[index]
+        values = stored[index]
         value = values[0]
         if values.count(value) == len(values):
             if value is not None:
