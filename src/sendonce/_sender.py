@@ -14,13 +14,14 @@ import copy
 import logging
 import sqlite3
 from bisect import bisect_right
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from itertools import accumulate
+from operator import attrgetter
 from typing import Any, Literal, NamedTuple, Protocol, cast
 
 from ._entity import EntityProfile
@@ -63,6 +64,7 @@ DEFAULT_MEMORY_SIZE = 1_000_000
 """Ids a sender remembers for payload-conflict checks (also bounded by the window)."""
 DEFAULT_MAX_BATCH_MESSAGES = 4500
 """Messages per transfer at most (the Service Bus batch limit)."""
+_OUTCOME = attrgetter("outcome")
 _PER_MESSAGE_OVERHEAD = 64  # bytes a transfer spends per message beyond its own size
 
 
@@ -130,13 +132,23 @@ class SendReport:
         self._results: list[SendResult] = list(results or ())
         # Acknowledged transfers not yet turned into results: built on first access, so a
         # caller who only reads the counts never pays for one object per message.
-        self._chunks: list[tuple[Sequence[Message], list[Ack], int, bool]] = []
+        # Each chunk carries its count of duplicates, taken once when it is added.
+        self._chunks: list[tuple[Sequence[Message], list[Ack], int, bool, int]] = []
         self.failures: list[SendFailure] = list(failures or ())
         self.from_ledger: list[str] = []
         """Ids reported ``duplicate`` because the ledger says an earlier run sent them."""
 
-    def _add_chunk(self, batch: Sequence[Message], attempted: Attempted[list[Ack]]) -> None:
-        self._chunks.append((batch, attempted.value, attempted.attempts, attempted.in_doubt_before))
+    def _add_chunk(
+        self,
+        batch: Sequence[Message],
+        attempted: Attempted[list[Ack]],
+        duplicates: int | None = None,
+    ) -> None:
+        acks, in_doubt = attempted.value, attempted.in_doubt_before
+        if duplicates is None:
+            duplicates = list(map(_OUTCOME, acks)).count("duplicate")
+        chunk = (batch, acks, attempted.attempts, in_doubt, 0 if in_doubt else duplicates)
+        self._chunks.append(chunk)
 
     @property
     def results(self) -> list[SendResult]:
@@ -144,7 +156,7 @@ class SendReport:
         if self._chunks:
             chunks, self._chunks = self._chunks, []
             built: list[SendResult] = []
-            for batch, acks, attempts, in_doubt in chunks:
+            for batch, acks, attempts, in_doubt, _ in chunks:
                 built.extend(_results(batch, acks, attempts, in_doubt))
             self._results[:0] = built  # transfers precede the in-call repeats
         return self._results
@@ -153,10 +165,7 @@ class SendReport:
     def duplicates(self) -> int:
         """Messages the broker already had (dropped as duplicates)."""
         count = sum(1 for r in self._results if r.outcome == "duplicate")
-        for _, acks, _, in_doubt in self._chunks:
-            if not in_doubt:
-                count += sum(1 for a in acks if a.outcome == "duplicate")
-        return count
+        return count + sum(chunk[4] for chunk in self._chunks)
 
     @property
     def failed(self) -> int:
@@ -469,8 +478,9 @@ class SenderCore:
     ) -> None:
         """Record an acknowledged transfer; members of an ignored group are failures."""
         acks = attempted.value
-        if not any(a.outcome == "ignored" for a in acks):
-            report._add_chunk(batch, attempted)
+        outcomes = Counter(map(_OUTCOME, acks))
+        if not outcomes["ignored"]:
+            report._add_chunk(batch, attempted, outcomes["duplicate"])
             return
         culprits = [
             m.message_id for m, a in zip(batch, acks, strict=True) if a.outcome == "duplicate"

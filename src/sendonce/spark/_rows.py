@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
+from itertools import repeat
 from json.encoder import encode_basestring
 from typing import Any, cast
 
@@ -85,6 +86,8 @@ def utc_values(values: list[Any]) -> list[Any]:
         return values
     if first.tzinfo is UTC and {v.tzinfo for v in values if v is not None} == {UTC}:
         return values
+    if set(map(type, values)) == {datetime}:  # no None, no subclass: one C-level map
+        return list(map(datetime.astimezone, values, repeat(UTC)))
     return [None if v is None else _to_utc(v) for v in values]
 
 

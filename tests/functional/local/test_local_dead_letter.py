@@ -7,6 +7,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from _old_schemas import as_version_5
 
 from sendonce import ConfigurationError, EntityProfile, Message, ValidationError
 from sendonce.backends import Ack
@@ -139,6 +140,7 @@ def test_a_version_1_broker_file_is_upgraded(tmp_path: Path):
     # without max_delivery_count.
     conn = sqlite3.connect(path)
     with conn:
+        as_version_5(conn)
         conn.execute("ALTER TABLE messages DROP COLUMN dl_reason")
         conn.execute("ALTER TABLE messages DROP COLUMN dl_description")
         conn.execute("ALTER TABLE messages DROP COLUMN deferred")

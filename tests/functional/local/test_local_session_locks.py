@@ -17,6 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from _old_schemas import as_version_5
 
 import sendonce
 from sendonce import EntityProfile, Message
@@ -368,6 +369,7 @@ def test_a_version_4_file_is_upgraded_with_a_session_lock_table(tmp_path: Path) 
         broker.set_session_state("carts", "S", b"kept")
     conn = sqlite3.connect(path)
     with conn:
+        as_version_5(conn)
         conn.execute("DROP TABLE session_locks")
         conn.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
     conn.close()
@@ -380,7 +382,7 @@ def test_a_version_4_file_is_upgraded_with_a_session_lock_table(tmp_path: Path) 
     conn = sqlite3.connect(path)
     version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     conn.close()
-    assert version == (SCHEMA_VERSION,) == ("5",)
+    assert version == (SCHEMA_VERSION,) == ("6",)
 
 
 def test_locks_of_a_stopped_broker_are_forgotten_on_restart(db: str) -> None:

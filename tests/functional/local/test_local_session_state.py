@@ -6,6 +6,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from _old_schemas import as_version_5
 
 from sendonce import EntityProfile
 from sendonce.backends.local import LocalBackend
@@ -69,6 +70,7 @@ def test_a_version_3_file_is_upgraded_with_a_session_state_table(tmp_path: Path)
         broker.create_entity(EntityProfile("carts", sessions=True))
     conn = sqlite3.connect(path)
     with conn:
+        as_version_5(conn)
         conn.execute("DROP TABLE session_states")
         conn.execute("DROP TABLE session_locks")
         conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")

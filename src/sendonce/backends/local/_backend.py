@@ -465,14 +465,14 @@ class LocalBackend:
             early = _Batch.of(entity, known[0], known[1], messages, at, raws)
 
         def work(conn: sqlite3.Connection) -> tuple[int, list[bool] | None]:
-            eid, text, base, id_count = self._entity_row(conn, entity)
+            eid, text, base, id_count, cursor = self._entity_row(conn, entity)
             if not messages:
                 return base, None
             batch = early
             if batch is None or batch.text != text:
                 profile = self._profile_of(entity, text)
                 batch = _Batch.of(entity, text, profile, messages, at, raws)
-            return base, self._store_in(conn, eid, batch, base, id_count, atomic)
+            return base, self._store_in(conn, eid, batch, base, (id_count, cursor), atomic)
 
         try:
             base, accepted = self._write(work, timeout=seconds)
@@ -484,20 +484,24 @@ class LocalBackend:
             return list(map(_accepted, range(base, base + len(messages))))
         return [_accepted(base + i) if ok else _DUPLICATE for i, ok in enumerate(accepted)]
 
-    def _entity_row(self, conn: sqlite3.Connection, name: str) -> tuple[int, str, int, int]:
-        """(eid, profile text, next sequence number, id count) of an entity sent to."""
+    def _entity_row(
+        self, conn: sqlite3.Connection, name: str
+    ) -> tuple[int, str, int, int, tuple[str, str]]:
+        """(eid, profile text, next sequence number, id count, sweep cursor) of an entity."""
         if not isinstance(name, str) or not name:
             raise ConfigurationError("entity must be a non-empty str", field="entity")
         row = conn.execute(
-            "SELECT eid, profile, next_seq, id_count FROM entities WHERE name = ?", (name,)
+            "SELECT eid, profile, next_seq, id_count, sweep_mid, sweep_pkey FROM entities "
+            "WHERE name = ?",
+            (name,),
         ).fetchone()
         if row is None:
             raise PermanentSendError(
                 f"entity {name!r} does not exist in the local broker",
                 condition="amqp:not-found",
             )
-        eid, text, next_seq, id_count = row
-        return eid, text, next_seq, id_count
+        eid, text, next_seq, id_count, sweep_mid, sweep_pkey = row
+        return eid, text, next_seq, id_count, (sweep_mid, sweep_pkey)
 
     def _profile_of(self, name: str, text: str) -> EntityProfile:
         """The profile stored as ``text``, parsed once per change and remembered."""
@@ -514,7 +518,7 @@ class LocalBackend:
         eid: int,
         batch: _Batch,
         base: int,
-        id_count: int,
+        ids: tuple[int, tuple[str, str]],
         atomic: bool,
     ) -> list[bool] | None:
         """The SQL of a send, in its transaction; None when every message was new."""
@@ -525,7 +529,7 @@ class LocalBackend:
         now = self._now()
         conn.execute("UPDATE entities SET next_seq = next_seq + ? WHERE eid = ?", (n, eid))
         if profile.duplicate_detection:
-            accepted = _remember(conn, eid, profile, batch, base, now, id_count)
+            accepted = _remember(conn, eid, profile, batch, base, now, ids)
         else:
             accepted = [True] * n
         all_new = all(accepted)
@@ -1681,9 +1685,11 @@ def _remember(
     batch: _Batch,
     base: int,
     now: int,
-    id_count: int,
+    ids: tuple[int, tuple[str, str]],
 ) -> list[bool]:
     """Record the dedup keys; True for each message seen for the first time.
+
+    ``ids`` is the entity's id count (count-bounded caches) and sweep cursor (windows).
 
     One statement per chunk: an upsert over ``json_each`` that writes exactly
     the keys that are new (or whose window had expired); ``RETURNING`` names
@@ -1699,8 +1705,8 @@ def _remember(
     first: dict[Any, int] | None = None
     new = 0
     sql = (
-        f"INSERT INTO ids (eid, mid, pkey, stamp) SELECT ?1, {select}, "
-        "CASE WHEN ?2 THEN ?3 + j.key ELSE ?4 END FROM json_each(?5) AS j WHERE true "
+        f"INSERT INTO ids (eid, mid, pkey, stamp, ordinal) SELECT ?1, {select}, ?4, "
+        "CASE WHEN ?2 THEN ?3 + j.key END FROM json_each(?5) AS j WHERE true "
         "ON CONFLICT (eid, mid, pkey) DO UPDATE SET stamp = excluded.stamp "
         "WHERE ids.stamp <= ?6"
     )
@@ -1726,6 +1732,7 @@ def _remember(
                 first.setdefault(tuple(key) if partitioned else key, i)
         for mid, pkey in returned:
             accepted[first[(mid, pkey) if partitioned else mid]] = True
+    id_count, cursor = ids
     if counted:
         # Artemis: a fixed-size cache; the oldest ids make room for the new ones.
         assert profile.id_cache_size is not None
@@ -1733,21 +1740,49 @@ def _remember(
         excess = id_count - profile.id_cache_size
         if excess > 0:
             conn.execute(
-                "DELETE FROM ids WHERE eid = ?1 AND stamp <= (SELECT stamp FROM ids "
-                "WHERE eid = ?1 ORDER BY stamp LIMIT 1 OFFSET ?2)",
+                "DELETE FROM ids WHERE eid = ?1 AND ordinal <= (SELECT ordinal FROM ids "
+                "WHERE eid = ?1 AND ordinal IS NOT NULL ORDER BY ordinal LIMIT 1 OFFSET ?2)",
                 (eid, excess - 1),
             )
             id_count = profile.id_cache_size
         conn.execute("UPDATE entities SET id_count = ? WHERE eid = ?", (id_count, eid))
     else:
-        # Time window: forget a bounded batch of expired ids, oldest first, by index
-        # range (the bound is found first, so no statement walks all expired ids).
-        conn.execute(
-            "DELETE FROM ids WHERE eid = ?1 AND stamp <= coalesce((SELECT stamp FROM ids "
-            "WHERE eid = ?1 AND stamp <= ?2 ORDER BY stamp LIMIT 1 OFFSET ?3), ?2)",
-            (eid, cutoff, max(_HOUSEKEEPING_MIN, 2 * len(keys)) - 1),
-        )
+        _sweep(conn, eid, cursor, cutoff, max(_HOUSEKEEPING_MIN, 2 * len(keys)))
     return accepted
+
+
+def _sweep(
+    conn: sqlite3.Connection, eid: int, cursor: tuple[str, str], cutoff: int, span: int
+) -> None:
+    """Forget the expired ids among the ``span`` keys after ``cursor``, and move it on.
+
+    The walk follows the table's own key order, so no index by age is kept up
+    on every send. A send sweeps twice the keys it can add: the table stays
+    within about twice the ids of one window. The cursor wraps to ``('', '')``
+    (before every key: message ids are never empty) at the end of the keys.
+    """
+    mid, pkey = cursor
+    bound = conn.execute(
+        "SELECT mid, pkey FROM ids WHERE eid = ?1 AND (mid, pkey) > (?2, ?3) "
+        "ORDER BY mid, pkey LIMIT 1 OFFSET ?4",
+        (eid, mid, pkey, span - 1),
+    ).fetchone()
+    if bound is None:  # fewer than span keys left: sweep to the end, then start over
+        conn.execute(
+            "DELETE FROM ids WHERE eid = ?1 AND (mid, pkey) > (?2, ?3) AND stamp <= ?4",
+            (eid, mid, pkey, cutoff),
+        )
+        bound = ("", "")
+    else:
+        conn.execute(
+            "DELETE FROM ids WHERE eid = ?1 AND (mid, pkey) > (?2, ?3) "
+            "AND (mid, pkey) <= (?4, ?5) AND stamp <= ?6",
+            (eid, mid, pkey, *bound, cutoff),
+        )
+    if tuple(bound) != cursor:
+        conn.execute(
+            "UPDATE entities SET sweep_mid = ?, sweep_pkey = ? WHERE eid = ?", (*bound, eid)
+        )
 
 
 def _refused(entity: str, message: Message, exc: ValidationError) -> PermanentSendError:

@@ -13,14 +13,19 @@ import sqlite3
 __all__ = ["FORMAT", "SCHEMA", "SCHEMA_VERSION", "upgrade"]
 
 FORMAT = "sendonce-broker"
-SCHEMA_VERSION = "5"
+SCHEMA_VERSION = "6"
 
 # Dedup keys live in a WITHOUT ROWID table keyed by (entity, message id, partition
 # key): the duplicate check is one indexed point lookup whatever the number of
-# live ids. ``stamp`` is the accept time in microseconds (time window) or an
-# insertion ordinal (count-bounded cache); ``ids_age`` finds the oldest ones to
-# forget, by index range, a bounded number per transaction. Messages are clustered
-# by (entity, subscription, sequence number): the delivery order, with no extra index.
+# live ids. ``stamp`` is the accept time in microseconds; an id whose stamp is
+# older than the window is expired (and overwritten by a new send of it) even
+# before it is deleted. Expired ids are deleted by a sweep that walks the key
+# order from the entity's ``sweep_mid``/``sweep_pkey`` cursor, a bounded slice per
+# send: no index orders ids by age, so storing an id writes one B-tree, not two.
+# A count-bounded cache (Artemis) must forget exactly its oldest ids: those carry
+# an insertion ``ordinal``, indexed by the partial ``ids_ordinal`` (time-window
+# ids leave it NULL and out of the index). Messages are clustered by (entity,
+# subscription, sequence number): the delivery order, with no extra index.
 SCHEMA = f"""
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE entities (
@@ -28,7 +33,9 @@ CREATE TABLE entities (
     name TEXT NOT NULL UNIQUE,
     profile TEXT NOT NULL,
     next_seq INTEGER NOT NULL DEFAULT 1,
-    id_count INTEGER NOT NULL DEFAULT 0
+    id_count INTEGER NOT NULL DEFAULT 0,
+    sweep_mid TEXT NOT NULL DEFAULT '',
+    sweep_pkey TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE subscriptions (
     eid INTEGER NOT NULL,
@@ -40,9 +47,10 @@ CREATE TABLE ids (
     mid TEXT NOT NULL,
     pkey TEXT NOT NULL,
     stamp INTEGER NOT NULL,
+    ordinal INTEGER,
     PRIMARY KEY (eid, mid, pkey)
 ) WITHOUT ROWID;
-CREATE INDEX ids_age ON ids (eid, stamp);
+CREATE INDEX ids_ordinal ON ids (eid, ordinal) WHERE ordinal IS NOT NULL;
 CREATE TABLE messages (
     eid INTEGER NOT NULL,
     sub TEXT NOT NULL,
@@ -112,6 +120,19 @@ _UPGRADES: dict[str, tuple[str, str]] = {
         "CREATE TABLE session_locks (eid INTEGER NOT NULL, sub TEXT NOT NULL,"
         " session_id TEXT NOT NULL, token TEXT NOT NULL, locked_until INTEGER NOT NULL,"
         " PRIMARY KEY (eid, sub, session_id)) WITHOUT ROWID;\n",
+    ),
+    # Version 6: no age index on the dedup ids (expired ids are found by a sweep over
+    # the key order, from a cursor kept per entity); the ids of count-bounded caches
+    # get their insertion ordinal, which version 5 kept in ``stamp``.
+    "5": (
+        "6",
+        "DROP INDEX IF EXISTS ids_age;\n"
+        "ALTER TABLE ids ADD COLUMN ordinal INTEGER;\n"
+        "UPDATE ids SET ordinal = stamp WHERE eid IN (SELECT eid FROM entities"
+        " WHERE profile ->> '$.id_cache_size' IS NOT NULL);\n"
+        "CREATE INDEX ids_ordinal ON ids (eid, ordinal) WHERE ordinal IS NOT NULL;\n"
+        "ALTER TABLE entities ADD COLUMN sweep_mid TEXT NOT NULL DEFAULT '';\n"
+        "ALTER TABLE entities ADD COLUMN sweep_pkey TEXT NOT NULL DEFAULT '';\n",
     ),
 }
 
