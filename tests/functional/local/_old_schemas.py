@@ -18,4 +18,5 @@ def as_version_5(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX ids_age ON ids (eid, stamp)")
     conn.execute("ALTER TABLE entities DROP COLUMN sweep_mid")
     conn.execute("ALTER TABLE entities DROP COLUMN sweep_pkey")
+    conn.execute("ALTER TABLE entities DROP COLUMN first_stamp")
     conn.execute("UPDATE meta SET value = '5' WHERE key = 'schema_version'")

@@ -118,6 +118,39 @@ def test_the_cursor_is_shared_by_every_handle_on_the_file(
     assert stored_ids(db) == 60
 
 
+def cursor_and_ids(db: str) -> tuple[tuple[str, str], list[str]]:
+    with sqlite3.connect(db) as raw:
+        cursor = raw.execute("SELECT sweep_mid, sweep_pkey FROM entities").fetchone()
+        ids = [r[0] for r in raw.execute("SELECT mid FROM ids ORDER BY mid")]
+    return cursor, ids
+
+
+def test_no_sweep_runs_before_the_first_id_could_expire(
+    broker, make_entity, clock, db, small_sweeps
+):
+    make_entity(duplicate_detection_window=WINDOW)
+    for i in range(50):
+        broker.send("orders", [msg(f"id-{i:03}")], timeout=5)
+        clock.advance(seconds=1)
+    assert cursor_and_ids(db)[0] == ("", "")  # 50 sends, nothing could have expired: no walk
+    clock.advance(seconds=10.5)  # id-000 is 60.5 s old, id-001 59.5 s
+    broker.send("orders", [msg("id-050")], timeout=5)
+    cursor, ids = cursor_and_ids(db)
+    assert cursor == ("id-001", "") and ids[0] == "id-001"
+
+
+def test_a_clock_that_went_back_still_gets_its_ids_swept(
+    broker, make_entity, clock, db, small_sweeps
+):
+    make_entity(duplicate_detection_window=WINDOW)
+    broker.send("orders", [msg("b-later")], timeout=5)
+    clock.advance(seconds=-120)  # the wall clock was set back
+    broker.send("orders", [msg("a-earlier")], timeout=5)
+    clock.advance(seconds=61)  # "a-earlier" expired; "b-later" has 119 s left
+    broker.send("orders", [msg("c")], timeout=5)
+    assert cursor_and_ids(db)[1] == ["b-later", "c"]
+
+
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -184,6 +217,9 @@ def test_a_version_5_file_is_upgraded_and_keeps_its_history(tmp_path: Path, cloc
         clock.advance(seconds=61)
         assert outcomes(broker.send("orders", [msg("a")], timeout=5)) == ["accepted"]
     with sqlite3.connect(path) as conn:
+        # The upgrade knew the oldest id's age: that send swept the expired "b".
+        orders = "SELECT mid FROM ids JOIN entities USING (eid) WHERE name = 'orders'"
+        assert [r[0] for r in conn.execute(orders)] == ["a"]
         version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
     assert version == ("6",)

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import Any, ClassVar, Literal, NoReturn, TypeVar, cast
+from typing import Any, ClassVar, Literal, NamedTuple, NoReturn, TypeVar, cast
 
 from ..._entity import EntityProfile
 from ..._message import Message
@@ -342,7 +342,9 @@ class LocalBackend:
         for eid, name, text in conn.execute("SELECT eid, name, profile FROM entities").fetchall():
             if not _profile_from_json(name, text).persist_id_cache:
                 conn.execute("DELETE FROM ids WHERE eid = ?", (eid,))
-                conn.execute("UPDATE entities SET id_count = 0 WHERE eid = ?", (eid,))
+                conn.execute(
+                    "UPDATE entities SET id_count = 0, first_stamp = NULL WHERE eid = ?", (eid,)
+                )
 
     @staticmethod
     def _entity(
@@ -465,14 +467,14 @@ class LocalBackend:
             early = _Batch.of(entity, known[0], known[1], messages, at, raws)
 
         def work(conn: sqlite3.Connection) -> tuple[int, list[bool] | None]:
-            eid, text, base, id_count, cursor = self._entity_row(conn, entity)
+            eid, text, base, ids = self._entity_row(conn, entity)
             if not messages:
                 return base, None
             batch = early
             if batch is None or batch.text != text:
                 profile = self._profile_of(entity, text)
                 batch = _Batch.of(entity, text, profile, messages, at, raws)
-            return base, self._store_in(conn, eid, batch, base, (id_count, cursor), atomic)
+            return base, self._store_in(conn, eid, batch, base, ids, atomic)
 
         try:
             base, accepted = self._write(work, timeout=seconds)
@@ -484,15 +486,13 @@ class LocalBackend:
             return list(map(_accepted, range(base, base + len(messages))))
         return [_accepted(base + i) if ok else _DUPLICATE for i, ok in enumerate(accepted)]
 
-    def _entity_row(
-        self, conn: sqlite3.Connection, name: str
-    ) -> tuple[int, str, int, int, tuple[str, str]]:
-        """(eid, profile text, next sequence number, id count, sweep cursor) of an entity."""
+    def _entity_row(self, conn: sqlite3.Connection, name: str) -> tuple[int, str, int, _IdState]:
+        """(eid, profile text, next sequence number, the state of its ids) of an entity."""
         if not isinstance(name, str) or not name:
             raise ConfigurationError("entity must be a non-empty str", field="entity")
         row = conn.execute(
-            "SELECT eid, profile, next_seq, id_count, sweep_mid, sweep_pkey FROM entities "
-            "WHERE name = ?",
+            "SELECT eid, profile, next_seq, id_count, sweep_mid, sweep_pkey, first_stamp "
+            "FROM entities WHERE name = ?",
             (name,),
         ).fetchone()
         if row is None:
@@ -500,8 +500,8 @@ class LocalBackend:
                 f"entity {name!r} does not exist in the local broker",
                 condition="amqp:not-found",
             )
-        eid, text, next_seq, id_count, sweep_mid, sweep_pkey = row
-        return eid, text, next_seq, id_count, (sweep_mid, sweep_pkey)
+        eid, text, next_seq, id_count, sweep_mid, sweep_pkey, first_stamp = row
+        return eid, text, next_seq, _IdState(id_count, (sweep_mid, sweep_pkey), first_stamp)
 
     def _profile_of(self, name: str, text: str) -> EntityProfile:
         """The profile stored as ``text``, parsed once per change and remembered."""
@@ -518,7 +518,7 @@ class LocalBackend:
         eid: int,
         batch: _Batch,
         base: int,
-        ids: tuple[int, tuple[str, str]],
+        ids: _IdState,
         atomic: bool,
     ) -> list[bool] | None:
         """The SQL of a send, in its transaction; None when every message was new."""
@@ -1685,11 +1685,9 @@ def _remember(
     batch: _Batch,
     base: int,
     now: int,
-    ids: tuple[int, tuple[str, str]],
+    ids: _IdState,
 ) -> list[bool]:
     """Record the dedup keys; True for each message seen for the first time.
-
-    ``ids`` is the entity's id count (count-bounded caches) and sweep cursor (windows).
 
     One statement per chunk: an upsert over ``json_each`` that writes exactly
     the keys that are new (or whose window had expired); ``RETURNING`` names
@@ -1732,7 +1730,9 @@ def _remember(
                 first.setdefault(tuple(key) if partitioned else key, i)
         for mid, pkey in returned:
             accepted[first[(mid, pkey) if partitioned else mid]] = True
-    id_count, cursor = ids
+    id_count = ids.id_count
+    if ids.first_stamp is None or now < ids.first_stamp:  # the first ids, or the clock went back
+        conn.execute("UPDATE entities SET first_stamp = ? WHERE eid = ?", (now, eid))
     if counted:
         # Artemis: a fixed-size cache; the oldest ids make room for the new ones.
         assert profile.id_cache_size is not None
@@ -1746,9 +1746,20 @@ def _remember(
             )
             id_count = profile.id_cache_size
         conn.execute("UPDATE entities SET id_count = ? WHERE eid = ?", (id_count, eid))
-    else:
-        _sweep(conn, eid, cursor, cutoff, max(_HOUSEKEEPING_MIN, 2 * len(keys)))
+    elif ids.first_stamp is not None and cutoff >= ids.first_stamp:  # some may have expired
+        _sweep(conn, eid, ids.cursor, cutoff, max(_HOUSEKEEPING_MIN, 2 * len(keys)))
     return accepted
+
+
+class _IdState(NamedTuple):
+    """What an entity's row says about its dedup ids (see the schema's notes)."""
+
+    id_count: int
+    """Ids stored (count-bounded caches)."""
+    cursor: tuple[str, str]
+    """The key the last sweep stopped after."""
+    first_stamp: int | None
+    """The earliest stamp any of its ids got; None before the first."""
 
 
 def _sweep(

@@ -22,6 +22,8 @@ SCHEMA_VERSION = "6"
 # before it is deleted. Expired ids are deleted by a sweep that walks the key
 # order from the entity's ``sweep_mid``/``sweep_pkey`` cursor, a bounded slice per
 # send: no index orders ids by age, so storing an id writes one B-tree, not two.
+# ``first_stamp`` is the earliest stamp any id of the entity got (NULL: none yet):
+# until the window has passed it, no id can have expired and no sweep runs.
 # A count-bounded cache (Artemis) must forget exactly its oldest ids: those carry
 # an insertion ``ordinal``, indexed by the partial ``ids_ordinal`` (time-window
 # ids leave it NULL and out of the index). Messages are clustered by (entity,
@@ -35,7 +37,8 @@ CREATE TABLE entities (
     next_seq INTEGER NOT NULL DEFAULT 1,
     id_count INTEGER NOT NULL DEFAULT 0,
     sweep_mid TEXT NOT NULL DEFAULT '',
-    sweep_pkey TEXT NOT NULL DEFAULT ''
+    sweep_pkey TEXT NOT NULL DEFAULT '',
+    first_stamp INTEGER
 );
 CREATE TABLE subscriptions (
     eid INTEGER NOT NULL,
@@ -122,10 +125,14 @@ _UPGRADES: dict[str, tuple[str, str]] = {
         " PRIMARY KEY (eid, sub, session_id)) WITHOUT ROWID;\n",
     ),
     # Version 6: no age index on the dedup ids (expired ids are found by a sweep over
-    # the key order, from a cursor kept per entity); the ids of count-bounded caches
-    # get their insertion ordinal, which version 5 kept in ``stamp``.
+    # the key order, from a cursor kept per entity, once the oldest id may have expired);
+    # the ids of count-bounded caches get their insertion ordinal, which version 5 kept
+    # in ``stamp``.
     "5": (
         "6",
+        "ALTER TABLE entities ADD COLUMN first_stamp INTEGER;\n"
+        "UPDATE entities SET first_stamp = (SELECT min(stamp) FROM ids"
+        " WHERE ids.eid = entities.eid);\n"
         "DROP INDEX IF EXISTS ids_age;\n"
         "ALTER TABLE ids ADD COLUMN ordinal INTEGER;\n"
         "UPDATE ids SET ordinal = stamp WHERE eid IN (SELECT eid FROM entities"
