@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, timedelta
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from .._entity import EntityProfile
@@ -297,13 +298,8 @@ class TaskJob:
         """The ``foreachPartition`` path: ``Row`` objects in chunks."""
 
         def columns() -> Iterator[tuple[dict[str, list[Any]], int]]:
-            batch: list[Any] = []
-            for row in rows:
-                batch.append(row)
-                if len(batch) >= chunk:
-                    yield columns_of_rows(self.plan, batch), len(batch)
-                    batch = []
-            if batch:
+            remaining = iter(rows)
+            while batch := list(islice(remaining, chunk)):  # C-speed, not a loop per row
                 yield columns_of_rows(self.plan, batch), len(batch)
 
         return self.run(columns())
