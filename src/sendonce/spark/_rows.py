@@ -16,7 +16,7 @@ This module runs on executors; it does not import pyspark.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -28,6 +28,7 @@ from .._ids import MessageIdTemplate, canonical_text, escape_table
 from .._message import Message, MessageFactory, MessageSpec, canonical_json
 from .._message_columns import MessageColumns
 from ..errors import MessageIdError, ValidationError
+from ._columns import Columns, naive_utc_column
 
 __all__ = [
     "BatchEncoder",
@@ -160,26 +161,39 @@ _PLAIN = (str, int, float, bytes, bytearray)
 _LEAVES_AND_PLAIN = _LEAVES | {str, int, float, bytes, bytearray}
 
 
-def normalize_columns(plan: ColumnPlan, columns: dict[str, list[Any]]) -> dict[str, list[Any]]:
-    """Normalise every column in place of its raw values (see the module docstring)."""
+def normalize_columns(plan: ColumnPlan, columns: dict[str, list[Any]]) -> Columns:
+    """Normalise every column in place of its raw values (see the module docstring).
+
+    A timestamp column of naive UTC times (a worker in UTC) stays naive inside the
+    returned :class:`Columns` until read, when it becomes aware.
+    """
+    names = list(columns)
+    naive: dict[str, list[datetime]] = {}
+
+    def timestamps(name: str, values: list[Any]) -> None:
+        if naive_utc_column(values):
+            naive[name] = columns.pop(name)
+        else:
+            columns[name] = utc_values(values)
+
     if plan.dynamic:
-        for name, values in columns.items():
+        for name, values in list(columns.items()):
             kinds = set(map(type, values))
             if kinds <= _LEAVES_AND_PLAIN:
                 continue  # every value stays as it is (what _dynamic returns for it)
             if kinds == {datetime} or kinds == {datetime, type(None)}:
-                columns[name] = utc_values(values)
+                timestamps(name, values)
             elif any(v is not None and not isinstance(v, _PLAIN) for v in values):
                 columns[name] = [_dynamic(v) for v in values]
-        return columns
+        return Columns(names, columns, naive)
     for name, shape in zip(plan.columns, plan.shapes, strict=True):
         if shape == ("ts",):
-            columns[name] = utc_values(columns[name])
+            timestamps(name, columns[name])
             continue
         norm = normalizer(shape)
         if norm is not None:
             columns[name] = [None if v is None else norm(v) for v in columns[name]]
-    return columns
+    return Columns(names, columns, naive)
 
 
 class _ColumnTemplate:
@@ -203,7 +217,7 @@ class _ColumnTemplate:
         self.trusted = True
 
     def build(
-        self, columns: dict[str, list[Any]], rows: int, failed: dict[int, ValidationError]
+        self, columns: Mapping[str, list[Any]], rows: int, failed: dict[int, ValidationError]
     ) -> list[str]:
         """Ids for ``rows`` rows (non-null id fields); a row refused goes to ``failed``, id ""."""
         ids: list[str] | None = None
@@ -229,7 +243,7 @@ class _ColumnTemplate:
         return ids
 
     def _rows(
-        self, columns: dict[str, list[Any]], rows: int, failed: dict[int, ValidationError]
+        self, columns: Mapping[str, list[Any]], rows: int, failed: dict[int, ValidationError]
     ) -> list[str]:
         out: list[str] = []
         for i in range(rows):
@@ -240,7 +254,7 @@ class _ColumnTemplate:
                 out.append("")
         return out
 
-    def _columns(self, columns: dict[str, list[Any]]) -> list[str]:
+    def _columns(self, columns: Mapping[str, list[Any]]) -> list[str]:
         ids: list[str] | None = None
         for (name, kind, chars, table), tail in zip(self.steps, self.tails, strict=True):
             values = columns[name]
@@ -284,7 +298,9 @@ def _short_repr(value: Any) -> str:
         return f"<{type(value).__name__} of {getattr(value, 'bit_length', lambda: '?')()} bits>"
 
 
-def _row(columns: dict[str, list[Any]], index: int) -> dict[str, Any]:
+def _row(columns: Mapping[str, list[Any]], index: int) -> dict[str, Any]:
+    if isinstance(columns, Columns):
+        return columns.row(index)  # without making whole timestamp columns aware
     return {name: values[index] for name, values in columns.items()}
 
 
@@ -359,7 +375,7 @@ class _JsonColumns:
     def __init__(self) -> None:
         self.trusted = True
 
-    def build(self, columns: dict[str, list[Any]], rows: int) -> list[bytes | str | None] | None:
+    def build(self, columns: Mapping[str, list[Any]], rows: int) -> list[bytes | str | None] | None:
         if not self.trusted:
             return None
         names = sorted(columns)
@@ -367,6 +383,11 @@ class _JsonColumns:
         slots: list[str] = []
         try:
             for name in names:
+                naive = columns.naive(name) if isinstance(columns, Columns) else None
+                if naive is not None:  # naive UTC times: the aware text minus its offset
+                    texts.append(list(map(datetime.isoformat, naive)))
+                    slots.append('"%s+00:00"')
+                    continue
                 column, quote = _json_column(columns[name])
                 texts.append(column)
                 slots.append('"%s"' if quote else "%s")
@@ -420,7 +441,7 @@ class BatchEncoder:
         self.json = _JsonColumns() if spec.body is None else None
         self._make: MessageFactory | Callable[..., Message] | None = None
 
-    def encode(self, columns: dict[str, list[Any]], rows: int) -> Encoded:
+    def encode(self, columns: Mapping[str, list[Any]], rows: int) -> Encoded:
         """Messages for ``rows`` rows given as normalised columns."""
         errors: list[tuple[str, ValidationError]] = []
         bad = self._bad_rows(columns, rows)
@@ -493,7 +514,7 @@ class BatchEncoder:
             application_properties=spec.application_properties,
         )
 
-    def _bad_rows(self, columns: dict[str, list[Any]], rows: int) -> set[int]:
+    def _bad_rows(self, columns: Mapping[str, list[Any]], rows: int) -> set[int]:
         """Rows with a null id field or an unusable body field."""
         bad: set[int] = set()
         for name in self.id_fields:
@@ -506,14 +527,14 @@ class BatchEncoder:
                 bad.update(i for i, v in enumerate(values) if v is None)
         return bad
 
-    def _error_of(self, columns: dict[str, list[Any]], index: int) -> ValidationError:
+    def _error_of(self, columns: Mapping[str, list[Any]], index: int) -> ValidationError:
         try:
             self.spec.to_message(_row(columns, index))
         except ValidationError as exc:
             return exc
         return ValidationError("row was refused", field=None)  # pragma: no cover
 
-    def _describe(self, columns: dict[str, list[Any]], index: int) -> str:
+    def _describe(self, columns: Mapping[str, list[Any]], index: int) -> str:
         try:
             return self.spec.message_id.build(_row(columns, index))
         except MessageIdError:
@@ -525,7 +546,7 @@ class BatchEncoder:
 
     def _bodies(
         self,
-        columns: dict[str, list[Any]],
+        columns: Mapping[str, list[Any]],
         rows: int,
         ids: list[str],
         errors: list[tuple[str, ValidationError]],
