@@ -10,10 +10,11 @@ import os
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
+from itertools import compress, repeat
 from types import TracebackType
-from typing import Any, ClassVar, Literal, NamedTuple, NoReturn, TypeVar, cast
+from typing import Any, ClassVar, Literal, NamedTuple, NoReturn, TypeVar
 
 from ..._entity import EntityProfile
 from ..._message import Message
@@ -525,7 +526,7 @@ class LocalBackend:
         if batch.error is not None:
             raise batch.error
         profile = batch.profile
-        n = len(batch.rows)
+        n = batch.size
         now = self._now()
         conn.execute("UPDATE entities SET next_seq = next_seq + ? WHERE eid = ?", (n, eid))
         if profile.duplicate_detection:
@@ -541,33 +542,7 @@ class LocalBackend:
             subs = [""]
         if not subs:
             return None if all_new else accepted
-        if all_new and batch.insert is not None:
-            sql, params = batch.insert
-            conn.execute(sql, (eid, base, now, json.dumps(subs), *params))
-        else:
-            conn.executemany(
-                "INSERT INTO messages (eid, sub, seq, message_id, partition_key, session_id, "
-                "body, extra, enqueued, scheduled, visible, raw) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                [
-                    (
-                        eid,
-                        sub,
-                        base + i,
-                        mid,
-                        pkey,
-                        sid,
-                        body.encode("utf-8") if isinstance(body, str) else body,
-                        extra,
-                        now,
-                        when,
-                        now if when is None else when,
-                        raw,
-                    )
-                    for i, (mid, pkey, sid, body, extra, when, raw) in enumerate(batch.rows)
-                    if all_new or accepted[i]
-                    for sub in subs
-                ],
-            )
+        _insert_messages(conn, eid, subs, base, now, batch.fields, None if all_new else accepted)
         return None if all_new else accepted
 
     def cancel_scheduled(
@@ -1475,10 +1450,8 @@ class LocalBackend:
         return self._read(work)
 
 
-# Columns of a prepared row (see _prepare) that vary between messages and may be
-# absent from a whole batch: (index in the row, column name).
-_OPTIONAL = ((1, "partition_key"), (2, "session_id"), (4, "extra"), (5, "scheduled"))
-_JSON_MAX_BYTES = 8 * 1024 * 1024
+# Stored fields (see _Batch.fields) that a whole batch may lack: (index, column name).
+_OPTIONAL = ((1, "partition_key"), (2, "session_id"), (4, "extra"), (5, "scheduled"), (6, "raw"))
 _UNSET = object()
 
 
@@ -1492,15 +1465,18 @@ class _Batch:
 
     text: str
     profile: EntityProfile
-    rows: list[tuple[Any, ...]]
-    """Per message: (id, partition key, session id, body (bytes or str), extra, scheduled, raw)."""
+    fields: Sequence[Sequence[Any]]
+    """The stored fields, column by column: id, partition key, session id, body (bytes or
+    str), extra, scheduled, raw; one entry per message in each."""
     keys: list[Any]
     """The dedup keys (duplicate detection on): ids, or [id, partition key] pairs."""
     key_chunks: list[str]
     """``keys`` as JSON arrays of at most ``_MAX_JSON_BATCH``."""
-    insert: tuple[str, tuple[Any, ...]] | None
-    """The one-statement insert of the rows and its parameters after the first four."""
     error: PermanentSendError | None
+
+    @property
+    def size(self) -> int:
+        return len(self.fields[0]) if self.fields else 0
 
     @classmethod
     def of(
@@ -1515,14 +1491,13 @@ class _Batch:
         fields: Sequence[Sequence[Any]]
         if isinstance(messages, MessageColumns) and _plain(messages, profile):
             fields = _fields_of_columns(messages, at, raws)
-            rows = list(zip(*fields, strict=True))
         else:
             if isinstance(messages, MessageColumns):
                 messages = messages.messages()  # the per-message checks name the culprit
             try:
                 rows = _prepare(entity, profile, messages, at, raws)
             except PermanentSendError as exc:
-                return cls(text, profile, [], [], [], None, exc)
+                return cls(text, profile, [], [], [], exc)
             fields = list(zip(*rows, strict=True))
         keys: list[Any] = []
         chunks: list[str] = []
@@ -1537,7 +1512,7 @@ class _Batch:
                 json.dumps(keys[start : start + _MAX_JSON_BATCH], ensure_ascii=False)
                 for start in range(0, len(keys), _MAX_JSON_BATCH)
             ]
-        return cls(text, profile, rows, keys, chunks, _json_insert(fields), None)
+        return cls(text, profile, fields, keys, chunks, None)
 
 
 def _prepare(
@@ -1621,61 +1596,49 @@ def _fields_of_columns(
     ]
 
 
-def _json_insert(stored: Sequence[Sequence[Any]]) -> tuple[str, tuple[Any, ...]] | None:
-    """One ``INSERT … SELECT FROM json_each`` of a batch's rows, or None if unfit.
+def _insert_messages(
+    conn: sqlite3.Connection,
+    eid: int,
+    subs: list[str],
+    base: int,
+    now: int,
+    stored: Sequence[Sequence[Any]],
+    accepted: list[bool] | None,
+) -> None:
+    """Store a batch's messages (those ``accepted`` marks, or all) in every ``subs`` subqueue.
 
-    ``stored`` holds the rows' seven stored fields (see ``_Batch.rows``) as columns.
-
-    Binding a dozen parameters per row in ``executemany`` costs more than SQLite's
-    own insert; one JSON document per batch avoids it. Only the columns that vary
-    within the batch travel in the JSON (each is re-parsed per row); one value
-    shared by every row (a content type, a partition key) is bound once. Bodies
-    travel as text, so a batch with a body that is not UTF-8 (or holds NUL), with
-    raw AMQP bytes, or over 8 MiB goes through ``executemany`` instead.
-
-    Parameters 1-4 are bound in the transaction: entity id, first sequence
-    number, now, the JSON array of subscriptions.
+    ``stored`` holds the seven stored fields (see ``_Batch.fields``) as columns. One
+    ``executemany`` per subqueue, which binds per row only what the rows carry: an
+    optional field no message has (a partition key, a schedule time, raw AMQP bytes)
+    is a literal NULL in the statement. Message ``i`` gets sequence number ``base + i``.
     """
-    if not stored or not stored[0]:
-        return None
-    if stored[6].count(None) != len(stored[6]):  # raw AMQP bytes travel by executemany
-        return None
-    bodies: Sequence[bytes | str] = stored[3]
-    if sum(map(len, bodies)) > _JSON_MAX_BYTES:  # bytes, or characters of a str body
-        return None
-    try:
-        if set(map(type, bodies)) == {bytes}:
-            texts = list(map(bytes.decode, cast(Sequence[bytes], bodies)))  # UTF-8
-        else:
-            texts = [body if isinstance(body, str) else body.decode("utf-8") for body in bodies]
-    except UnicodeDecodeError:
-        return None
-    fields: list[Sequence[Any]] = [stored[0], texts]
-    columns: dict[str, str] = {}
-    params: list[Any] = []
+    seqs: Sequence[int] = range(base, base + len(stored[0]))
+    fields: Sequence[Sequence[Any]] = stored
+    if accepted is not None:
+        seqs = list(compress(seqs, accepted))
+        fields = [list(compress(values, accepted)) for values in stored]
+    if not seqs:
+        return
+    bodies = fields[3]
+    if set(map(type, bodies)) != {bytes}:  # str bodies are stored as their UTF-8 bytes
+        bodies = [b.encode("utf-8") if isinstance(b, str) else b for b in bodies]
+    columns = ["eid", "sub", "seq", "enqueued", "message_id", "body"]
+    bound: list[Iterable[Any]] = [fields[0], bodies]
     for index, name in _OPTIONAL:
-        values = stored[index]
-        value = values[0]
-        if values.count(value) == len(values):
-            if value is not None:
-                params.append(value)
-                columns[name] = f"?{5 + len(params)}"
-            continue
-        columns[name] = f"j.value ->> {len(fields)}"
-        fields.append(values)
-    document = json.dumps(list(zip(*fields, strict=True)), ensure_ascii=False)
-    if "\\u0000" in document:  # a NUL, which ends SQLite text (rarely, a literal "\\u0000")
-        return None
-    scheduled = columns.get("scheduled", "NULL")
+        values = fields[index]
+        if values.count(None) != len(values):
+            columns.append(name)
+            bound.append(values)
+    placeholders = [f"?{i}" for i in range(1, len(columns) + 1)]
+    visible = "?4"  # due now, unless scheduled
+    if "scheduled" in columns:
+        visible = f"coalesce(?{columns.index('scheduled') + 1}, ?4)"
     sql = (
-        "INSERT INTO messages (eid, sub, seq, message_id, partition_key, session_id, body, "
-        "extra, enqueued, scheduled, visible) "
-        f"SELECT ?1, s.value, ?2 + j.key, j.value ->> 0, {columns.get('partition_key', 'NULL')}, "
-        f"{columns.get('session_id', 'NULL')}, CAST(j.value ->> 1 AS BLOB), "
-        f"{columns.get('extra', 'NULL')}, ?3, {scheduled}, coalesce({scheduled}, ?3) "
-        "FROM json_each(?4) AS s, json_each(?5) AS j"
+        f"INSERT INTO messages ({', '.join(columns)}, visible) "
+        f"VALUES ({', '.join(placeholders)}, {visible})"
     )
-    return sql, (document, *params)
+    for sub in subs:
+        conn.executemany(sql, zip(repeat(eid), repeat(sub), seqs, repeat(now), *bound))
 
 
 def _remember(
