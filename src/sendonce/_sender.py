@@ -20,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from itertools import accumulate
+from itertools import accumulate, filterfalse
 from operator import attrgetter
 from typing import Any, Literal, NamedTuple, Protocol, cast
 
@@ -217,7 +217,7 @@ class _IdMemory:
 
     def add(self, seen: dict[object, int], now: float) -> None:
         entries = self.entries
-        fresh = [k for k in seen if k not in entries] if entries else list(seen)
+        fresh = list(filterfalse(entries.__contains__, seen)) if entries else list(seen)
         entries.update(seen)
         if fresh:
             self.generations.append((now, fresh))

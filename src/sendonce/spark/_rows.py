@@ -401,9 +401,9 @@ class _JsonColumns:
             )
             + "}"
         )
-        bodies: list[bytes | str | None] = [
-            (template % values).encode("utf-8") for values in zip(*texts, strict=True)
-        ]
+        # One C-level pipeline: format each row's texts into the template, then UTF-8.
+        rows_texts = zip(*texts, strict=True)
+        bodies: list[bytes | str | None] = list(map(str.encode, map(template.__mod__, rows_texts)))
         return bodies
 
 

@@ -458,7 +458,7 @@ class LocalBackend:
         if len(raws) != len(messages):
             raise ValidationError("raw must hold one entry per message", field="raw")
         seconds = _positive_seconds(timeout, "timeout")
-        # The Python work (rule checks, stored columns, the JSON documents) is done
+        # The Python work (rule checks, stored columns, the dedup keys' JSON) is done
         # before the write transaction, against the entity's profile as last read,
         # so that processes sharing the file serialise on SQL only. The transaction
         # re-reads the profile and redoes the work if the entity changed meanwhile.
