@@ -22,6 +22,7 @@ from .._retry import RetryPolicy
 from .._sender import IdempotentSender
 from ..errors import SendError
 from ..ledger import DEFAULT_RETENTION, InDoubtPolicy, Ledger
+from ._collector import collector_paused
 from ._pool import Borrowed
 from ._rows import BatchEncoder, ColumnPlan, columns_of_rows, encode_columns
 
@@ -202,35 +203,44 @@ class TaskJob:
         healthy = False
         reporter = None if self.progress is None else self.progress.reporter(partition, attempt)
         try:
-            for columns, rows in batches:
-                if not rows:
-                    continue
-                tally.rows += rows
-                encoded = encode_columns(encoder, columns, rows)
-                for what, error in encoded.errors:
-                    tally.fail(what, error)
-                if encoded.messages:
-                    guard.check(partition=partition, attempt=attempt)
-                    if sender is None:
-                        borrowed = Borrowed(self.url, self.keep_connection)
-                        if self.ledger is not None:
-                            ledger = Ledger(
-                                self.ledger,
-                                in_doubt=self.ledger_in_doubt,
-                                retention=self.ledger_retention,
+            chunks = iter(batches)
+            while True:
+                with collector_paused():  # a chunk's objects hold no cycles: refcounts free them
+                    chunk = next(chunks, None)
+                    if chunk is None:
+                        break
+                    columns, rows = chunk
+                    if not rows:
+                        continue
+                    tally.rows += rows
+                    encoded = encode_columns(encoder, columns, rows)
+                    del columns, chunk  # the rows go before the messages are sent
+                    for what, error in encoded.errors:
+                        tally.fail(what, error)
+                    if encoded.messages:
+                        guard.check(partition=partition, attempt=attempt)
+                        if sender is None:
+                            borrowed = Borrowed(self.url, self.keep_connection)
+                            if self.ledger is not None:
+                                ledger = Ledger(
+                                    self.ledger,
+                                    in_doubt=self.ledger_in_doubt,
+                                    retention=self.ledger_retention,
+                                )
+                            sender = IdempotentSender(
+                                borrowed.backend, self.entity, retry=self.retry, ledger=ledger
                             )
-                        sender = IdempotentSender(
-                            borrowed.backend, self.entity, retry=self.retry, ledger=ledger
-                        )
-                    report = sender.send_many(encoded.messages)
-                    tally.sent += report.sent
-                    tally.duplicates += report.duplicates
-                    for failure in report.failures:
-                        tally.fail(failure.message_id, failure.error)
-                if reporter is not None:
-                    reporter.report(tally.rows, tally.sent, tally.duplicates, tally.failed)
-                if self.raise_on_failure and tally.failed:
-                    break
+                        report = sender.send_many(encoded.messages)
+                        tally.sent += report.sent
+                        tally.duplicates += report.duplicates
+                        for failure in report.failures:
+                            tally.fail(failure.message_id, failure.error)
+                        del report
+                    del encoded
+                    if reporter is not None:
+                        reporter.report(tally.rows, tally.sent, tally.duplicates, tally.failed)
+                    if self.raise_on_failure and tally.failed:
+                        break
             healthy = not tally.failed  # a failed send may have left the connection broken
         finally:
             if reporter is not None:
@@ -300,7 +310,9 @@ class TaskJob:
         def columns() -> Iterator[tuple[dict[str, list[Any]], int]]:
             remaining = iter(rows)
             while batch := list(islice(remaining, chunk)):  # C-speed, not a loop per row
-                yield columns_of_rows(self.plan, batch), len(batch)
+                pair = columns_of_rows(self.plan, batch), len(batch)
+                del batch  # no Row outlives its chunk: the collector pause relies on it
+                yield pair
 
         return self.run(columns())
 
