@@ -214,7 +214,7 @@ class TaskJob:
                         continue
                     tally.rows += rows
                     encoded = encode_columns(encoder, columns, rows)
-                    del columns, chunk  # the rows go before the messages are sent
+                    del columns, chunk  # only the messages are needed from here on
                     for what, error in encoded.errors:
                         tally.fail(what, error)
                     if encoded.messages:
@@ -311,7 +311,7 @@ class TaskJob:
             remaining = iter(rows)
             while batch := list(islice(remaining, chunk)):  # C-speed, not a loop per row
                 pair = columns_of_rows(self.plan, batch), len(batch)
-                del batch  # no Row outlives its chunk: the collector pause relies on it
+                del batch  # the Rows die with their chunk, before the collector resumes
                 yield pair
 
         return self.run(columns())
