@@ -10,10 +10,11 @@ is upgraded in place and keeps its history.
 from __future__ import annotations
 
 import sqlite3
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from _clock import Clock
 from _old_schemas import as_version_5
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -24,19 +25,6 @@ from sendonce.backends.local import LocalBackend
 from sendonce.backends.local import _backend as local_backend
 
 WINDOW = timedelta(seconds=60)
-
-
-class ManualClock:
-    """The broker's clock, moved by hand (one per Hypothesis example)."""
-
-    def __init__(self) -> None:
-        self.now = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, **delta: float) -> None:
-        self.now += timedelta(**delta)
 
 
 def msg(message_id: str, partition_key: str | None = None) -> Message:
@@ -181,7 +169,7 @@ def test_outcomes_follow_the_window_whatever_the_sweep_reached(
 ) -> None:
     """Against a model: an id is a duplicate exactly when accepted less than a window ago."""
     db = str(tmp_path_factory.mktemp("sweep") / "broker.db")
-    clock = ManualClock()
+    clock = Clock()  # a fresh one per Hypothesis example
     accepted_at: dict[str, float] = {}
     now = 0.0
     with pytest.MonkeyPatch.context() as patch:
