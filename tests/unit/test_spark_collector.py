@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from pyspark.sql import Row
 from sendonce import EntityProfile, MessageSpec
 from sendonce.backends.local import LocalBackend
 from sendonce.spark import partition_publisher
-from sendonce.spark._collector import collector_paused
+from sendonce.spark._collector import collector_paused, paused_per_item
 
 pytestmark = pytest.mark.filterwarnings("ignore:could not read spark.master:RuntimeWarning")
 
@@ -52,6 +53,18 @@ def test_the_pause_ends_with_its_block_even_on_an_error() -> None:
     with pytest.raises(RuntimeError), collector_paused():
         raise RuntimeError("boom")
     assert gc.isenabled()
+
+
+def test_each_item_is_held_with_the_collector_paused() -> None:
+    held = []
+    with closing(paused_per_item(range(3))) as items:
+        for item in items:
+            held.append((item, gc.isenabled()))
+            if item == 1:
+                break  # a loop left early
+    assert held == [(0, False), (1, False)]
+    assert gc.isenabled()
+    assert list(paused_per_item([])) == [] and gc.isenabled()
 
 
 def test_a_collector_the_application_turned_off_stays_off() -> None:

@@ -14,10 +14,13 @@ then, a chunk later than otherwise.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Generator, Iterable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar, cast
 
-__all__ = ["collector_paused"]
+T = TypeVar("T")
+
+__all__ = ["collector_paused", "paused_per_item"]
 
 
 @contextmanager
@@ -31,3 +34,18 @@ def collector_paused() -> Iterator[None]:
         yield
     finally:
         gc.enable()
+
+
+def paused_per_item(items: Iterable[T]) -> Generator[T, None, None]:
+    """Each item, the collector paused from fetching it until the next one is asked for.
+
+    Close the generator (``contextlib.closing``) so that a loop left early resumes
+    the collector at once; an error while fetching resumes it too.
+    """
+    source, end = iter(items), object()
+    while True:
+        with collector_paused():
+            item = next(source, end)
+            if item is end:
+                return
+            yield cast(T, item)

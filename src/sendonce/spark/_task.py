@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import UTC, timedelta
 from itertools import islice
@@ -22,7 +23,7 @@ from .._retry import RetryPolicy
 from .._sender import IdempotentSender
 from ..errors import SendError
 from ..ledger import DEFAULT_RETENTION, InDoubtPolicy, Ledger
-from ._collector import collector_paused
+from ._collector import paused_per_item
 from ._pool import Borrowed
 from ._rows import BatchEncoder, ColumnPlan, columns_of_rows, encode_columns
 
@@ -203,18 +204,12 @@ class TaskJob:
         healthy = False
         reporter = None if self.progress is None else self.progress.reporter(partition, attempt)
         try:
-            chunks = iter(batches)
-            while True:
-                with collector_paused():  # a chunk's objects hold no cycles: refcounts free them
-                    chunk = next(chunks, None)
-                    if chunk is None:
-                        break
-                    columns, rows = chunk
+            with closing(paused_per_item(batches)) as chunks:  # see _collector
+                for columns, rows in chunks:
                     if not rows:
                         continue
                     tally.rows += rows
                     encoded = encode_columns(encoder, columns, rows)
-                    del columns, chunk  # only the messages are needed from here on
                     for what, error in encoded.errors:
                         tally.fail(what, error)
                     if encoded.messages:
@@ -235,8 +230,8 @@ class TaskJob:
                         tally.duplicates += report.duplicates
                         for failure in report.failures:
                             tally.fail(failure.message_id, failure.error)
-                        del report
-                    del encoded
+                        del report  # its acks go before the collector resumes
+                    del columns, encoded
                     if reporter is not None:
                         reporter.report(tally.rows, tally.sent, tally.duplicates, tally.failed)
                     if self.raise_on_failure and tally.failed:
