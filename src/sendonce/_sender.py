@@ -514,7 +514,8 @@ class SenderCore:
     ) -> None:
         """Record a transfer that failed: one failure per message, each naming its id."""
         for message in batch:
-            error = exc if len(batch) == 1 else _per_message(exc, message)
+            named = len(batch) == 1 and exc.message_id == message.message_id
+            error = exc if named else _per_message(exc, message)
             report.failures.append(SendFailure(message.message_id, message.partition_key, error))
             failed[self._key_of(message)] = error
         logger.warning("send of %d message(s) to %r failed: %s", len(batch), self.profile.name, exc)
@@ -854,8 +855,7 @@ class IdempotentSender(SenderCore):
         if self._ledger is not None:
             self._send_through_ledger([[message]], report, {}, started)
         else:
-            attempted = self._attempt_transfer([message], started=started)
-            self._account(report, [message], attempted, {})
+            self._send_batch([message], report, {}, started)  # failures name the message
         if report.failures:
             raise report.failures[0].error
         return report.results[0]
@@ -1157,22 +1157,12 @@ def _conflict(message: Message, where: str, earlier: str) -> PayloadConflictErro
 
 def _per_message(error: SendError, message: Message) -> SendError:
     """A copy of a batch-level error naming one message of the batch."""
-    if isinstance(error, InDoubtError):
-        return InDoubtError(
-            f"message {message.message_id!r} is in doubt: {error}",
-            message_id=message.message_id,
-            partition_key=message.partition_key,
-            attempts=error.attempts,
-            elapsed=error.elapsed,
-            last_error=error.last_error,
-        )
-    copy = type(error)(
-        f"message {message.message_id!r}: {error}",
-        message_id=message.message_id,
-        partition_key=message.partition_key,
-        condition=error.condition,
+    text = (
+        f"message {message.message_id!r} is in doubt: {error}"
+        if isinstance(error, InDoubtError)
+        else None
     )
-    return copy
+    return error.for_message(message.message_id, message.partition_key, text=text)
 
 
 class Transaction:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 if TYPE_CHECKING:
     from .spark import PublishReport
@@ -113,6 +113,24 @@ class SendError(SendOnceError):
         self.message_id = message_id
         self.partition_key = partition_key
         self.condition = condition
+
+    def for_message(
+        self, message_id: str, partition_key: str | None, *, text: str | None = None
+    ) -> Self:
+        """A copy of this error naming one message of the transfer that failed.
+
+        A batch's failure is reported once per message. The copy is made without calling
+        the class again (constructors differ across the tree), so every subclass keeps its
+        type and attributes (attempts, last error, condition) and its cause.
+        """
+        clone = type(self).__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        clone.args = (redact(text or f"message {message_id!r}: {self.message}"), *self.args[1:])
+        clone.message_id = message_id
+        clone.partition_key = partition_key
+        clone.__cause__ = self.__cause__
+        clone.__suppress_context__ = self.__suppress_context__
+        return clone
 
 
 class TransientSendError(SendError):

@@ -238,8 +238,7 @@ class IdempotentSender(SenderCore):
         if self._ledger is not None:
             await self._send_through_ledger([[message]], report, {}, started)
         else:
-            attempted = await self._attempt_transfer([message], started=started)
-            self._account(report, [message], attempted, {})
+            await self._send_batch([message], report, {}, started)  # failures name the message
         if report.failures:
             raise report.failures[0].error
         return report.results[0]
