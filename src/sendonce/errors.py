@@ -4,16 +4,47 @@ Every error a caller can see is one of these. ``ValidationError`` means nothing
 was sent; ``SendError`` subclasses say what is known about the broker's state.
 Messages pass through :func:`redact` so a secret can never leak into a log line
 or a traceback.
+
+The tree (``also`` names another base; ``[module]`` is where a class is imported
+from when it is not in this module; tests check this drawing against the classes):
+
+SendOnceError                                             — the base; its text is always redacted
+├── ValidationError (also ValueError)                     — bad input; nothing was sent
+│   ├── MessageIdError                                    — an id cannot be built or is refused
+│   ├── KeyRuleError                                      — partition key / session id rules
+│   ├── MessageSizeError                                  — over the entity's size limit
+│   ├── ConfigurationError                                — window out of range, unsafe setup
+│   │   └── BrokerFileError [sendonce.backends.local]     — not a broker file, damaged, moved
+│   ├── SchemaError [sendonce.spark]                      — the DataFrame cannot feed the spec
+│   └── ConflictingRowsError [sendonce.spark]             — rows with different bodies, one id
+├── SendError                                             — carries the message id when known
+│   ├── TransientSendError                                — may or may not be stored; retried
+│   │   └── NotSentError                                  — never reached the broker
+│   ├── PermanentSendError                                — refused; retrying cannot help
+│   │   ├── NotStoredError                                — every attempt failed before the broker
+│   │   └── BrokerStorageError [sendonce.backends.local]  — disk full: nothing of the call stored
+│   ├── InDoubtError                                      — retries ran out inside the window
+│   ├── PayloadConflictError                              — same id, different body
+│   ├── LedgerError                                       — no durable intent: nothing sent
+│   ├── PublishFailedError                                — a Spark publish missed rows (.report)
+│   ├── LateReexecutionError [sendonce.spark]             — a late task retry refused to resend
+│   └── PartitionFailedError [sendonce.spark]             — rows failed: Spark retries the task
+├── LockLostError                                         — settled after the lock was lost
+│   └── SessionLockLostError                              — the receiver lost its session
+├── SessionCannotBeLockedError                            — another receiver holds the session
+├── NoSessionAvailableError (also TimeoutError)           — no session within max_wait_time
+└── MessageNotFoundError [sendonce.backends.local]        — no such deferred message
+
+This module is on the ground floor: it imports nothing from the rest of the
+package, so every other module can import it. The Spark report is typed here by
+the :class:`PublishCounts` protocol for that reason.
 """
 
 from __future__ import annotations
 
 import re
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Self
-
-if TYPE_CHECKING:
-    from .spark import PublishReport
+from typing import Any, Protocol, Self
 
 __all__ = [
     "ConfigurationError",
@@ -28,6 +59,7 @@ __all__ = [
     "NotStoredError",
     "PayloadConflictError",
     "PermanentSendError",
+    "PublishCounts",
     "PublishFailedError",
     "SendError",
     "SendOnceError",
@@ -214,6 +246,49 @@ class LedgerError(SendError):
     """
 
 
+class PublishCounts(Protocol):
+    """The counts of a Spark publish, as ``sendonce.spark.PublishReport`` carries them.
+
+    A protocol, so that this module types ``PublishFailedError.report`` without
+    importing Spark. The object is a ``PublishReport``, with its partitions and failures.
+    """
+
+    @property
+    def entity(self) -> str:
+        """The queue or topic published to."""
+        ...
+
+    @property
+    def complete(self) -> bool:
+        """False when the job failed: the counts are those confirmed before, at least."""
+        ...
+
+    @property
+    def rows(self) -> int:
+        """Rows counted by the partitions that reported."""
+        ...
+
+    @property
+    def sent(self) -> int:
+        """Rows sent by this call."""
+        ...
+
+    @property
+    def duplicates(self) -> int:
+        """Rows the broker already had."""
+        ...
+
+    @property
+    def failed(self) -> int:
+        """Rows that could not be sent."""
+        ...
+
+    @property
+    def delivered(self) -> int:
+        """Rows confirmed on the broker: sent now or found there already."""
+        ...
+
+
 class PublishFailedError(SendError):
     """A Spark publish did not deliver every row; ``.report`` says how far it got.
 
@@ -226,7 +301,7 @@ class PublishFailedError(SendError):
     Spark Connect server whose executors cannot reach this process).
     """
 
-    def __init__(self, message: str, *, report: PublishReport | None = None) -> None:
+    def __init__(self, message: str, *, report: PublishCounts | None = None) -> None:
         super().__init__(message)
         self.report = report
 
