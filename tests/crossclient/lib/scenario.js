@@ -1,0 +1,122 @@
+// What every scenario gets: its client, links closed for it, and the checks the suite shares.
+"use strict";
+
+const assert = require("node:assert/strict");
+const { ServiceBusClient, isServiceBusError } = require("@azure/service-bus");
+
+class KnownDivergenceFixed extends Error {}
+
+class Scenario {
+  constructor(name, client, connectionString) {
+    this.name = name;
+    this.client = client;
+    this.connectionString = connectionString;
+    this.links = [];
+  }
+
+  /** A message id unique to this scenario, so runs and scenarios never deduplicate each other. */
+  id(suffix) {
+    return `${this.name}/${suffix}`;
+  }
+
+  /** Another client (its own connection), e.g. with other retry options; closed at the end. */
+  newClient(options = {}) {
+    return this.track(
+      new ServiceBusClient(this.connectionString, {
+        ...options,
+        retryOptions: { maxRetries: 0, ...options.retryOptions },
+      }),
+    );
+  }
+
+  sender(entity) {
+    return this.track(this.client.createSender(entity));
+  }
+
+  /** A receiver; `receiver(topic, subscription, options)` for a subscription. */
+  receiver(entity, ...rest) {
+    return this.track(this.client.createReceiver(entity, ...rest));
+  }
+
+  async acceptSession(entity, sessionId, options) {
+    return this.track(await this.client.acceptSession(entity, sessionId, options));
+  }
+
+  async acceptNextSession(entity, options) {
+    return this.track(await this.client.acceptNextSession(entity, options));
+  }
+
+  track(link) {
+    this.links.push(link);
+    return link;
+  }
+
+  async closeAll() {
+    for (const link of this.links.reverse()) {
+      await link.close().catch(() => undefined);
+    }
+  }
+
+  /** Receives until `count` messages arrived or `waitMs` passed with nothing new. */
+  async receiveAll(receiver, count, waitMs = 3000) {
+    const received = [];
+    while (received.length < count) {
+      const batch = await receiver.receiveMessages(count - received.length, {
+        maxWaitTimeInMs: waitMs,
+      });
+      if (batch.length === 0) {
+        break;
+      }
+      received.push(...batch);
+    }
+    return received;
+  }
+
+  /** Asserts that nothing can be received now (a short wait: the entity is this scenario's). */
+  async expectEmpty(receiver, waitMs = 500) {
+    const extra = await receiver.receiveMessages(10, { maxWaitTimeInMs: waitMs });
+    assert.deepEqual(
+      extra.map((m) => m.messageId),
+      [],
+      `${receiver.entityPath}: expected no more messages`,
+    );
+  }
+
+  /** Awaits `promise` and asserts it fails with a ServiceBusError of `code`; returns the error. */
+  async expectServiceBusError(promise, code) {
+    let error;
+    try {
+      await promise;
+    } catch (err) {
+      error = err;
+    }
+    assert.ok(error, `expected a ServiceBusError ${code}, but the call succeeded`);
+    assert.ok(
+      isServiceBusError(error),
+      `expected a ServiceBusError ${code}, got ${error && error.name}: ${error && error.message}`,
+    );
+    assert.equal(error.code, code, `error code (message: ${error.message})`);
+    return error;
+  }
+
+  /**
+   * Asserts today's behaviour of a known divergence (listed in docs/emulator.md). When the
+   * emulator is fixed this check fails, naming the divergence, so the table and the scenario
+   * get updated together.
+   */
+  stillDiverges(condition, what) {
+    if (!condition) {
+      throw new KnownDivergenceFixed(
+        `known divergence no longer observed: ${what}. If the emulator now behaves as Service ` +
+          "Bus documents, remove the row from docs/emulator.md's divergence table and make " +
+          "this scenario assert the documented behaviour.",
+      );
+    }
+  }
+
+  sleep(ms) {
+    return new Promise((resolve) => setTimeout(resolve, ms));
+  }
+}
+
+module.exports = { Scenario, KnownDivergenceFixed };

@@ -1,0 +1,31 @@
+// Scheduled messages stay invisible to receivers until their time, then arrive; a cancelled
+// one never does.
+"use strict";
+
+const assert = require("node:assert/strict");
+
+module.exports.run = async (t) => {
+  const sender = t.sender("scheduling");
+  const at = new Date(Date.now() + 2500);
+  const [kept, cancelled] = await sender.scheduleMessages(
+    [
+      { body: "kept", messageId: t.id("kept") },
+      { body: "cancelled", messageId: t.id("cancelled") },
+    ],
+    at,
+  );
+  assert.ok(kept.toNumber() > 0 && cancelled.toNumber() > 0, "sequence numbers returned");
+  assert.notEqual(kept.toNumber(), cancelled.toNumber());
+  await sender.cancelScheduledMessages(cancelled);
+
+  const receiver = t.receiver("scheduling");
+  const early = await receiver.receiveMessages(5, { maxWaitTimeInMs: 500 });
+  assert.deepEqual(early.map((m) => m.messageId), [], "nothing before the scheduled time");
+
+  const received = await t.receiveAll(receiver, 1, 6000);
+  assert.deepEqual(received.map((m) => m.messageId), [t.id("kept")]);
+  assert.ok(Date.now() >= at.getTime() - 50, "delivered at its scheduled time, not before");
+  assert.equal(received[0].scheduledEnqueueTimeUtc.getTime(), at.getTime());
+  await receiver.completeMessage(received[0]);
+  await t.expectEmpty(receiver, 1000);
+};

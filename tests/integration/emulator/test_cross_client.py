@@ -1,0 +1,120 @@
+"""The cross-client suite: scenarios written with the JavaScript SDK (`@azure/service-bus`)
+run against a fresh emulator, so a second official client checks what the Python one cannot.
+
+The scenarios live in tests/crossclient/scenarios (one file each); the node runner prints one
+JSON line per scenario and each becomes its own test here, named after the scenario.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sendonce import EntityProfile
+from sendonce.backends.local import LocalBackend
+from sendonce.emulator import Emulator
+
+pytestmark = pytest.mark.emulator
+
+REPO = Path(__file__).resolve().parents[3]
+SUITE = REPO / "tests" / "crossclient"
+SCENARIOS = sorted(path.stem for path in (SUITE / "scenarios").glob("*.js"))
+# Short, so the lock expiry scenarios wait seconds; the client renews locks it holds.
+LOCK_DURATION = timedelta(seconds=5)
+RUN_TIMEOUT_S = 240
+DIVERGENCE_TABLE = REPO / "docs" / "emulator.md"
+
+
+def create_entities(path: Path) -> None:
+    """Creates the broker file's entities from entities.json (durations in *_seconds keys)."""
+    spec = json.loads((SUITE / "entities.json").read_text(encoding="utf-8"))
+    with LocalBackend(path) as store:
+        for entry in spec["entities"]:
+            options = dict(entry)
+            name = options.pop("name")
+            subscriptions = options.pop("subscriptions", [])
+            fields: dict[str, Any] = {}
+            for key, value in options.items():
+                if key.endswith("_seconds"):
+                    fields[key.removesuffix("_seconds")] = timedelta(seconds=value)
+                else:
+                    fields[key] = value
+            store.create_entity(EntityProfile(name, **fields))
+            for subscription in subscriptions:
+                store.create_subscription(name, subscription)
+
+
+@pytest.fixture(scope="module")
+def node_modules() -> str:
+    """The suite's node packages, installed with npm ci from the lockfile when missing."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip(
+            "requires node (20) and npm: the cross-client suite installs @azure/service-bus "
+            "with tests/crossclient/install.sh (npm ci from the committed lockfile)"
+        )
+    done = subprocess.run(
+        [str(SUITE / "install.sh")], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, f"npm ci failed:\n{done.stderr}"
+    return done.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def suite_results(node_modules: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Runs every scenario once against one fresh emulator; results by scenario name."""
+    path = tmp_path_factory.mktemp("crossclient") / "broker.db"
+    create_entities(path)
+    with Emulator(path, lock_duration=LOCK_DURATION, poll_interval=0.02) as emulator:
+        env = {
+            **os.environ,
+            "NODE_PATH": node_modules,
+            "SERVICEBUS_CONNECTION_STRING": emulator.connection_string,
+            "CROSSCLIENT_LOCK_DURATION_MS": str(int(LOCK_DURATION.total_seconds() * 1000)),
+        }
+        done = subprocess.run(
+            ["node", str(SUITE / "run.js")],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=RUN_TIMEOUT_S,
+            check=False,
+        )
+    results: dict[str, Any] = {"__stderr__": done.stderr}
+    for line in done.stdout.splitlines():
+        if line.startswith("{"):
+            result = json.loads(line)
+            results[result["scenario"]] = result
+    return results
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_scenario(scenario: str, suite_results: dict[str, Any]) -> None:
+    result = suite_results.get(scenario)
+    assert result is not None, (
+        f"{scenario} reported no result; runner stderr:\n{suite_results['__stderr__']}"
+    )
+    assert result["status"] == "passed", f"{scenario} failed:\n{result['error']}"
+
+
+def test_divergence_table_lists_the_known_divergence_scenarios(
+    suite_results: dict[str, Any],
+) -> None:
+    """Every scenario marked as a known divergence has its row in docs/emulator.md, and every
+    row names a scenario that still reports one: the table and the checks change together."""
+    marked = {
+        name
+        for name, result in suite_results.items()
+        if isinstance(result, dict) and result.get("divergence")
+    }
+    text = DIVERGENCE_TABLE.read_text(encoding="utf-8")
+    section = text.split("## Known divergences", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"`crossclient/scenarios/(\w+)\.js`", section))
+    assert listed == marked
