@@ -129,6 +129,10 @@ class FileErrors:
     """(path, reason): the file is unusable (not the expected file, damaged, gone)."""
     storage: Callable[[str, str], Exception]
     """(path, detail): a write was refused by the disk; nothing of it was kept."""
+    kind: str = "broker"
+    """What the file is to its owner: one file cannot be a broker and a ledger at once."""
+    field: str = "path"
+    """The argument that named the file, for a ConfigurationError."""
 
 
 def _identity(path: str) -> tuple[Identity, int] | None:
@@ -454,6 +458,12 @@ def open_shared(
         if found is not None:
             shared = _registry.get(found[0])
             if shared is not None and shared.broken is None:
+                if shared.errors.kind != errors.kind:
+                    raise ConfigurationError(
+                        f"{real!r} is open in this process as a {shared.errors.kind}; it "
+                        f"cannot also be used as a {errors.kind}: give each its own file",
+                        field=errors.field,
+                    )
                 shared.refs += 1
                 return SharedHandle(shared, synchronous)
             reason = _unsafe_after_fork.get(found[0])

@@ -8,7 +8,15 @@ processes) or ``postgresql://...`` (shared by hosts and Spark executors; needs
 
 from __future__ import annotations
 
-from ._ledger import DEFAULT_RETENTION, InDoubtPolicy, Ledger, Prepared, body_digest, open_store
+from ._ledger import (
+    DEFAULT_RETENTION,
+    InDoubtPolicy,
+    Ledger,
+    LedgerOptions,
+    Prepared,
+    body_digest,
+    open_store,
+)
 from ._store import Confirmation, Entry, Key, LedgerStore
 
 __all__ = [
@@ -18,6 +26,7 @@ __all__ = [
     "InDoubtPolicy",
     "Key",
     "Ledger",
+    "LedgerOptions",
     "LedgerStore",
     "Prepared",
     "body_digest",

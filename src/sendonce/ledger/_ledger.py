@@ -25,16 +25,31 @@ from typing import Literal
 
 import xxhash
 
+from .._entity import EntityProfile
 from .._message import Message
 from ..errors import ConfigurationError
 from ._store import Confirmation, Entry, Key, LedgerStore
 
-__all__ = ["DEFAULT_RETENTION", "InDoubtPolicy", "Ledger", "Prepared", "body_digest", "open_store"]
+__all__ = [
+    "DEFAULT_RETENTION",
+    "IN_FLIGHT_HORIZON",
+    "InDoubtPolicy",
+    "Ledger",
+    "LedgerOptions",
+    "Prepared",
+    "body_digest",
+    "open_store",
+]
 
 logger = logging.getLogger("sendonce.ledger")
 
 InDoubtPolicy = Literal["error", "resend"]
 DEFAULT_RETENTION = timedelta(days=30)
+IN_FLIGHT_HORIZON = timedelta(seconds=160)
+"""How long another producer's send may still be in flight after it wrote its intent: the
+default ``RetryPolicy``'s whole budget (5 attempts of 30 s and their backoffs, ~158 s).
+An unconfirmed intent younger than this may belong to a producer that is still sending."""
+OUTCOMES = ("sent", "duplicate", "scheduled")
 WallClock = Callable[[], datetime]
 
 
@@ -81,11 +96,52 @@ def same_body(row: Entry, digest: bytes, message: Message) -> bool:
 _xxh3 = xxhash.xxh3_64_digest
 
 
-def _confirmation(value: Confirmation | Mapping[Key, str] | None) -> Confirmation | None:
-    """A confirmation; a plain mapping (key -> outcome) confirms those keys one by one."""
+KeyLike = Key | tuple[str, str | None] | str
+"""A key as a caller may write it by hand: ``Key(id, pk)``, ``(id, None)`` or a bare id."""
+
+
+def as_key(key: KeyLike) -> Key:
+    """``key`` as a :class:`Key`; None or a bare message id means "no partition key" ('')."""
+    if isinstance(key, str):
+        message_id, partition_key = key, None
+    elif isinstance(key, tuple) and len(key) == 2:
+        message_id, partition_key = key
+    else:
+        raise ConfigurationError(
+            f"a ledger key is a message id or Key(message_id, partition_key), not {key!r}",
+            field="key",
+        )
+    if not isinstance(message_id, str) or not message_id:
+        raise ConfigurationError(
+            f"a ledger key's message id must be a non-empty str, not {message_id!r}", field="key"
+        )
+    if partition_key is not None and not isinstance(partition_key, str):
+        raise ConfigurationError(
+            f"a ledger key's partition key must be a str or None, not {partition_key!r}",
+            field="key",
+        )
+    return Key(message_id, partition_key or "")
+
+
+def _confirmation(
+    value: Confirmation | Mapping[KeyLike, str] | Mapping[Key, str] | None,
+) -> Confirmation | None:
+    """A confirmation; a plain mapping (key -> outcome) confirms those keys one by one.
+
+    A mapping is what a person resolving keys by hand writes, so its keys are normalised
+    (``Key(id, None)`` or a bare id for an unpartitioned key) and its outcomes checked.
+    """
     if value is None or isinstance(value, Confirmation):
         return value or None
-    return Confirmation((), dict(value)) if value else None
+    keys: dict[Key, str] = {}
+    for key, outcome in value.items():
+        if outcome not in OUTCOMES:
+            raise ConfigurationError(
+                f"outcome {outcome!r} of ledger key {key!r} must be one of {', '.join(OUTCOMES)}",
+                field="outcome",
+            )
+        keys[as_key(key)] = outcome
+    return Confirmation((), keys) if keys else None
 
 
 def open_store(url: str) -> LedgerStore:
@@ -186,6 +242,30 @@ class Prepared:
         return Confirmation((), keys)
 
 
+@dataclass(frozen=True, slots=True)
+class LedgerOptions:
+    """A :class:`Ledger`'s choices, whole and picklable: what a Spark task reopens its url with.
+
+    Everything but the clock (a callable, injected in tests, is not shipped: executors
+    use the wall clock).
+    """
+
+    in_doubt: InDoubtPolicy = "error"
+    retention: timedelta | None = DEFAULT_RETENTION
+    prune_limit: int = 1000
+    prune_interval: timedelta = timedelta(hours=1)
+
+    def open(self, store: LedgerStore | str) -> Ledger:
+        """A :class:`Ledger` on ``store`` with these choices."""
+        return Ledger(
+            store,
+            in_doubt=self.in_doubt,
+            retention=self.retention,
+            prune_limit=self.prune_limit,
+            prune_interval=self.prune_interval,
+        )
+
+
 class Ledger:
     """A durable record of what was sent, so exactly-once outlives the broker's window.
 
@@ -217,6 +297,10 @@ class Ledger:
             )
         if not isinstance(prune_limit, int) or isinstance(prune_limit, bool) or prune_limit < 1:
             raise ConfigurationError("prune_limit must be an int >= 1", field="prune_limit")
+        if not isinstance(prune_interval, timedelta) or prune_interval < timedelta(0):
+            raise ConfigurationError(
+                "prune_interval must be a timedelta >= 0", field="prune_interval"
+            )
         if clock is not None and not callable(clock):
             raise ConfigurationError("clock must be a callable", field="clock")
         self._owns_store = isinstance(store, str)
@@ -230,8 +314,13 @@ class Ledger:
 
     @property
     def url(self) -> str:
-        """The store's url: what Spark executors open."""
+        """The store's url: what Spark executors open (a SQLite path is always absolute)."""
         return self.store.url
+
+    @property
+    def options(self) -> LedgerOptions:
+        """This ledger's choices, to open the same url elsewhere with them (Spark tasks)."""
+        return LedgerOptions(self.in_doubt, self.retention, self.prune_limit, self.prune_interval)
 
     def __repr__(self) -> str:
         return f"Ledger({type(self.store).__name__}, in_doubt={self.in_doubt!r})"
@@ -248,13 +337,56 @@ class Ledger:
         self.close()
 
     def check_window(self, window: timedelta | None, entity: str) -> None:
-        """Keys must outlive the broker's memory of them, or the ledger would forget first."""
+        """Keys must outlive the broker's memory of them, or the ledger would forget first.
+
+        ``window`` is how long the broker remembers an id: None when it remembers by
+        count or not at all (see :meth:`check_entity`, which knows which).
+        """
         if self.retention is not None and window is not None and self.retention <= window:
             raise ConfigurationError(
                 f"ledger retention {self.retention} is not longer than entity {entity!r}'s "
                 f"duplicate-detection window {window}",
                 field="retention",
             )
+
+    def check_entity(self, profile: EntityProfile) -> None:
+        """:meth:`check_window` against the window ``profile``'s broker actually keeps.
+
+        An entity without duplicate detection remembers nothing: its configured (unused)
+        window puts no bound on the retention.
+        """
+        window = profile.window if profile.duplicate_detection else None
+        self.check_window(window, profile.name)
+
+    def in_doubt_message(self, message_id: str, row: Entry, *, window: timedelta) -> str:
+        """Why the unconfirmed key ``row`` is in doubt, and what to do: the InDoubtError text.
+
+        An intent younger than :data:`IN_FLIGHT_HORIZON` may belong to a producer that is
+        still sending it (another process sharing the ledger); an older one was left by a
+        producer that stopped before it recorded the broker's ack.
+        """
+        written = row.first_attempt.isoformat()
+        age = (self.clock() - row.first_attempt).total_seconds()
+        why = (
+            "the entity has no duplicate detection"
+            if window <= timedelta(0)
+            else f"its duplicate-detection window ({window}) has passed"
+        )
+        if 0 <= age < IN_FLIGHT_HORIZON.total_seconds():
+            return (
+                f"message {message_id!r} is in doubt: another producer wrote its intent "
+                f"{age:.1f}s ago (at {written}) and has not confirmed it yet; it may still be "
+                f"sending it, and {why}, so sending it here too could duplicate it. It was not "
+                "sent. Run again once that producer is done: a key it confirmed is then "
+                "skipped, and one it never confirms stays in doubt."
+            )
+        return (
+            f"message {message_id!r} is in doubt: a send first attempted at {written} was "
+            f"never confirmed (the producer that wrote its intent stopped before the ack was "
+            f"recorded) and {why}, so resending could duplicate it. It was not sent. Check "
+            "the entity and resolve the key by hand (Ledger.confirm or Ledger.release, see "
+            "docs/ledger.md), or use Ledger(in_doubt='resend') to accept at-least-once."
+        )
 
     # -- the per-transfer protocol ----------------------------------------------------
 
@@ -327,16 +459,28 @@ class Ledger:
                 prepared.in_doubt.append((message, row))
         return prepared
 
-    def confirm(self, entity: str, confirmation: Confirmation | Mapping[Key, str]) -> None:
-        """Record the broker's acknowledgement (sent or duplicate) of these intents."""
+    def confirm(
+        self,
+        entity: str,
+        confirmation: Confirmation | Mapping[KeyLike, str] | Mapping[Key, str],
+    ) -> None:
+        """Record the broker's acknowledgement (sent or duplicate) of these intents.
+
+        By hand: ``ledger.confirm("orders", {Key("order-3", None): "sent"})`` once you have
+        checked that the broker has ``order-3`` (None, or a bare id: no partition key).
+        """
         resolved = _confirmation(confirmation)
         if resolved:
             self.store.confirm(entity, resolved, self.clock())
 
-    def release(self, entity: str, keys: Sequence[Key], owner: str) -> None:
+    def release(self, entity: str, keys: Sequence[KeyLike], owner: str) -> None:
         """Drop ``owner``'s intents for ``keys``: the broker refused them, nothing is stored."""
         if keys:
-            self.store.release(entity, keys, owner)
+            self.store.release(entity, [as_key(k) for k in keys], owner)
+
+    def lookup(self, entity: str, keys: Sequence[KeyLike]) -> dict[Key, Entry]:
+        """The rows the ledger holds for ``keys`` (None or a bare id: no partition key)."""
+        return self.store.lookup(entity, [as_key(k) for k in keys]) if keys else {}
 
     # -- retention -------------------------------------------------------------------
 

@@ -97,7 +97,7 @@ def _storage(path: str, detail: str) -> Exception:
     return LedgerError(f"ledger file {path!r}: the disk refused a write ({detail}); nothing kept")
 
 
-_ERRORS = FileErrors(damaged=_damaged, storage=_storage)
+_ERRORS = FileErrors(damaged=_damaged, storage=_storage, kind="ledger", field="ledger")
 
 
 _create = creator(SCHEMA)  # an empty ledger, built aside and linked into place
@@ -215,6 +215,13 @@ class SQLiteStore:
                 field="durability",
             )
         real = os.path.abspath(path)
+        directory = os.path.dirname(real)
+        if not os.path.isdir(directory):
+            raise ConfigurationError(
+                f"ledger file {real!r}: its directory {directory!r} does not exist "
+                "(create it first; the ledger creates only the file)",
+                field="ledger",
+            )
         self.path = real
         self.url = f"sqlite://{real}" + ("?durability=full" if durability == "full" else "")
         self.busy_timeout = busy_timeout
@@ -342,10 +349,10 @@ class SQLiteStore:
 
         def work(conn: sqlite3.Connection) -> None:
             row = conn.execute(
-                "SELECT tid FROM ledger_transfers WHERE owner = ?", (owner,)
+                "SELECT tid, confirmed_at FROM ledger_transfers WHERE owner = ?", (owner,)
             ).fetchone()
-            if row is None:
-                return
+            if row is None or row[1] is not None:
+                return  # a confirmed transfer's keys are on the broker: never released
             deleted = conn.execute(
                 "DELETE FROM ledger_keys WHERE tid = ? AND confirmed_at IS NULL AND "
                 "k IN (SELECT value FROM json_each(?))",
