@@ -18,6 +18,7 @@ __all__ = ["main"]
 _SUBCOMMANDS = [
     ("sendonce.cli._broker", "broker", None),
     ("sendonce.cli._publish", "publish", None),
+    ("sendonce.cli._ledger", "ledger", None),
     ("sendonce.emulator._cli", "emulator", "emulator"),
     ("sendonce.cli._demo", "demo", None),
 ]

@@ -16,7 +16,7 @@ from .._entity import EntityProfile
 from ..backends.local import LocalBackend, ReceivedMessage
 from ..errors import SendOnceError, ValidationError
 from ._words import (
-    EXIT_CODES_HELP,
+    BROKER_EXIT_HELP,
     InputError,
     cli_text,
     command_error,
@@ -45,7 +45,7 @@ def _open(path: str, *, create: bool = False) -> Iterator[LocalBackend]:
         raise command_error(exc) from None
 
 
-@click.group(epilog=EXIT_CODES_HELP)
+@click.group(epilog=BROKER_EXIT_HELP)
 def broker() -> None:
     """Create and inspect a local broker file (the embedded broker)."""
 

@@ -7,9 +7,10 @@ checked against the entity's rules and two records that build one id with
 different bodies are refused. Any problem is reported with its line number and
 nothing is published (exit 2). The sending pass reads the file again and sends
 it in chunks, accounting for every record (sent, duplicate, or failed with its
-error; exit 1 if any failed). Running the same file again is safe: the broker
-drops the copies as duplicates. Standard input is spooled to a temporary file
-so it can be read twice.
+error; exit 1 if any failed). Running the same file again is safe while the
+broker remembers the first run's ids (its duplicate-detection window), or for
+good with ``--ledger`` (see :mod:`._rerun`). Standard input is spooled to a
+temporary file so it can be read twice.
 """
 
 from __future__ import annotations
@@ -38,13 +39,15 @@ from .._retry import RetryPolicy
 from .._sender import IdempotentSender, SendReport
 from ..backends import Backend, connect
 from ..backends._url import LOCAL_SCHEME, local_path
-from ..errors import InDoubtError, SendOnceError, ValidationError
+from ..errors import InDoubtError, SendOnceError, ValidationError, redact
+from ..ledger import Ledger
 from ._records import BadLine, Format, Header, Record, format_of, open_input, read_records
+from ._rerun import RerunPromise
 from ._words import (
-    EXIT_CODES_HELP,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_USAGE,
+    PUBLISH_EXIT_HELP,
     CommandError,
     InputError,
     cli_text,
@@ -147,6 +150,8 @@ class Outcome:
     records: int = 0
     sent: int = 0
     duplicates: int = 0
+    from_ledger: int = 0
+    """Records not sent because the ledger says an earlier run sent them (in ``duplicates``)."""
     failures: list[dict[str, Any]] = field(default_factory=list)
     in_doubt: list[str] = field(default_factory=list)
 
@@ -162,6 +167,7 @@ class Outcome:
         self.records += len(chunk)
         self.sent += report.sent
         self.duplicates += report.duplicates
+        self.from_ledger += len(report.from_ledger)
         if not report.failures:
             return
         line_of: dict[tuple[str, str | None], int] = {}
@@ -365,33 +371,35 @@ def _send(
     total: int,
     chunk_size: int,
     progress: bool,
+    promise: RerunPromise,
+    report: _Report,
 ) -> Outcome:
-    """Pass 2; on Ctrl-C, say what is stored and that a re-run is safe."""
+    """Pass 2; on Ctrl-C, say what is stored and how long a re-run stays safe."""
     outcome = Outcome()
     with _progress("publishing", total, progress) as bar, _retry_progress():
         try:
             for chunk in _chunks(path, fmt, spec, chunk_size):
-                report = sender.send_many([m for m, _ in chunk])
-                outcome.add(report, chunk)
+                promise.started()
+                sent = sender.send_many([m for m, _ in chunk])
+                outcome.add(sent, chunk)
                 bar.update(len(chunk))
         except KeyboardInterrupt:
             click.echo(
                 f"\ninterrupted: {outcome.stored} of {total} record(s) are stored (sent "
                 f"{outcome.sent}, duplicates {outcome.duplicates}, failed {outcome.failed}); "
-                "records being sent at that moment may or may not be. Running the same command "
-                "again is safe: the broker drops every record it already has.",
+                "records being sent at that moment may or may not be. " + promise.text(),
                 err=True,
             )
-            sys.exit(EXIT_INTERRUPTED)
+            report.finish(outcome, total, status="interrupted", code=EXIT_INTERRUPTED)
         except SendOnceError as exc:
             # Not expected after validation; still, say exactly what was sent before it.
             click.echo(
                 f"\nstopped after {outcome.records} record(s) (sent {outcome.sent}, duplicates "
-                f"{outcome.duplicates}, failed {outcome.failed}): {cli_text(exc)}. Running the "
-                "same command again is safe.",
+                f"{outcome.duplicates}, failed {outcome.failed}): {cli_text(exc)}. "
+                + promise.text(),
                 err=True,
             )
-            sys.exit(EXIT_FAILED)
+            report.finish(outcome, total, status="stopped", code=EXIT_FAILED, error=cli_text(exc))
     return outcome
 
 
@@ -449,7 +457,7 @@ def _spec(
         raise click.BadParameter(cli_text(exc), param_hint=option) from None
 
 
-@click.command(epilog=EXIT_CODES_HELP)
+@click.command(epilog=PUBLISH_EXIT_HELP)
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
 @click.option(
     "--to",
@@ -506,7 +514,26 @@ def _spec(
     type=click.IntRange(min=1),
     help="Attempts per transfer before giving up (default 5).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+@click.option(
+    "--ledger",
+    "ledger_url",
+    help="Record every send in this ledger (sqlite:///path/ledger.db or postgresql://...) "
+    "so that a re-run sends only what is missing even after the broker's window; the file "
+    "is created if missing.",
+)
+@click.option(
+    "--in-doubt",
+    type=click.Choice(["error", "resend"]),
+    help="With --ledger: what to do with a record whose earlier send was never confirmed "
+    "and whose window has passed: report it and send nothing (error, the default) or send "
+    "it again (resend: at-least-once, it may be delivered twice).",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the report as one JSON object, on every exit (also Ctrl-C).",
+)
 def publish(
     file: str,
     url: str,
@@ -524,12 +551,20 @@ def publish(
     sessions: bool,
     timeout: timedelta | None,
     attempts: int | None,
+    ledger_url: str | None,
+    in_doubt: str | None,
     as_json: bool,
 ) -> None:
     """Publish each record of FILE (JSON Lines or CSV) exactly once.
 
     The file is validated completely first; if any line is bad, nothing is sent.
+    A re-run of the same command sends only what is missing: until the broker's
+    duplicate-detection window of the first send ends (the time is printed), or
+    for good with --ledger. Without a ledger, records the broker has forgotten
+    cannot be detected and would be sent again.
     """
+    if in_doubt is not None and ledger_url is None:
+        raise click.UsageError("--in-doubt needs --ledger: only a ledger knows what is in doubt")
     spec = _spec(id_template, body_field, partition_key, session_id, allow_empty)
     retry = _retry_policy(timeout, attempts)
     fmt_ = format_of(file, fmt)
@@ -537,18 +572,20 @@ def publish(
         try:
             facts = _validate(path, fmt_, spec, progress)
         except KeyboardInterrupt:
-            click.echo("\ninterrupted while validating: nothing was sent", err=True)
-            sys.exit(EXIT_INTERRUPTED)
+            _interrupted_before_sending("validating", entity, as_json)
         if facts.bad:
             _fail_invalid(facts, as_json)
-        backend = _open_backend(url)
-        try:
+        with _open_ledger(ledger_url, in_doubt) as ledger, _opened(url) as backend:
             target = _target(backend, entity, window, partitioned, sessions)
             try:
                 # The validation pass already refused one id with two bodies across the whole
                 # file; the sender's own memory of ids then only needs to span a few chunks.
                 sender = IdempotentSender(
-                    backend, target, retry=retry, memory_size=max(4 * chunk_size, 10_000)
+                    backend,
+                    target,
+                    retry=retry,
+                    memory_size=max(4 * chunk_size, 10_000),
+                    ledger=ledger,
                 )
             except SendOnceError as exc:
                 raise command_error(exc) from None
@@ -557,6 +594,8 @@ def publish(
                 if facts.bad:
                     _fail_invalid(facts, as_json)
                 _warn_without_subscriptions(backend, sender.profile)
+                promise = RerunPromise(sender.profile, ledger_url, retry.safety_margin)
+                report = _Report(entity, as_json, promise)
                 outcome = _send(
                     sender,
                     path,
@@ -565,48 +604,144 @@ def publish(
                     total=len(facts.lines),
                     chunk_size=chunk_size,
                     progress=progress and not as_json,
+                    promise=promise,
+                    report=report,
                 )
-        finally:
-            backend.close()
-    _report(outcome, entity, len(facts.lines), as_json)
+    report.finish(outcome, len(facts.lines))
 
 
-def _report(outcome: Outcome, entity: str, total: int, as_json: bool) -> None:
-    code = EXIT_FAILED if outcome.failures else 0
+def _interrupted_before_sending(stage: str, entity: str, as_json: bool) -> NoReturn:
+    click.echo(f"\ninterrupted while {stage}: nothing was sent", err=True)
     if as_json:
         click.echo(
             json.dumps(
                 {
-                    "status": "failed" if code else "ok",
+                    "status": "interrupted",
                     "entity": entity,
-                    "records": total,
-                    "sent": outcome.sent,
-                    "duplicates": outcome.duplicates,
-                    "failed": outcome.failed,
-                    "in_doubt": outcome.in_doubt,
-                    "failures": outcome.failures,
-                    "exit_status": code,
+                    "sent": 0,
+                    "stage": stage,
+                    "exit_status": EXIT_INTERRUPTED,
                 },
                 ensure_ascii=False,
             )
         )
-    else:
-        click.echo(
-            f"{total} record(s) to {entity!r}: sent {outcome.sent}, "
-            f"duplicates {outcome.duplicates}, failed {outcome.failed}"
-        )
-    for failure in outcome.failures[:_MAX_SHOWN]:
-        click.echo(
-            f"failed: line {failure['line']}: {failure['message_id']!r}: {failure['error']}",
-            err=True,
-        )
-    if outcome.failed > _MAX_SHOWN:
-        click.echo(f"failed: ... and {outcome.failed - _MAX_SHOWN} more", err=True)
-    if outcome.in_doubt:
-        click.echo(
-            f"{len(outcome.in_doubt)} message(s) are in doubt: run the same command again "
-            "within the entity's duplicate-detection window to settle them",
-            err=True,
-        )
-    if code:
+    sys.exit(EXIT_INTERRUPTED)
+
+
+@contextmanager
+def _opened(url: str) -> Iterator[Backend]:
+    backend = _open_backend(url)
+    try:
+        yield backend
+    finally:
+        backend.close()
+
+
+@contextmanager
+def _open_ledger(url: str | None, in_doubt: str | None) -> Iterator[Ledger | None]:
+    """The ledger ``--ledger`` names, or ``None``; a bad url or file is a CLI error naming it."""
+    if url is None:
+        yield None
+        return
+    try:
+        ledger = Ledger(url, in_doubt="resend" if in_doubt == "resend" else "error")
+    except ModuleNotFoundError as exc:
+        raise InputError(f"--ledger: {_install_hint(exc)}") from None
+    except ValidationError as exc:
+        raise InputError(f"--ledger: {cli_text(exc)}") from None
+    except SendOnceError as exc:
+        raise InputError(f"--ledger {redact(url)}: {cli_text(exc)}") from None
+    except OSError as exc:
+        where = exc.filename if exc.filename else redact(url)
+        raise InputError(
+            f"--ledger: cannot open {where}: {exc.strerror or exc}. Check that its directory "
+            "exists and that you may write there"
+        ) from None
+    with ledger:
+        yield ledger
+
+
+class _Report:
+    """The end of every run that got as far as sending: the summary, then the exit status.
+
+    Printed on every exit (done, failed, stopped, Ctrl-C), as text or with ``--json``
+    as one object, so a script always gets a report.
+    """
+
+    def __init__(self, entity: str, as_json: bool, promise: RerunPromise) -> None:
+        self.entity = entity
+        self.as_json = as_json
+        self.promise = promise
+
+    def finish(
+        self,
+        outcome: Outcome,
+        total: int,
+        *,
+        status: str | None = None,
+        code: int | None = None,
+        error: str | None = None,
+    ) -> NoReturn:
+        if code is None:
+            code = EXIT_FAILED if outcome.failures else 0
+        if status is None:
+            status = "failed" if code else "ok"
+        if self.as_json:
+            data: dict[str, Any] = {
+                "status": status,
+                "entity": self.entity,
+                "records": total,
+                "sent": outcome.sent,
+                "duplicates": outcome.duplicates,
+                "from_ledger": outcome.from_ledger,
+                "failed": outcome.failed,
+                "in_doubt": outcome.in_doubt,
+                "failures": outcome.failures,
+            }
+            if error is not None:
+                data["error"] = error
+            if status == "interrupted":
+                data["unaccounted"] = total - outcome.records
+            data.update(self.promise.as_json())
+            data["exit_status"] = code
+            click.echo(json.dumps(data, ensure_ascii=False))
+        elif status in ("ok", "failed"):
+            from_ledger = (
+                f" ({outcome.from_ledger} skipped: the ledger says an earlier run sent them)"
+                if outcome.from_ledger
+                else ""
+            )
+            click.echo(
+                f"{total} record(s) to {self.entity!r}: sent {outcome.sent}, "
+                f"duplicates {outcome.duplicates}{from_ledger}, failed {outcome.failed}"
+            )
+        self._failures(outcome)
         sys.exit(code)
+
+    def _failures(self, outcome: Outcome) -> None:
+        for failure in outcome.failures[:_MAX_SHOWN]:
+            click.echo(
+                f"failed: line {failure['line']}: {failure['message_id']!r}: {failure['error']}",
+                err=True,
+            )
+        if outcome.failed > _MAX_SHOWN:
+            click.echo(f"failed: ... and {outcome.failed - _MAX_SHOWN} more", err=True)
+        if outcome.in_doubt:
+            click.echo(self._in_doubt_advice(len(outcome.in_doubt)), err=True)
+        elif outcome.failures:
+            click.echo("The failed records were not stored. " + self.promise.text(), err=True)
+
+    def _in_doubt_advice(self, count: int) -> str:
+        promise = self.promise
+        if promise.ledger is None:
+            return f"{count} message(s) are in doubt. " + promise.text()
+        return (
+            f"{count} message(s) are in doubt: the ledger holds a send of each that was never "
+            "confirmed. Inside the duplicate-detection window of that send, running the same "
+            "command again settles them; after it, check whether the broker has them, then "
+            f"`sendonce ledger confirm {redact(promise.ledger)} --entity {self.entity} --id ID` "
+            "(it has) or `sendonce ledger release ...` (it has not: the next run sends it), or "
+            "give --in-doubt resend (at-least-once: it may be delivered twice). "
+            f"`sendonce ledger in-doubt {redact(promise.ledger)} --entity {self.entity}` lists "
+            "them."
+        )

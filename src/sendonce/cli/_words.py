@@ -18,7 +18,10 @@ from ..errors import SendOnceError, ValidationError, redact
 __all__ = [
     "CommandError",
     "InputError",
+    "BROKER_EXIT_HELP",
     "EXIT_CODES_HELP",
+    "PUBLISH_EXIT_HELP",
+    "RERUN_HELP",
     "EXIT_FAILED",
     "EXIT_INTERRUPTED",
     "EXIT_OK",
@@ -36,10 +39,20 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
-EXIT_CODES_HELP = (
+RERUN_HELP = (
+    "A re-run of publish is exactly once until the duplicate-detection window of its first "
+    "send ends (the time is printed), or for good with --ledger; without a ledger, records "
+    "the broker has forgotten cannot be detected and are sent again."
+)
+PUBLISH_EXIT_HELP = (
     "Exit status: 0 done; 1 some records failed or the backend could not be reached "
-    "(each reported; running the same command again is safe); 2 invalid command line or "
-    "input, nothing was sent; 130 interrupted (what was stored is printed; a re-run is safe)."
+    "(each reported); 2 invalid command line or input, nothing was sent; 130 interrupted "
+    "(what was stored is printed). " + RERUN_HELP
+)
+EXIT_CODES_HELP = PUBLISH_EXIT_HELP
+BROKER_EXIT_HELP = (
+    "Exit status: 0 done; 1 the broker file could not be read or written; 2 invalid command "
+    "line, file or entity, nothing was changed; 130 interrupted."
 )
 
 _DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?")
@@ -120,6 +133,7 @@ _REPLACEMENTS: list[tuple[re.Pattern[str], str]] = [
         "--body-field out to send the whole record as JSON",
     ),
     (re.compile(r"duplicate_detection_window"), "--window"),
+    (re.compile(r"use Ledger\(in_doubt='resend'\) to"), "give --in-doubt resend to"),
 ]
 _TIMEDELTA = re.compile(r"datetime\.timedelta\(([^)]*)\)")
 _CLOCK = re.compile(r"\b(?:(\d+) days?, )?(\d+):(\d\d):(\d\d(?:\.\d+)?)\b")

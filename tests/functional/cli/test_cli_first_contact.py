@@ -199,17 +199,20 @@ def test_publish_json_report(tmp_path, db):
     source = tmp_path / "o.jsonl"
     source.write_text("".join(json.dumps({"order_id": i, "year": 1}) + "\n" for i in range(3)))
     first = json.loads(publish(db, source, "--json").stdout)
+    rerun = {key: first.pop(key) for key in ("rerun", "rerun_safe_until")}
     assert first == {
         "status": "ok",
         "entity": "orders",
         "records": 3,
         "sent": 3,
         "duplicates": 0,
+        "from_ledger": 0,
         "failed": 0,
         "in_doubt": [],
         "failures": [],
         "exit_status": 0,
     }
+    assert "safe until" in rerun["rerun"] and rerun["rerun_safe_until"].endswith("+00:00")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"order_id": 1}\n')
     invalid = publish(db, bad, "--json")
