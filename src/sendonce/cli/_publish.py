@@ -728,6 +728,8 @@ class _Report:
             click.echo(f"failed: ... and {outcome.failed - _MAX_SHOWN} more", err=True)
         if outcome.in_doubt:
             click.echo(self._in_doubt_advice(len(outcome.in_doubt)), err=True)
+        elif outcome.failures and not outcome.stored:
+            click.echo("Nothing was stored: running the same command again is safe.", err=True)
         elif outcome.failures:
             click.echo("The failed records were not stored. " + self.promise.text(), err=True)
 
