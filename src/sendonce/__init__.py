@@ -69,4 +69,5 @@ __all__ = [
     "content_message_id",
 ]
 
+# The one place the version is set: pyproject.toml reads it (dynamic version) into the metadata.
 __version__ = "0.1.0.dev0"
