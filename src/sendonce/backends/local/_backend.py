@@ -23,9 +23,9 @@ from ...errors import (
     ConfigurationError,
     LockLostError,
     NoSessionAvailableError,
+    NotSentError,
     PermanentSendError,
     SendOnceError,
-    TransientSendError,
     ValidationError,
 )
 from .._base import Ack
@@ -92,6 +92,16 @@ class _GroupRejected(Exception):
         self.accepted = accepted
 
 
+def _locked_out(message: str) -> NotSentError:
+    """Another process kept the write lock for the whole timeout: this call stored nothing.
+
+    Every attempt was rolled back before it could commit, so the messages are not
+    in doubt (a :class:`NotSentError`: retried, then reported as not stored).
+    """
+    # No condition of its own: the emulator maps it to Service Bus's server-busy.
+    return NotSentError(f"{message}; nothing of this call was stored, so sending it again is safe")
+
+
 def _utc_now() -> datetime:
     return datetime.now(UTC)
 
@@ -115,6 +125,17 @@ def _profile_to_json(profile: EntityProfile) -> str:
         },
         sort_keys=True,
     )
+
+
+def _check_same(wanted: EntityProfile, existing: EntityProfile) -> None:
+    """Refuse an ``exist_ok`` create whose profile differs from the entity's."""
+    for item in dataclasses.fields(EntityProfile):
+        if getattr(existing, item.name) != getattr(wanted, item.name):
+            raise ConfigurationError(
+                f"entity {wanted.name!r} exists with {item.name}="
+                f"{getattr(existing, item.name)!r}, not {getattr(wanted, item.name)!r}",
+                field=item.name,
+            )
 
 
 def _profile_from_json(name: str, text: str) -> EntityProfile:
@@ -327,9 +348,7 @@ class LocalBackend:
     ) -> T:
         if self._db.closed:
             raise ConfigurationError(f"{self!r} is closed", field="backend")
-        return self._db.transaction(
-            work, timeout=timeout, on_busy=TransientSendError, immediate=immediate
-        )
+        return self._db.transaction(work, timeout=timeout, on_busy=_locked_out, immediate=immediate)
 
     def _read(self, work: Callable[[sqlite3.Connection], T]) -> T:
         return self._write(work, timeout=self._busy_timeout, immediate=False)
@@ -576,27 +595,27 @@ class LocalBackend:
             raise ConfigurationError("profile must be an EntityProfile", field="profile")
         text = _profile_to_json(profile)
 
-        def work(conn: sqlite3.Connection) -> None:
+        def existing(conn: sqlite3.Connection) -> bool:
             row = conn.execute(
                 "SELECT profile FROM entities WHERE name = ?", (profile.name,)
             ).fetchone()
             if row is None:
+                return False
+            if not exist_ok:
+                raise ConfigurationError(f"entity {profile.name!r} already exists", field="entity")
+            _check_same(profile, _profile_from_json(profile.name, row[0]))
+            return True
+
+        def work(conn: sqlite3.Connection) -> None:
+            if not existing(conn):
                 conn.execute(
                     "INSERT INTO entities (name, profile) VALUES (?, ?)", (profile.name, text)
                 )
-                return
-            if not exist_ok:
-                raise ConfigurationError(f"entity {profile.name!r} already exists", field="entity")
-            existing = _profile_from_json(profile.name, row[0])
-            for item in dataclasses.fields(EntityProfile):
-                if getattr(existing, item.name) != getattr(profile, item.name):
-                    raise ConfigurationError(
-                        f"entity {profile.name!r} exists with {item.name}="
-                        f"{getattr(existing, item.name)!r}, not {getattr(profile, item.name)!r}",
-                        field=item.name,
-                    )
 
-        self._write(work, timeout=self._busy_timeout)
+        # A read first: a sender opening on an existing entity needs no write lock, so
+        # it does not wait behind other writers.
+        if not self._read(existing):
+            self._write(work, timeout=self._busy_timeout)
 
     def delete_entity(self, name: str) -> None:
         """Delete an entity with its messages, subscriptions and remembered ids."""

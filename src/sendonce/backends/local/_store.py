@@ -34,6 +34,8 @@ Durability = Literal["normal", "full"]
 
 # Files below this size are fully checked on every restart, cleanly closed or not.
 VERIFY_ALWAYS_BELOW = 64 * 1024 * 1024
+# How long the first opener waits for the write lock to record the restart (seconds).
+RESTART_LOCK_WAIT = 0.5
 
 
 class BrokerFileError(ConfigurationError):
@@ -195,7 +197,7 @@ def open_broker(
         raise BrokerFileError(os.path.realpath(path), "is empty: not a sendonce broker")
 
     def setup(conn: sqlite3.Connection, first: bool) -> None:
-        _start(conn, os.path.realpath(path), first, on_restart)
+        _start(conn, os.path.realpath(path), first, on_restart, busy_timeout)
 
     return open_shared(
         path,
@@ -214,6 +216,7 @@ def _start(
     path: str,
     first: bool,
     on_restart: Callable[[sqlite3.Connection], None],
+    busy_timeout: float,
 ) -> None:
     meta = _check_meta(conn, path, may_upgrade=first)  # before anything could write
     mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
@@ -227,7 +230,19 @@ def _start(
         problems = [row[0] for row in conn.execute("PRAGMA quick_check(5)").fetchall()]
         if problems != ["ok"]:
             raise BrokerFileError(path, "is damaged: " + "; ".join(problems)[:300])
-    conn.execute("BEGIN IMMEDIATE")
+    # The restart's write waits briefly: a process outside sendonce (the sqlite3 shell,
+    # a backup tool) holding the write lock has the file open, so this is no restart.
+    # Its clean-up then stays undone, on the safe side (volatile ids are kept, stale
+    # session locks expire by themselves), and opening does not wait for that process.
+    conn.execute(f"PRAGMA busy_timeout={int(min(busy_timeout, RESTART_LOCK_WAIT) * 1000)}")
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as exc:
+        if not is_busy(exc):
+            raise
+        return
+    finally:
+        conn.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
     try:
         mark_clean(conn, False)
         on_restart(conn)
