@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 
 import pytest
 
 import sendonce
+import sendonce.backends.local
+import sendonce.spark
 
 CONTRACT = {
     "sendonce": [
@@ -35,6 +38,10 @@ CONTRACT = {
         "SessionCannotBeLockedError",
         "SessionLockLostError",
         "NoSessionAvailableError",
+        "NotSentError",
+        "NotStoredError",
+        "LedgerError",
+        "PublishFailedError",
     ],
     "sendonce.errors": [
         "SendOnceError",
@@ -52,6 +59,11 @@ CONTRACT = {
         "SessionCannotBeLockedError",
         "SessionLockLostError",
         "NoSessionAvailableError",
+        "NotSentError",
+        "NotStoredError",
+        "LedgerError",
+        "PublishFailedError",
+        "redact",
     ],
     "sendonce.backends": [
         "Backend",
@@ -61,7 +73,27 @@ CONTRACT = {
         "LocalSession",
         "AzureServiceBusBackend",
     ],
+    "sendonce.backends.local": [
+        "LocalBackend",
+        "LocalSession",
+        "BrokerFileError",
+        "BrokerStorageError",
+        "MessageNotFoundError",
+        "LockLostError",
+    ],
     "sendonce.testing": ["FaultyBackend", "Fault"],
+    "sendonce.emulator": ["Emulator"],
+    "sendonce.spark": [
+        "publish",
+        "partition_publisher",
+        "batch_publisher",
+        "PublishReport",
+        "PublishFailedError",
+        "SchemaError",
+        "ConflictingRowsError",
+        "LateReexecutionError",
+        "PartitionFailedError",
+    ],
 }
 
 
@@ -74,6 +106,17 @@ def test_all_is_sorted_and_complete() -> None:
     assert list(sendonce.__all__) == sorted(sendonce.__all__)
     for name in sendonce.__all__:
         assert hasattr(sendonce, name)
+
+
+def test_the_version_is_a_pep_440_release_number() -> None:
+    # The one place the version is set: the build reads this attribute (pyproject.toml).
+    assert re.fullmatch(r"\d+\.\d+\.\d+(?:(?:a|b|rc)\d+)?(?:\.post\d+)?(?:\.dev\d+)?",
+                        sendonce.__version__)  # fmt: skip
+
+
+def test_an_error_exported_from_two_modules_is_one_class() -> None:
+    assert sendonce.spark.PublishFailedError is sendonce.PublishFailedError
+    assert sendonce.backends.local.LockLostError is sendonce.LockLostError
 
 
 def test_error_tree_matches_the_design() -> None:
