@@ -20,6 +20,7 @@ import io
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -39,7 +40,7 @@ from .._retry import RetryPolicy
 from .._sender import IdempotentSender, SendReport
 from ..backends import Backend, connect
 from ..backends._url import LOCAL_SCHEME, local_path
-from ..errors import InDoubtError, SendOnceError, ValidationError, redact
+from ..errors import InDoubtError, KeyRuleError, SendOnceError, ValidationError, redact
 from ..ledger import Ledger
 from ._records import BadLine, Format, Header, Record, format_of, open_input, read_records
 from ._rerun import RerunPromise
@@ -59,6 +60,7 @@ from ._words import (
 __all__ = ["Record", "publish", "read_records"]
 
 _MAX_SHOWN = 20
+_SHARED_LINES_SHOWN = 5
 _PROGRESS_EVERY = 1000
 _LOW = (1 << 32) - 1
 _OPTION_OF = {
@@ -78,6 +80,24 @@ def _hash64(text: str) -> int:
 
 
 @dataclass
+class Shared:
+    """A problem of the command rather than of one line (a field the template names and no
+    record has, sessions the options do not give): reported once, with the lines it affects."""
+
+    text: str
+    count: int = 0
+    lines: list[int] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        shown = ", ".join(map(str, self.lines))
+        if self.count == 1:
+            return f"line {shown}: {self.text}"
+        more = self.count - len(self.lines)
+        tail = f" and {more} more: {self.count} lines" if more else ""
+        return f"{self.text} (lines {shown}{tail})"
+
+
+@dataclass
 class Facts:
     """What the validation pass keeps per record: a few numbers, never the record."""
 
@@ -89,6 +109,7 @@ class Facts:
     without_session: list[int] = field(default_factory=list)
     without_session_count: int = 0
     problems: list[str] = field(default_factory=list)
+    shared: dict[str, Shared] = field(default_factory=dict)
     bad: int = 0
     missing_fields: bool = False
 
@@ -109,14 +130,32 @@ class Facts:
         if len(self.problems) < _MAX_SHOWN:
             self.problems.append(text)
 
+    def shared_problem(self, group: str, line: int, text: str, count: int = 1) -> None:
+        """A problem many lines share: kept once, with its count and first lines."""
+        self.bad += count
+        entry = self.shared.setdefault(group, Shared(text))
+        entry.count += count
+        if len(entry.lines) < _SHARED_LINES_SHOWN:
+            entry.lines.append(line)
+
+    def errors(self) -> list[str]:
+        """Every problem to show: the command's own first, then those of single lines."""
+        return [str(s) for s in self.shared.values()] + [
+            p for p in self.problems if not p.startswith("note:")
+        ]
+
+    def unshown(self) -> int:
+        """Problems counted but not listed (past the first few)."""
+        listed = sum(s.count for s in self.shared.values())
+        return self.bad - listed - sum(1 for p in self.problems if not p.startswith("note:"))
+
     def check(self, profile: EntityProfile) -> None:
         """The entity's rules and the one-body-per-id rule, for every record at once."""
         if profile.sessions and self.without_session_count:
-            for line in self.without_session:
-                self.problem(
-                    f"line {line}: entity {profile.name!r} requires sessions: give --session-id"
-                )
-            self.bad += self.without_session_count - len(self.without_session)
+            text = f"entity {profile.name!r} requires sessions: give --session-id"
+            lines = self.without_session[:_SHARED_LINES_SHOWN]
+            self.shared["sessions"] = Shared(text, self.without_session_count, lines)
+            self.bad += self.without_session_count
         limit = profile.max_message_size
         for line, size in zip(self.lines, self.sizes, strict=True):
             if size > limit:
@@ -206,8 +245,11 @@ def _progress(label: str, length: int, shown: bool) -> Any:
     )
 
 
-def _validate(path: str, fmt: Format, spec: MessageSpec, progress: bool) -> Facts:
-    """Pass 1: every record parsed and built; nothing kept but :class:`Facts`."""
+def _validate(
+    path: str, fmt: Format, spec: MessageSpec, progress: bool, profile: EntityProfile
+) -> Facts:
+    """Pass 1: every record parsed, built and checked against the entity's rules, every
+    problem found in this one pass; nothing kept but :class:`Facts`."""
     facts = Facts()
     header = Header()
     with open(path, "rb") as raw, _progress("validating", os.path.getsize(path), progress) as bar:
@@ -224,18 +266,40 @@ def _validate(path: str, fmt: Format, spec: MessageSpec, progress: bool) -> Fact
                     try:
                         message = spec.to_message(item.fields)
                     except ValidationError as exc:
-                        if exc.field is not None and exc.field not in item.fields:
-                            facts.missing_fields = True
-                        facts.problem(f"line {item.line}: {cli_text(exc)}")
+                        group = _shared_group(exc, item.fields)
+                        if group is None:
+                            facts.problem(f"line {item.line}: {cli_text(exc)}")
+                            continue
+                        facts.missing_fields |= group.startswith("missing:")
+                        text = _MESSAGE_PREFIX.sub("", cli_text(exc))
+                        facts.shared_problem(group, item.line, text)
                         continue
                     facts.add(item.line, message)
         except UnicodeDecodeError as exc:
             facts.problem(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})")
         bar.update(max(os.path.getsize(path) - done, 0))
+    facts.check(profile)
     if facts.missing_fields and header.columns is not None:
         columns = ", ".join(repr(c) for c in header.columns)
         facts.problems.append(f"note: the CSV header has the columns {columns}")
     return facts
+
+
+_MESSAGE_PREFIX = re.compile(r"^message '(?:[^'\\]|\\.)*': ")
+
+
+def _shared_group(exc: ValidationError, fields: dict[str, Any]) -> str | None:
+    """The group of a problem that comes from the command, not the line; ``None`` otherwise.
+
+    A field the templates name and the record lacks, and a partition key template
+    that builds something other than the session id template, are the options' doing:
+    every line says the same, so they are shown once with the count of lines.
+    """
+    if exc.field is not None and exc.field not in fields:
+        return f"missing:{exc.field}"
+    if isinstance(exc, KeyRuleError) and exc.field == "partition_key":
+        return "partition-key-vs-session-id"
+    return None
 
 
 def _chunks(
@@ -404,11 +468,13 @@ def _send(
 
 
 def _fail_invalid(facts: Facts, as_json: bool) -> NoReturn:
-    for problem in facts.problems:
-        click.echo(problem if problem.startswith("note:") else f"error: {problem}", err=True)
-    shown = sum(1 for p in facts.problems if not p.startswith("note:"))
-    if facts.bad > shown:
-        click.echo(f"error: ... and {facts.bad - shown} more", err=True)
+    errors = facts.errors()
+    for error in errors:
+        click.echo(f"error: {error}", err=True)
+    for note in (p for p in facts.problems if p.startswith("note:")):
+        click.echo(note, err=True)
+    if facts.unshown() > 0:
+        click.echo(f"error: ... and {facts.unshown()} more", err=True)
     click.echo(f"{facts.bad} bad line(s): nothing was published", err=True)
     if as_json:
         click.echo(
@@ -416,7 +482,7 @@ def _fail_invalid(facts: Facts, as_json: bool) -> NoReturn:
                 {
                     "status": "invalid",
                     "bad_lines": facts.bad,
-                    "errors": [p for p in facts.problems if not p.startswith("note:")],
+                    "errors": errors,
                     "sent": 0,
                     "exit_status": EXIT_USAGE,
                 }
@@ -434,7 +500,13 @@ def _retry_policy(timeout: timedelta | None, attempts: int | None) -> RetryPolic
     try:
         return RetryPolicy(**options)
     except ValidationError as exc:
-        raise click.BadParameter(cli_text(exc), param_hint="--timeout") from None
+        if exc.field == "attempt_timeout":
+            raise click.BadParameter(
+                "the time limit of an attempt must be more than 0s, e.g. 30s",
+                param_hint="--timeout",
+            ) from None
+        option = "--attempts" if exc.field == "max_attempts" else "--timeout"
+        raise click.BadParameter(cli_text(exc), param_hint=option) from None
 
 
 def _spec(
@@ -454,7 +526,10 @@ def _spec(
         )
     except ValidationError as exc:
         option = _OPTION_OF.get(exc.field or "", "--id")
-        raise click.BadParameter(cli_text(exc), param_hint=option) from None
+        text = cli_text(exc)
+        if exc.field and text.startswith(f"{exc.field}: "):  # the Python name: the option says it
+            text = text[len(exc.field) + 2 :]
+        raise click.BadParameter(text, param_hint=option) from None
 
 
 @click.command(epilog=PUBLISH_EXIT_HELP)
@@ -568,46 +643,58 @@ def publish(
     spec = _spec(id_template, body_field, partition_key, session_id, allow_empty)
     retry = _retry_policy(timeout, attempts)
     fmt_ = format_of(file, fmt)
-    with _source(file) as path:
+    with (
+        _source(file) as path,
+        _open_ledger(ledger_url, in_doubt) as ledger,
+        _opened(url) as backend,
+    ):
+        # One validation pass needs the entity's rules: the backend is opened first.
+        target = _target(backend, entity, window, partitioned, sessions)
         try:
-            facts = _validate(path, fmt_, spec, progress)
-        except KeyboardInterrupt:
-            _interrupted_before_sending("validating", entity, as_json)
-        if facts.bad:
-            _fail_invalid(facts, as_json)
-        with _open_ledger(ledger_url, in_doubt) as ledger, _opened(url) as backend:
-            target = _target(backend, entity, window, partitioned, sessions)
+            # The validation pass already refused one id with two bodies across the whole
+            # file; the sender's own memory of ids then only needs to span a few chunks.
+            sender = IdempotentSender(
+                backend,
+                target,
+                retry=retry,
+                memory_size=max(4 * chunk_size, 10_000),
+                ledger=ledger,
+            )
+        except SendOnceError as exc:
+            raise command_error(exc) from None
+        with sender:
+            _check_options(sender.profile, session_id)
             try:
-                # The validation pass already refused one id with two bodies across the whole
-                # file; the sender's own memory of ids then only needs to span a few chunks.
-                sender = IdempotentSender(
-                    backend,
-                    target,
-                    retry=retry,
-                    memory_size=max(4 * chunk_size, 10_000),
-                    ledger=ledger,
-                )
-            except SendOnceError as exc:
-                raise command_error(exc) from None
-            with sender:
-                facts.check(sender.profile)
-                if facts.bad:
-                    _fail_invalid(facts, as_json)
-                _warn_without_subscriptions(backend, sender.profile)
-                promise = RerunPromise(sender.profile, ledger_url, retry.safety_margin)
-                report = _Report(entity, as_json, promise)
-                outcome = _send(
-                    sender,
-                    path,
-                    fmt_,
-                    spec,
-                    total=len(facts.lines),
-                    chunk_size=chunk_size,
-                    progress=progress and not as_json,
-                    promise=promise,
-                    report=report,
-                )
+                facts = _validate(path, fmt_, spec, progress, sender.profile)
+            except KeyboardInterrupt:
+                _interrupted_before_sending("validating", entity, as_json)
+            if facts.bad:
+                _fail_invalid(facts, as_json)
+            _warn_without_subscriptions(backend, sender.profile)
+            promise = RerunPromise(sender.profile, ledger_url, retry.safety_margin)
+            report = _Report(entity, as_json, promise)
+            outcome = _send(
+                sender,
+                path,
+                fmt_,
+                spec,
+                total=len(facts.lines),
+                chunk_size=chunk_size,
+                progress=progress and not as_json,
+                promise=promise,
+                report=report,
+            )
     report.finish(outcome, len(facts.lines))
+
+
+def _check_options(profile: EntityProfile, session_id: str | None) -> None:
+    """What the options ask that the entity cannot honour, refused before reading the file."""
+    if session_id is not None and not profile.sessions:
+        raise InputError(
+            f"--session-id: entity {profile.name!r} has no sessions, so the broker would "
+            "ignore the session ids; leave --session-id out (or create the entity with "
+            "--sessions)"
+        )
 
 
 def _interrupted_before_sending(stage: str, entity: str, as_json: bool) -> NoReturn:

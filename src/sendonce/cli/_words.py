@@ -133,6 +133,12 @@ _REPLACEMENTS: list[tuple[re.Pattern[str], str]] = [
         "--body-field out to send the whole record as JSON",
     ),
     (re.compile(r"duplicate_detection_window"), "--window"),
+    (re.compile(r"\bconnection_string\b"), "the connection string"),
+    (
+        re.compile(r"partition_key ('[^']*') must equal session_id ('[^']*')"),
+        r"--partition-key gives \1 but --session-id gives \2: Service Bus requires them "
+        "equal (leave --partition-key out: the session id is used)",
+    ),
     (re.compile(r"use Ledger\(in_doubt='resend'\) to"), "give --in-doubt resend to"),
 ]
 _TIMEDELTA = re.compile(r"datetime\.timedelta\(([^)]*)\)")
@@ -173,40 +179,61 @@ def cli_text(error: BaseException | str) -> str:
     return text
 
 
-_OPTION_OF_FIELD = {
-    "kind": "--topic",
-    "duplicate_detection": "--no-dedup",
-    "duplicate_detection_window": "--window",
-    "partitioned": "--partitioned",
-    "sessions": "--sessions",
-    "id_cache_size": "--id-cache-size",
-    "persist_id_cache": "--no-persist-id-cache",
-}
-
-
-def _shown(field: str, value: object) -> str:
-    if isinstance(value, timedelta):
-        return format_duration(value)
+def _has(field: str, value: object) -> str:
+    """What an existing entity has, in words: ``has no sessions``, ``has a 10m window``."""
+    if field == "kind":
+        return f"is a {value}"
     if field == "duplicate_detection":
-        return "dedup on" if value else "dedup off (--no-dedup)"
-    if field == "persist_id_cache":
-        return "persisted" if value else "not persisted (--no-persist-id-cache)"
+        return "has duplicate detection on" if value else "has duplicate detection off"
+    if field == "duplicate_detection_window":
+        assert isinstance(value, timedelta)
+        return f"has a {format_duration(value)} duplicate-detection window"
+    if field == "partitioned":
+        return "is partitioned" if value else "is not partitioned"
+    if field == "sessions":
+        return "requires sessions" if value else "has no sessions"
+    if field == "id_cache_size":
+        return f"remembers the last {value} ids" if value else "has a time window, no id cache"
+    return "keeps its id cache across restarts" if value else "forgets its id cache on restart"
+
+
+def _asked(field: str, value: object) -> str:
+    """What the options ask for, as the options are written: ``--sessions``, ``no --topic``."""
+    if field == "kind":
+        return "--topic" if value == "topic" else "a queue (no --topic)"
+    if field == "duplicate_detection":
+        return "duplicate detection (no --no-dedup)" if value else "--no-dedup"
+    if field == "duplicate_detection_window":
+        assert isinstance(value, timedelta)
+        return f"--window {format_duration(value)}"
     if field in ("partitioned", "sessions"):
-        return f"--{field}" if value else f"not {field}"
-    return str(value)
+        return f"--{field}" if value else f"no --{field}"
+    if field == "id_cache_size":
+        return f"--id-cache-size {value}" if value else "a time window (no --id-cache-size)"
+    return "a persisted id cache (no --no-persist-id-cache)" if value else "--no-persist-id-cache"
+
+
+_PROFILE_FIELDS = (
+    "kind",
+    "duplicate_detection",
+    "duplicate_detection_window",
+    "partitioned",
+    "sessions",
+    "id_cache_size",
+    "persist_id_cache",
+)
 
 
 def profile_difference(existing: EntityProfile, wanted: EntityProfile) -> str | None:
     """How an existing entity differs from the one the options describe, in option terms."""
-    for field, option in _OPTION_OF_FIELD.items():
+    for field in _PROFILE_FIELDS:
         have, want = getattr(existing, field), getattr(wanted, field)
         if field == "duplicate_detection_window" and existing.count_bounded:
             continue
         if have != want:
             return (
-                f"entity {existing.name!r} exists with {_shown(field, have)}, but the options "
-                f"ask for {_shown(field, want)} ({option}); the settings of an existing entity "
-                "cannot change"
+                f"entity {existing.name!r} {_has(field, have)}, but the options ask for "
+                f"{_asked(field, want)}; the settings of an existing entity cannot change"
             )
     return None
 
