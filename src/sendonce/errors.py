@@ -295,10 +295,12 @@ class PublishFailedError(SendError):
     Raised by ``sendonce.spark.publish`` when the Spark job fails (chained to
     Spark's error; ``.report.complete`` is False and its counts are the rows
     confirmed before the failure, at least) and by ``PublishReport.raise_for_failures``
-    when some rows failed. Publishing the same rows again is safe within the
-    entity's duplicate-detection window: rows already on the broker are dropped
-    as duplicates. ``.report`` is None when nothing is known (for instance on a
-    Spark Connect server whose executors cannot reach this process).
+    when some rows failed. Publishing the same rows again is safe until the
+    duplicate-detection window of the first attempt ends (the message gives the
+    time: rows already on the broker are dropped as duplicates), and for good
+    with a ledger (``ledger=``: rows it confirmed are skipped). ``.report`` is
+    None when nothing is known (for instance on a Spark Connect server whose
+    executors cannot reach this process).
     """
 
     def __init__(self, message: str, *, report: PublishCounts | None = None) -> None:

@@ -6,8 +6,8 @@ import contextlib
 import re
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from datetime import timedelta
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from .._entity import EntityProfile
@@ -15,7 +15,7 @@ from .._message import MessageSpec
 from .._retry import RetryPolicy
 from .._sender import IdempotentSender
 from ..errors import ConfigurationError, PublishFailedError
-from ..ledger import DEFAULT_RETENTION, InDoubtPolicy, Ledger
+from ..ledger import InDoubtPolicy, Ledger, LedgerOptions
 from ._placement import Placement
 from ._progress import ProgressBoard, driver_host
 from ._rows import ColumnPlan
@@ -84,6 +84,8 @@ class PublishReport:
     partitions: tuple[PartitionResult, ...]
     complete: bool = True
     """False on the report of a failed job: counts confirmed before it failed, at least."""
+    rerun: str = field(default="", repr=False, compare=False)
+    """How long publishing the same rows again is safe (said by :meth:`raise_for_failures`)."""
 
     @property
     def rows(self) -> int:
@@ -123,7 +125,7 @@ class PublishReport:
         shown = "; ".join(f"{f.message_id!r}: {f.error}: {f.detail}" for f in self.failures[:3])
         raise PublishFailedError(
             f"{self.failed} of {self.rows} row(s) were not sent to {self.entity!r}, e.g. {shown}. "
-            "Publishing again is safe: rows already sent are dropped as duplicates.",
+            + (self.rerun or _WITHIN_THE_WINDOW),
             report=self,
         )
 
@@ -135,6 +137,48 @@ class PublishReport:
         )
 
 
+# -- what a re-run guarantees ------------------------------------------------------------
+
+_WITHIN_THE_WINDOW = (
+    "Publishing the same rows again is safe only within the entity's duplicate-detection "
+    "window counted from this run's first sends (rows already on the broker are dropped as "
+    "duplicates); after it the broker may have forgotten them, and a re-run could send them "
+    "twice without anything noticing. Pass ledger= to make a re-run safe for good."
+)
+
+
+def rerun_advice(profile: EntityProfile, started: float, retry: RetryPolicy, ledger: bool) -> str:
+    """Whether, and until when, publishing the same rows again lands each row once.
+
+    Without a ledger only the broker's memory protects a re-run, and it forgets: the
+    window counts from the first sends, which came after ``started`` (driver wall time).
+    """
+    if ledger:
+        return (
+            "Publishing the same rows again with the same ledger is safe whenever you do it: "
+            "rows the ledger confirmed are skipped, and a row it cannot vouch for is reported "
+            "in doubt, not resent."
+        )
+    window = profile.window
+    if window is None:
+        return (
+            "Publishing the same rows again is safe only while the broker's duplicate-id cache "
+            f"(id_cache_size {profile.id_cache_size}) still holds this run's ids, that is "
+            "until that many newer ids have been sent to the entity; after that a re-run could "
+            "send rows twice without anything noticing. Pass ledger= to make a re-run safe "
+            "for good."
+        )
+    until = datetime.fromtimestamp(started, UTC) + window - retry.safety_margin
+    return (
+        f"Publishing the same rows again is safe until {until:%Y-%m-%d %H:%M:%S} UTC (one "
+        f"duplicate-detection window, {window}, after this run began, less the "
+        f"{retry.safety_margin} safety margin), if the re-run has sent everything by then: "
+        "rows already on the broker are dropped as duplicates. After that the broker may have "
+        "forgotten them, and a re-run could send them twice without anything noticing. Pass "
+        "ledger= to make a re-run safe for good."
+    )
+
+
 # -- shared set-up on the driver ------------------------------------------------------
 
 
@@ -144,45 +188,56 @@ def _check_url(url: object) -> str:
     return resolve_local_url(url.strip())
 
 
-def _ledger_url(ledger: object) -> str | None:
-    """The ledger's url (executors open it themselves: connections are never shipped).
+@dataclass(frozen=True, slots=True)
+class _LedgerPlan:
+    """What every task opens its own ledger with: an absolute url and the options, whole."""
+
+    url: str
+    options: LedgerOptions
+
+
+def _ledger_plan(ledger: object) -> _LedgerPlan | None:
+    """The ledger as executors will open it (connections are never shipped).
 
     A url is opened once on the driver, so a bad url or an unreachable server fails
-    before any task runs (and the PostgreSQL table exists before executors race).
+    before any task runs (and the PostgreSQL table exists before executors race). The
+    url shipped is the store's own: a relative SQLite path made absolute here, so every
+    executor opens the driver's file whatever its working directory.
     """
     if ledger is None:
         return None
     if isinstance(ledger, Ledger):
-        return ledger.url
+        return _LedgerPlan(ledger.url, ledger.options)
     if isinstance(ledger, str):
-        Ledger(ledger).close()
-        return ledger.strip()
+        with Ledger(ledger) as opened:
+            return _LedgerPlan(opened.url, opened.options)
     raise ConfigurationError("ledger must be a sendonce.Ledger or a ledger url", field="ledger")
 
 
-def _ledger_options(ledger: object) -> dict[str, Any]:
-    """A :class:`Ledger`'s choices, which each task's ledger (opened from the url) applies."""
-    if isinstance(ledger, Ledger):
-        return {"ledger_in_doubt": ledger.in_doubt, "ledger_retention": ledger.retention}
-    return {}
-
-
 def _profile(
-    url: str, entity: EntityProfile | str, retry: RetryPolicy, ledger: str | None = None
+    url: str,
+    entity: EntityProfile | str,
+    retry: RetryPolicy,
+    ledger: _LedgerPlan | None = None,
 ) -> EntityProfile:
     """The entity's profile, resolved on the driver (the guard needs its window).
 
     Opening a sender also creates the entity on a backend that can (the local
-    broker), once, before the executors race to do it.
+    broker), once, before the executors race to do it. With a ledger the driver
+    opens the very sender every task will open (same url, same ledger options), so
+    whatever would make each task fail (retention against the entity's window, a
+    store gone) fails here once, before any task runs.
     """
     if not isinstance(entity, EntityProfile | str) or not entity:
         raise ConfigurationError(
             "entity must be an EntityProfile or a non-empty entity name", field="entity"
         )
-    # With a ledger an entity without duplicate detection is fine: the ledger decides.
-    with IdempotentSender(
-        url, entity, retry=retry, require_duplicate_detection=ledger is None
-    ) as sender:
+    with contextlib.ExitStack() as stack:
+        opened = None if ledger is None else stack.enter_context(ledger.options.open(ledger.url))
+        # With a ledger an entity without duplicate detection is fine: the ledger decides.
+        sender = stack.enter_context(IdempotentSender(url, entity, retry=retry, ledger=opened))
+        if opened is not None:
+            opened.check_entity(sender.profile)
         return sender.profile
 
 
@@ -207,7 +262,7 @@ def _retry(retry: RetryPolicy | None) -> RetryPolicy:
 
 
 def _guard(
-    profile: EntityProfile, retry: RetryPolicy, clock: Clock, ledger: str | None = None
+    profile: EntityProfile, retry: RetryPolicy, clock: Clock, ledger: _LedgerPlan | None = None
 ) -> WindowGuard:
     # With a ledger a late re-execution is safe: the ledger skips confirmed rows and
     # reports unconfirmed ones past the window as in doubt instead of resending them.
@@ -270,34 +325,39 @@ def publish(
     check_backend_fits(url, master_of(df.sparkSession))
     retry = _retry(retry)
     plan = plan_for(df.schema, spec)
-    ledger_url = _ledger_url(ledger)
-    profile = _profile(url, entity, retry, ledger_url)
+    ledger_plan = _ledger_plan(ledger)
+    profile = _profile(url, entity, retry, ledger_plan)
     if check_conflicts:
         find_conflicts(df, spec, plan, profile)
     board = _progress_board(df.sparkSession)
+    guard = _guard(profile, retry, clock, ledger_plan)
+    rerun = rerun_advice(profile, guard.started, retry, ledger_plan is not None)
     job = TaskJob(
         url,
         profile,
         spec,
         plan,
-        _guard(profile, retry, clock, ledger_url),
+        guard,
         retry,
         after_partition=after_partition,
         progress=None if board is None else board.line,
         placement=Placement.of(url),
         keep_connection=_keep(keep_connections),
-        ledger=ledger_url,
-        **_ledger_options(ledger),
+        **_ledger_fields(ledger_plan),
     )
     selected = df.select(*[quoted(c) for c in plan.columns])
     try:
         rows = selected.mapInArrow(job.arrow, RESULT_SCHEMA).collect()
     except Exception as exc:
-        raise _job_failed(profile.name, board, exc) from exc
+        raise _job_failed(profile.name, board, exc, rerun) from exc
     finally:
         if board is not None:
             board.close()
-    return PublishReport(profile.name, tuple(sorted(map(_result, rows), key=_order)))
+    return PublishReport(profile.name, tuple(sorted(map(_result, rows), key=_order)), rerun=rerun)
+
+
+def _ledger_fields(plan: _LedgerPlan | None) -> dict[str, Any]:
+    return {} if plan is None else {"ledger": plan.url, "ledger_options": plan.options}
 
 
 def _progress_board(session: Any) -> ProgressBoard | None:
@@ -331,22 +391,21 @@ def _why(exc: BaseException) -> str:
     return "; ".join(parts) or f"{type(exc).__name__}: {text.splitlines()[0][:300] if text else ''}"
 
 
-def _job_failed(entity: str, board: ProgressBoard | None, exc: BaseException) -> PublishFailedError:
+def _job_failed(
+    entity: str, board: ProgressBoard | None, exc: BaseException, rerun: str
+) -> PublishFailedError:
     if board is None:
         return PublishFailedError(
             f"publishing to {entity!r} failed ({_why(exc)}); how many rows were confirmed "
             "before the failure is unknown (the executors could not report to this process). "
-            "Publishing the same rows again is safe: rows already on the broker are dropped "
-            "as duplicates."
+            + rerun
         )
     board.settle()
-    report = PublishReport(entity, board.results(), complete=False)
+    report = PublishReport(entity, board.results(), complete=False, rerun=rerun)
     return PublishFailedError(
         f"publishing to {entity!r} failed ({_why(exc)}); before the failure "
         f"{report.delivered} row(s) were confirmed on the broker ({report.sent} sent, "
-        f"{report.duplicates} already there) from {len(report.partitions)} partition(s). "
-        "Publishing the same rows again is safe: rows already on the broker are dropped "
-        "as duplicates.",
+        f"{report.duplicates} already there) from {len(report.partitions)} partition(s). " + rerun,
         report=report,
     )
 
@@ -431,21 +490,20 @@ def partition_publisher(
         whole = not isinstance(spec.body, str)
         columns = () if whole else tuple(spec.fields)
         plan = ColumnPlan(columns, (None,) * len(columns), (), whole, dynamic=True)
-    ledger_url = _ledger_url(ledger)
-    profile = _profile(url, entity, retry, ledger_url)
+    ledger_plan = _ledger_plan(ledger)
+    profile = _profile(url, entity, retry, ledger_plan)
     job = TaskJob(
         url,
         profile,
         spec,
         plan,
-        _guard(profile, retry, clock, ledger_url),
+        _guard(profile, retry, clock, ledger_plan),
         retry,
         after_partition=after_partition,
         raise_on_failure=True,
         placement=Placement.of(url),
         keep_connection=_keep(keep_connections),
-        ledger=ledger_url,
-        **_ledger_options(ledger),
+        **_ledger_fields(ledger_plan),
     )
     return PartitionPublisher(job)
 
@@ -475,13 +533,11 @@ class BatchPublisher:
         clock: Clock,
         keep_connections: float = KEEP_CONNECTIONS,
         ledger: str | None = None,
-        ledger_in_doubt: InDoubtPolicy = "error",
-        ledger_retention: timedelta | None = DEFAULT_RETENTION,
+        ledger_options: LedgerOptions | None = None,
     ) -> None:
         self.ledger = ledger
-        # A Ledger's choices travel with its url: each batch reopens it with them.
-        self.ledger_in_doubt: InDoubtPolicy = ledger_in_doubt
-        self.ledger_retention = ledger_retention
+        # A Ledger's choices travel whole with its url: each batch reopens it with them.
+        self.ledger_options = ledger_options or LedgerOptions()
         self.url = url
         self.entity = entity
         self.spec = spec
@@ -492,17 +548,21 @@ class BatchPublisher:
         self.clock = clock
         self.keep_connections = keep_connections
 
+    @property
+    def ledger_in_doubt(self) -> InDoubtPolicy:
+        """The ledger's ``in_doubt`` choice, applied to every batch."""
+        return self.ledger_options.in_doubt
+
+    @property
+    def ledger_retention(self) -> timedelta | None:
+        """The ledger's retention, applied to every batch."""
+        return self.ledger_options.retention
+
     def __call__(self, batch_df: Any, batch_id: int) -> None:
         with contextlib.ExitStack() as stack:
             ledger = None
             if self.ledger is not None:
-                ledger = stack.enter_context(
-                    Ledger(
-                        self.ledger,
-                        in_doubt=self.ledger_in_doubt,
-                        retention=self.ledger_retention,
-                    )
-                )
+                ledger = stack.enter_context(self.ledger_options.open(self.ledger))
             report = publish(
                 batch_df,
                 self.url,
@@ -545,6 +605,7 @@ def batch_publisher(
     _retry(retry)
     if not isinstance(spec, MessageSpec):
         raise ConfigurationError("spec must be a sendonce.MessageSpec", field="spec")
+    ledger_plan = _ledger_plan(ledger)
     return BatchPublisher(
         url,
         entity,
@@ -555,6 +616,5 @@ def batch_publisher(
         on_batch=on_batch,
         clock=clock,
         keep_connections=_keep(keep_connections),
-        ledger=_ledger_url(ledger),
-        **_ledger_options(ledger),
+        **_ledger_fields(ledger_plan),
     )

@@ -22,7 +22,7 @@ from .._message import MessageSpec
 from .._retry import RetryPolicy
 from .._sender import IdempotentSender
 from ..errors import SendError
-from ..ledger import DEFAULT_RETENTION, InDoubtPolicy, Ledger
+from ..ledger import LedgerOptions
 from ._collector import paused_per_item
 from ._pool import Borrowed
 from ._rows import BatchEncoder, ColumnPlan, columns_of_rows, encode_columns
@@ -184,9 +184,9 @@ class TaskJob:
     """The send ledger's url: each task's sender opens it (a connection is never shipped).
 
     Not in the repr: a PostgreSQL url may carry a password."""
-    ledger_in_doubt: InDoubtPolicy = "error"
-    """The application's ``Ledger(in_doubt=...)`` choice, applied by every task's ledger."""
-    ledger_retention: timedelta | None = DEFAULT_RETENTION
+    ledger_options: LedgerOptions = field(default_factory=LedgerOptions)
+    """The application's ``Ledger`` choices (in_doubt, retention, pruning), whole: every
+    task's ledger applies them."""
 
     def run(self, batches: Iterable[tuple[dict[str, list[Any]], int]]) -> PartitionResult:
         """Publish a partition given as batches of (columns, row count)."""
@@ -200,7 +200,7 @@ class TaskJob:
         tally = _Tally()
         sender: IdempotentSender | None = None
         borrowed: Borrowed | None = None
-        ledger: Ledger | None = None
+        ledger = None
         healthy = False
         reporter = None if self.progress is None else self.progress.reporter(partition, attempt)
         try:
@@ -217,11 +217,7 @@ class TaskJob:
                         if sender is None:
                             borrowed = Borrowed(self.url, self.keep_connection)
                             if self.ledger is not None:
-                                ledger = Ledger(
-                                    self.ledger,
-                                    in_doubt=self.ledger_in_doubt,
-                                    retention=self.ledger_retention,
-                                )
+                                ledger = self.ledger_options.open(self.ledger)
                             sender = IdempotentSender(
                                 borrowed.backend, self.entity, retry=self.retry, ledger=ledger
                             )
