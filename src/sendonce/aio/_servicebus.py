@@ -8,9 +8,16 @@ whole call, link opening included, runs under ``asyncio.timeout``. (The sync
 backend needs a helper thread to bound link opening; here cancelling the
 awaiting coroutine is enough.)
 
-Calls on one backend are serialised by an ``asyncio.Lock`` (the client's
-senders are not safe for concurrent use). A call that fails, times out or is
-cancelled discards its sender: the next call opens a fresh link.
+The client's senders are not safe for concurrent use (one transfer per link at
+a time), so the backend keeps up to ``max_in_flight`` of them per entity
+(lanes, ``backends._servicebus_lanes``) and lends each to one task at a time:
+that many transfers can be outstanding at once. A call that fails, times out or
+is cancelled discards its lane's sender; the other lanes carry on.
+
+Cancellation stays cancellation: on Python 3.11 ``asyncio.wait_for`` inside the
+client swallows a cancel that lands as its inner wait finishes (CPython
+gh-86296) and the call returns its result. The backend notices that the task's
+``cancelling()`` count grew during the call and raises ``CancelledError``.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from .._message import Message
 from ..backends._base import Ack
 from ..backends._servicebus_convert import to_servicebus_message
 from ..backends._servicebus_errors import is_connection_level, is_sdk_error, map_error
+from ..backends._servicebus_lanes import AsyncLanes, Lane
 from ..backends._servicebus_settings import check_timeout as _check_timeout
 from ..backends._servicebus_settings import settle
 from ..backends.servicebus import (
@@ -91,6 +99,7 @@ class AzureServiceBusBackend:
         link_timeout: float = DEFAULT_LINK_TIMEOUT,
         admin_timeout: float = DEFAULT_ADMIN_TIMEOUT,
         max_batch_size: int | None = None,
+        max_in_flight: int | None = None,
         **client_kwargs: Any,
     ) -> None:
         settings = settle(
@@ -106,6 +115,7 @@ class AzureServiceBusBackend:
             link_timeout=link_timeout,
             admin_timeout=admin_timeout,
             max_batch_size=max_batch_size,
+            max_in_flight=max_in_flight,
             client_kwargs=client_kwargs,
         )
         self._client: ServiceBusClient = settings.client
@@ -120,10 +130,9 @@ class AzureServiceBusBackend:
         self._emulator = settings.emulator
         self._entity_path = settings.entity_path
         self._admin: Any = admin_client
-        self._senders: dict[str, ServiceBusSender] = {}
-        self._open: set[str] = set()
+        self._max_in_flight = settings.max_in_flight
+        self._lanes: dict[str, AsyncLanes[ServiceBusSender]] = {}
         self._closing: set[asyncio.Task[None]] = set()
-        self._lock = asyncio.Lock()
         self._closed = False
 
     @classmethod
@@ -139,6 +148,11 @@ class AzureServiceBusBackend:
     def namespace(self) -> str:
         """The fully qualified namespace (never a credential)."""
         return self._namespace
+
+    @property
+    def max_in_flight(self) -> int:
+        """How many transfers per entity this backend carries at once (one per sender link)."""
+        return self._max_in_flight
 
     supports_atomic = False
 
@@ -161,8 +175,10 @@ class AzureServiceBusBackend:
         if not isinstance(profile, EntityProfile):
             raise ConfigurationError("declare() takes an EntityProfile", field="profile")
         self._profiles[profile.name] = profile
-        if profile.name in self._senders and self._kinds.get(profile.name) != profile.kind:
-            self._discard_sender(profile.name, "the entity kind changed")
+        lanes = self._lanes.get(profile.name)
+        if lanes is not None and self._kinds.get(profile.name) != profile.kind:
+            del self._lanes[profile.name]  # busy lanes are closed when given back
+            self._closing_task(lanes.close(0.0), profile.name)
         self._kinds[profile.name] = profile.kind
 
     def _admin_client(self, entity: str) -> Any:
@@ -242,60 +258,65 @@ class AzureServiceBusBackend:
 
     # -- sending ----------------------------------------------------------------------
 
-    def _sender(self, entity: str) -> ServiceBusSender:
+    def _entity_lanes(self, entity: str) -> AsyncLanes[ServiceBusSender]:
         if self._closed:
             raise ConfigurationError("the backend is closed", field="backend")
-        sender = self._senders.get(entity)
-        if sender is not None:
-            return sender
-        if self._entity_path is not None and entity != self._entity_path:
-            raise ConfigurationError(
-                f"the connection string is scoped to entity {self._entity_path!r}, not {entity!r}",
-                field="entity",
-            )
+        lanes = self._lanes.get(entity)
+        if lanes is None:
+            if self._entity_path is not None and entity != self._entity_path:
+                raise ConfigurationError(
+                    f"the connection string is scoped to entity {self._entity_path!r}, "
+                    f"not {entity!r}",
+                    field="entity",
+                )
+            lanes = self._lanes[entity] = AsyncLanes(self._max_in_flight)
+        return lanes
+
+    def _new_sender(self, entity: str) -> ServiceBusSender:
         if self._kinds.get(entity) == "topic":
-            sender = self._client.get_topic_sender(topic_name=entity)
-        else:
-            sender = self._client.get_queue_sender(queue_name=entity)
-        self._senders[entity] = sender
-        return sender
+            return self._client.get_topic_sender(topic_name=entity)
+        return self._client.get_queue_sender(queue_name=entity)
 
     async def _open_link(
-        self, entity: str, sender: ServiceBusSender, timeout: float, messages: list[Message]
-    ) -> float:
-        """Open ``sender``'s link within ``timeout``; return the time left for the transfer."""
-        if entity in self._open:
-            return timeout
-        started = time.monotonic()
+        self, entity: str, lane: Lane[ServiceBusSender], timeout: float, messages: list[Message]
+    ) -> None:
+        """Open the lane's link within ``timeout`` (nothing is sent while opening)."""
+        if lane.opened:
+            return
         try:
             async with asyncio.timeout(timeout):
-                await sender.create_message_batch()
+                await lane.sender.create_message_batch()
         except TimeoutError:
-            self._discard_sender(entity, "opening the link timed out")
             raise NotSentError(
                 f"opening a link to {entity!r} on {self._namespace!r} took longer than the "
                 f"{timeout:g} s timeout; nothing was sent",
                 **_ids(messages),
             ) from None
-        self._open.add(entity)
-        left = timeout - (time.monotonic() - started)
-        if left <= _MIN_TRANSFER_TIME:
-            raise NotSentError(
-                f"opening a link to {entity!r} used up the {timeout:g} s timeout; nothing was sent",
-                **_ids(messages),
-            )
-        return left
+        lane.opened = True
 
-    def _discard_sender(self, entity: str, reason: str) -> None:
-        """Forget ``entity``'s sender and close it in the background (a dead link may hang)."""
-        self._open.discard(entity)
-        sender = self._senders.pop(entity, None)
-        if sender is None:
-            return
-        logger.info(
-            "closing the sender for %s (%s); the next call opens a new link", entity, reason
-        )
-        task = asyncio.get_running_loop().create_task(_close_quietly(sender, entity))
+    def _give_back(
+        self,
+        entity: str,
+        lanes: AsyncLanes[ServiceBusSender],
+        lane: Lane[ServiceBusSender],
+        reason: str | None,
+    ) -> None:
+        """Return ``lane``; ``reason`` (a failure) closes its sender in the background (a
+        dead link may hang): the next call opens a new link, the other lanes carry on."""
+        if lanes.give_back(lane, keep=reason is None):
+            if reason is not None:
+                logger.info(
+                    "closing a sender for %s (%s); the next call opens a new link", entity, reason
+                )
+            self._closing_task(_close_lanes([lane], entity), entity)
+
+    def _closing_task(self, closing: Any, entity: str) -> None:
+        async def run() -> None:
+            lanes = await closing
+            if isinstance(lanes, list):
+                await _close_lanes(lanes, entity)
+
+        task = asyncio.get_running_loop().create_task(run())
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
@@ -307,45 +328,78 @@ class AzureServiceBusBackend:
         timeout: float,
         transfer: Any,
     ) -> Any:
-        """Run ``transfer(sender, time_left)`` under the lock, the timeout and the error map."""
-        async with self._lock:
-            sender = self._sender(entity)
-            opened = False
-            try:
-                started = time.monotonic()
-                left = await self._open_link(entity, sender, timeout, messages)
-                opened = True
-                remaining = max(timeout - (time.monotonic() - started), _MIN_TRANSFER_TIME)
-                async with asyncio.timeout(remaining):
-                    return await transfer(sender, left)
-            except (ValidationError, TransientSendError):
-                raise
-            except TimeoutError:
-                self._discard_sender(entity, f"{operation} timed out")
-                raise TransientSendError(
-                    f"{operation} of {len(messages)} message(s) to {entity!r} got no answer "
-                    f"within {timeout:g} s: the outcome is in doubt; resending the same id "
-                    "inside the window is safe",
-                    condition="com.microsoft:timeout",
-                    **_ids(messages),
-                ) from None
-            except asyncio.CancelledError:
-                self._discard_sender(entity, f"{operation} was cancelled")
-                raise
-            except Exception as exc:
-                if not is_sdk_error(exc):
-                    raise
-                error = map_error(
-                    exc,
-                    operation=operation,
-                    entity=entity,
-                    count=len(messages),
-                    reached=opened,
+        """Run ``transfer(sender, time_left)`` on a free lane, under the timeout and the
+        error map; a cancel the client swallowed is raised again."""
+        task = asyncio.current_task()
+        cancels = task.cancelling() if task is not None else 0
+        started = time.monotonic()
+        lanes = self._entity_lanes(entity)
+        taken, got = await lanes.take(timeout)
+        if not got:
+            raise NotSentError(
+                f"all {lanes.size} links to {entity!r} stayed busy for the {timeout:g} s "
+                "timeout (max_in_flight); nothing was sent",
+                **_ids(messages),
+            )
+        lane = taken if taken is not None else Lane(self._new_sender(entity))
+        failed: str | None = f"{operation} was interrupted"
+        opened = lane.opened
+        try:
+            left = timeout - (time.monotonic() - started)
+            if left <= _MIN_TRANSFER_TIME:
+                raise NotSentError(
+                    f"waiting for a free link to {entity!r} used up the {timeout:g} s timeout; "
+                    "nothing was sent",
                     **_ids(messages),
                 )
-                reason = "connection-level error" if is_connection_level(exc) else "failed call"
-                self._discard_sender(entity, reason)
-                raise error from None
+            await self._open_link(entity, lane, left, messages)
+            opened = True
+            left = timeout - (time.monotonic() - started)
+            if left <= _MIN_TRANSFER_TIME:
+                raise NotSentError(
+                    f"opening a link to {entity!r} used up the {timeout:g} s timeout; "
+                    "nothing was sent",
+                    **_ids(messages),
+                )
+            async with asyncio.timeout(left):
+                result = await transfer(lane.sender, left)
+            failed = None
+        except ValidationError:
+            failed = None  # refused before anything was sent: the link is fine
+            raise
+        except TransientSendError:
+            raise
+        except TimeoutError:
+            failed = f"{operation} timed out"
+            raise TransientSendError(
+                f"{operation} of {len(messages)} message(s) to {entity!r} got no answer "
+                f"within {timeout:g} s: the outcome is in doubt; resending the same id "
+                "inside the window is safe",
+                condition="com.microsoft:timeout",
+                **_ids(messages),
+            ) from None
+        except asyncio.CancelledError:
+            failed = f"{operation} was cancelled"
+            raise
+        except Exception as exc:
+            if not is_sdk_error(exc):
+                raise
+            failed = "connection-level error" if is_connection_level(exc) else "failed call"
+            raise map_error(
+                exc,
+                operation=operation,
+                entity=entity,
+                count=len(messages),
+                reached=opened,
+                **_ids(messages),
+            ) from None
+        finally:
+            self._give_back(entity, lanes, lane, failed)
+        if task is not None and task.cancelling() > cancels:
+            # The client's wait_for absorbed a cancel (gh-86296, Python 3.11): the transfer
+            # ended, but the caller asked to stop, and CancelledError is what it must see.
+            raise asyncio.CancelledError()
+        return result
 
     async def send(
         self, entity: str, messages: Sequence[Message], *, timeout: float, atomic: bool = False
@@ -366,7 +420,12 @@ class AzureServiceBusBackend:
         converted = [to_servicebus_message(m) for m in batch]
 
         async def transfer(sender: ServiceBusSender, left: float) -> None:
-            payload = await self._batch(sender, entity, batch, converted)
+            # One message goes as itself: wrapping it in a batch encodes it twice.
+            payload = (
+                converted[0]
+                if len(converted) == 1
+                else await self._batch(sender, entity, batch, converted)
+            )
             await sender.send_messages(payload, timeout=left)
 
         await self._guarded("send", entity, batch, timeout, transfer)
@@ -442,24 +501,25 @@ class AzureServiceBusBackend:
     # -- lifecycle --------------------------------------------------------------------
 
     async def close(self) -> None:
-        """Close every sender, the client and the administration client. Idempotent."""
+        """Close every sender (after the transfers in flight, bounded), the client and the
+        administration client. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        async with self._lock:
-            self._open.clear()
-            senders, self._senders = self._senders, {}
-            for entity, sender in senders.items():
-                await _close_quietly(sender, entity)
-            if self._closing:
-                await asyncio.gather(*self._closing, return_exceptions=True)
-            for name, closable in (("client", self._client), ("admin client", self._admin)):
-                if closable is None:
-                    continue
-                try:
-                    await asyncio.wait_for(closable.close(), _CLOSE_TIMEOUT)
-                except Exception as exc:
-                    logger.debug("closing the %s failed: %s", name, redact(repr(exc)))
+        every, self._lanes = self._lanes, {}
+        deadline = time.monotonic() + self._link_timeout
+        for entity, lanes in every.items():
+            idle = await lanes.close(max(deadline - time.monotonic(), 0.0))
+            await _close_lanes(idle, entity)
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
+        for name, closable in (("client", self._client), ("admin client", self._admin)):
+            if closable is None:
+                continue
+            try:
+                await asyncio.wait_for(closable.close(), _CLOSE_TIMEOUT)
+            except Exception as exc:
+                logger.debug("closing the %s failed: %s", name, redact(repr(exc)))
 
     async def __aenter__(self) -> AzureServiceBusBackend:
         return self
@@ -488,6 +548,11 @@ def _needs_profile(entity: str, why: str) -> ConfigurationError:
         "created with",
         field="entity",
     )
+
+
+async def _close_lanes(lanes: list[Lane[ServiceBusSender]], entity: str) -> None:
+    for lane in lanes:
+        await _close_quietly(lane.sender, entity)
 
 
 async def _close_quietly(sender: ServiceBusSender, entity: str) -> None:

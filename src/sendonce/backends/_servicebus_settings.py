@@ -14,14 +14,17 @@ from azure.servicebus import parse_connection_string
 
 from .._entity import EntityKind, EntityProfile
 from ..errors import ConfigurationError, redact
+from ._servicebus_lanes import DEFAULT_MAX_IN_FLIGHT, check_max_in_flight
 
 __all__ = [
     "CLIENT_OPTIONS",
     "ServiceBusSettings",
+    "MAX_IN_FLIGHT_KEY",
     "canonical_connection_string",
     "check_timeout",
     "is_emulator",
     "settle",
+    "split_max_in_flight",
 ]
 
 # The keyword options ServiceBusClient documents; anything else would be ignored silently.
@@ -57,6 +60,10 @@ _KEYS = {
         "UseDevelopmentEmulator",
     )
 }
+MAX_IN_FLIGHT_KEY = "MaxInFlight"
+"""A sendonce part of a connection string (``...;MaxInFlight=32``), removed before the client
+reads it: a Spark executor receives only the connection string, so the option travels in it."""
+
 _SHAPE = (
     "expected Endpoint=sb://<namespace>/;SharedAccessKeyName=<name>;SharedAccessKey=<key> "
     "(or SharedAccessSignature=...; add UseDevelopmentEmulator=true for the emulator)"
@@ -98,6 +105,23 @@ def canonical_connection_string(conn_str: str) -> str:
     return ";".join(f"{k}={v}" for k, v in parts.items())
 
 
+def split_max_in_flight(conn_str: str) -> tuple[str, int | None]:
+    """``conn_str`` without its ``MaxInFlight=N`` part (any case), and that N if present."""
+    kept: list[str] = []
+    found: int | None = None
+    for raw in conn_str.strip().strip(";").split(";"):
+        key, sep, value = raw.partition("=")
+        if sep and key.strip().lower() == MAX_IN_FLIGHT_KEY.lower():
+            if found is not None:
+                raise ConfigurationError(
+                    f"connection_string names {MAX_IN_FLIGHT_KEY} twice", field="max_in_flight"
+                )
+            found = check_max_in_flight(value)
+        else:
+            kept.append(raw)
+    return ";".join(kept), found
+
+
 def check_timeout(timeout: object) -> float:
     """A positive finite number of seconds: a call without a bound can hang."""
     if (
@@ -134,6 +158,7 @@ class ServiceBusSettings:
     link_timeout: float
     admin_timeout: float
     max_batch_size: int | None
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     profiles: dict[str, EntityProfile] = field(default_factory=dict)
     kinds: dict[str, EntityKind] = field(default_factory=dict)
     connection_string: str | None = None
@@ -156,6 +181,7 @@ def settle(
     admin_timeout: float,
     max_batch_size: int | None,
     client_kwargs: dict[str, Any],
+    max_in_flight: int | None = None,
 ) -> ServiceBusSettings:
     """Check the options and build the client with its own retries off."""
     sources = sum(x is not None for x in (client, fully_qualified_namespace, connection_string))
@@ -178,7 +204,8 @@ def settle(
     if unknown:
         raise ConfigurationError(
             f"unknown Service Bus backend option {unknown[0]!r}: the backend takes profiles, "
-            "kinds, link_timeout, admin_timeout, max_batch_size, transport_type and the "
+            "kinds, link_timeout, admin_timeout, max_batch_size, max_in_flight, transport_type "
+            "and the "
             f"ServiceBusClient options {', '.join(sorted(CLIENT_OPTIONS))}",
             field=unknown[0],
         )
@@ -189,6 +216,7 @@ def settle(
             "RetryPolicy is the only retry loop (it knows the duplicate-detection window)",
             field="retry_total",
         )
+    lanes = None if max_in_flight is None else check_max_in_flight(max_in_flight)
     known_profiles, known_kinds = _entities(profiles, kinds)
     options: dict[str, Any] = dict(client_kwargs)
     options["retry_total"] = 0
@@ -203,6 +231,7 @@ def settle(
         link_timeout=link,
         admin_timeout=admin,
         max_batch_size=max_batch_size,
+        max_in_flight=lanes if lanes is not None else DEFAULT_MAX_IN_FLIGHT,
         profiles=known_profiles,
         kinds=known_kinds,
     )
@@ -219,6 +248,15 @@ def settle(
     elif connection_string is not None:
         if not isinstance(connection_string, str):
             raise ConfigurationError("connection_string must be a str", field="connection_string")
+        connection_string, in_string = split_max_in_flight(connection_string)
+        if in_string is not None:
+            if lanes is not None and lanes != in_string:
+                raise ConfigurationError(
+                    f"max_in_flight={lanes} disagrees with the connection string's "
+                    f"{MAX_IN_FLIGHT_KEY}={in_string}",
+                    field="max_in_flight",
+                )
+            settings.max_in_flight = in_string
         connection_string = canonical_connection_string(connection_string)
         try:
             props = parse_connection_string(connection_string)

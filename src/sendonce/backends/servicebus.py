@@ -5,10 +5,11 @@ are off (``retry_total=0``) and every send and schedule passes a timeout. Each
 ``send`` is exactly one transfer (one ``ServiceBusMessageBatch``), because the
 sender decides the transfer boundaries by the partition-key and size rules.
 
-Thread safety: ``ServiceBusClient`` and ``ServiceBusSender`` are not
-thread-safe. The backend serialises its calls with a lock, so one backend may
-be shared by threads, but they then send one at a time; for parallel sends use
-one backend per thread or process (Spark executors build their own).
+Concurrency: a ``ServiceBusSender`` carries one transfer at a time and is not
+thread-safe, so the backend keeps up to ``max_in_flight`` senders per entity
+(lanes, see ``_servicebus_lanes``) and lends each to one thread at a time. Up to
+``max_in_flight`` threads may call ``send`` / ``schedule`` at once; each lane is
+its own AMQP connection (the client shares none between senders).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from ..errors import (
 from ._base import Ack
 from ._servicebus_convert import to_servicebus_message
 from ._servicebus_errors import is_connection_level, is_sdk_error, map_error
+from ._servicebus_lanes import Lane, Lanes
 from ._servicebus_settings import check_timeout as _check_timeout
 from ._servicebus_settings import settle
 
@@ -94,6 +96,7 @@ class AzureServiceBusBackend:
         link_timeout: float = DEFAULT_LINK_TIMEOUT,
         admin_timeout: float = DEFAULT_ADMIN_TIMEOUT,
         max_batch_size: int | None = None,
+        max_in_flight: int | None = None,
         **client_kwargs: Any,
     ) -> None:
         settings = settle(
@@ -109,6 +112,7 @@ class AzureServiceBusBackend:
             link_timeout=link_timeout,
             admin_timeout=admin_timeout,
             max_batch_size=max_batch_size,
+            max_in_flight=max_in_flight,
             client_kwargs=client_kwargs,
         )
         self._client: ServiceBusClient = settings.client
@@ -123,8 +127,8 @@ class AzureServiceBusBackend:
         self._emulator = settings.emulator
         self._entity_path = settings.entity_path
         self._admin: Any = admin_client
-        self._senders: dict[str, ServiceBusSender] = {}
-        self._open: set[str] = set()
+        self._max_in_flight = settings.max_in_flight
+        self._lanes: dict[str, Lanes[ServiceBusSender]] = {}
         self._lock = threading.RLock()
         self._closed = False
         logger.debug("created %r", self)
@@ -144,6 +148,11 @@ class AzureServiceBusBackend:
     def namespace(self) -> str:
         """The fully qualified namespace (host, and port for the emulator)."""
         return self._namespace
+
+    @property
+    def max_in_flight(self) -> int:
+        """How many transfers per entity this backend carries at once (one per sender link)."""
+        return self._max_in_flight
 
     # -- entities ---------------------------------------------------------------------
 
@@ -172,8 +181,8 @@ class AzureServiceBusBackend:
         with self._lock:
             self._profiles[profile.name] = profile
             opened_as = self._kinds.get(profile.name, "queue")
-            if profile.name in self._senders and opened_as != profile.kind:
-                self._discard_sender(profile.name, "the entity kind changed")
+            if profile.name in self._lanes and opened_as != profile.kind:
+                self._retire_lanes(profile.name, "the entity kind changed")
             self._kinds[profile.name] = profile.kind
 
     def _needs_profile(self, entity: str, why: str) -> ConfigurationError:
@@ -265,29 +274,72 @@ class AzureServiceBusBackend:
 
     # -- sending ----------------------------------------------------------------------
 
-    def _sender(self, entity: str) -> ServiceBusSender:
-        if self._closed:
-            raise ConfigurationError("the backend is closed", field="backend")
-        sender = self._senders.get(entity)
-        if sender is not None:
-            return sender
-        if self._entity_path is not None and entity != self._entity_path:
-            raise ConfigurationError(
-                f"the connection string is scoped to entity {self._entity_path!r}, not {entity!r}",
-                field="entity",
+    def _entity_lanes(self, entity: str) -> Lanes[ServiceBusSender]:
+        with self._lock:
+            if self._closed:
+                raise ConfigurationError("the backend is closed", field="backend")
+            lanes = self._lanes.get(entity)
+            if lanes is None:
+                if self._entity_path is not None and entity != self._entity_path:
+                    raise ConfigurationError(
+                        f"the connection string is scoped to entity {self._entity_path!r}, "
+                        f"not {entity!r}",
+                        field="entity",
+                    )
+                lanes = self._lanes[entity] = Lanes(self._max_in_flight)
+            return lanes
+
+    def _take_lane(
+        self, entity: str, timeout: float, messages: list[Message]
+    ) -> tuple[Lanes[ServiceBusSender], Lane[ServiceBusSender], float]:
+        """A lane for one transfer and the time left of ``timeout`` once it is free."""
+        started = time.monotonic()
+        lanes = self._entity_lanes(entity)
+        lane, got = lanes.take(timeout)
+        if not got:
+            raise NotSentError(
+                f"all {lanes.size} links to {entity!r} stayed busy for the {timeout:g} s timeout "
+                "(max_in_flight); nothing was sent",
+                **_ids(messages),
             )
-        if self._kinds.get(entity) == "topic":
-            sender = self._client.get_topic_sender(topic_name=entity)
-        else:
-            sender = self._client.get_queue_sender(queue_name=entity)
-        logger.debug("opened a sender for %s", entity)
-        self._senders[entity] = sender
-        return sender
+        if lane is None:
+            try:
+                with self._lock:  # the client keeps a set of its handlers
+                    if self._kinds.get(entity) == "topic":
+                        sender = self._client.get_topic_sender(topic_name=entity)
+                    else:
+                        sender = self._client.get_queue_sender(queue_name=entity)
+            except BaseException:
+                lanes.cancel()
+                raise
+            logger.debug("opened a sender for %s (%d lanes at most)", entity, lanes.size)
+            lane = Lane(sender)
+        return lanes, lane, timeout - (time.monotonic() - started)
+
+    def _give_back(
+        self,
+        entity: str,
+        lanes: Lanes[ServiceBusSender],
+        lane: Lane[ServiceBusSender],
+        reason: str | None,
+    ) -> None:
+        """Return ``lane``; ``reason`` (a failure) closes its sender: the next call opens a new
+        link, and the other lanes carry on."""
+        if lanes.give_back(lane, keep=reason is None):
+            if reason is not None:
+                logger.info(
+                    "closing a sender for %s (%s); the next call opens a new link", entity, reason
+                )
+            _close_quietly(lane.sender, entity)
 
     def _open_link(
-        self, entity: str, sender: ServiceBusSender, timeout: float, messages: list[Message]
+        self,
+        entity: str,
+        lane: Lane[ServiceBusSender],
+        timeout: float,
+        messages: list[Message],
     ) -> float:
-        """Open ``sender``'s link within ``timeout``; return the time left for the transfer.
+        """Open the lane's link within ``timeout``; return the time left for the transfer.
 
         The client bounds a send on an open link by its ``timeout``, but not every
         phase of opening one: its SASL negotiation blocks on the socket with no
@@ -296,8 +348,14 @@ class AzureServiceBusBackend:
         call stops waiting for at its timeout; the abandoned sender is dropped and
         its socket shut so that thread ends too. Nothing is sent while opening.
         """
-        if entity in self._open:
+        if lane.opened:
             return timeout
+        if timeout <= _MIN_TRANSFER_TIME:
+            raise NotSentError(
+                f"waiting for a free link to {entity!r} used up the timeout; nothing was sent",
+                **_ids(messages),
+            )
+        sender = lane.sender
         started = time.monotonic()
         done = threading.Event()
         abandoned = threading.Event()
@@ -319,7 +377,7 @@ class AzureServiceBusBackend:
         worker.start()
         if not done.wait(timeout):
             abandoned.set()
-            self._senders.pop(entity, None)
+            lane.abandoned = True
             if done.is_set():  # it finished just now: the worker may not have seen the flag
                 _close_quietly(sender, entity)
             else:
@@ -336,7 +394,7 @@ class AzureServiceBusBackend:
             )
         if outcome:
             raise outcome[0]
-        self._open.add(entity)
+        lane.opened = True
         left = timeout - (time.monotonic() - started)
         if left <= _MIN_TRANSFER_TIME:
             raise NotSentError(
@@ -348,7 +406,7 @@ class AzureServiceBusBackend:
     def _open_mapped(
         self,
         entity: str,
-        sender: ServiceBusSender,
+        lane: Lane[ServiceBusSender],
         timeout: float,
         messages: list[Message],
         *,
@@ -356,7 +414,7 @@ class AzureServiceBusBackend:
     ) -> float:
         """:meth:`_open_link`, with its failures mapped: nothing is sent while opening."""
         try:
-            return self._open_link(entity, sender, timeout, messages)
+            return self._open_link(entity, lane, timeout, messages)
         except (ValidationError, TransientSendError):
             raise
         except Exception as exc:
@@ -366,15 +424,21 @@ class AzureServiceBusBackend:
                 exc, operation=operation, entity=entity, messages=messages, reached=False
             ) from None
 
-    def _discard_sender(self, entity: str, reason: str) -> None:
-        self._open.discard(entity)
-        sender = self._senders.pop(entity, None)
-        if sender is None:
+    def _retire_lanes(self, entity: str, reason: str) -> None:
+        """Stop using ``entity``'s lanes: idle ones close now, busy ones when given back."""
+        lanes = self._lanes.pop(entity, None)
+        if lanes is None:
             return
-        logger.info(
-            "closing the sender for %s (%s); the next call opens a new link", entity, reason
-        )
-        _close_quietly(sender, entity)
+        logger.info("closing the senders for %s (%s)", entity, reason)
+        for lane in lanes.close(0.0):
+            _close_quietly(lane.sender, entity)
+
+    @staticmethod
+    def _failure_reason(exc: BaseException) -> str:
+        # After any failure the client may have shut the handler; reopening it inside
+        # send_messages would not be bounded (see _open_link), so the lane's sender is
+        # closed and the next transfer on it starts from a new one.
+        return "connection-level error" if is_connection_level(exc) else "failed call"
 
     def _fail(
         self,
@@ -385,7 +449,7 @@ class AzureServiceBusBackend:
         messages: Sequence[Message],
         reached: bool = True,
     ) -> SendError:
-        error = map_error(
+        return map_error(
             exc,
             operation=operation,
             entity=entity,
@@ -393,11 +457,6 @@ class AzureServiceBusBackend:
             reached=reached,
             **_ids(messages),
         )
-        # After any failure the client may have shut the handler; reopening it inside
-        # send_messages would not be bounded (see _open_link), so start from a new sender.
-        reason = "connection-level error" if is_connection_level(exc) else "failed call"
-        self._discard_sender(entity, reason)
-        return error
 
     def send(
         self, entity: str, messages: Sequence[Message], *, timeout: float, atomic: bool = False
@@ -421,23 +480,30 @@ class AzureServiceBusBackend:
             return []
         self._check_transfer(entity, messages)
         converted = [to_servicebus_message(m) for m in messages]
-        with self._lock:
-            sender = self._sender(entity)
-            left = self._open_mapped(entity, sender, timeout, messages, operation="send")
-            try:
-                # One message goes as itself: wrapping it in a batch encodes it twice.
-                payload: Any = (
-                    converted[0]
-                    if len(converted) == 1
-                    else self._batch(sender, entity, messages, converted)
-                )
-                sender.send_messages(payload, timeout=left)
-            except (ValidationError, TransientSendError):
+        lanes, lane, left = self._take_lane(entity, timeout, messages)
+        failed: str | None = "interrupted"
+        try:
+            left = self._open_mapped(entity, lane, left, messages, operation="send")
+            sender = lane.sender
+            # One message goes as itself: wrapping it in a batch encodes it twice.
+            payload: Any = (
+                converted[0]
+                if len(converted) == 1
+                else self._batch(sender, entity, messages, converted)
+            )
+            sender.send_messages(payload, timeout=left)
+            failed = None
+        except (ValidationError, TransientSendError) as exc:
+            if isinstance(exc, ValidationError):
+                failed = None  # refused before anything was sent: the link is fine
+            raise
+        except Exception as exc:
+            if not is_sdk_error(exc):
                 raise
-            except Exception as exc:
-                if not is_sdk_error(exc):
-                    raise
-                raise self._fail(exc, operation="send", entity=entity, messages=messages) from None
+            failed = self._failure_reason(exc)
+            raise self._fail(exc, operation="send", entity=entity, messages=messages) from None
+        finally:
+            self._give_back(entity, lanes, lane, failed)
         logger.debug("sent %d message(s) to %s", len(messages), entity)
         return [Ack("accepted") for _ in messages]
 
@@ -505,19 +571,23 @@ class AzureServiceBusBackend:
         if not messages:
             return []
         converted = [to_servicebus_message(m) for m in messages]
-        with self._lock:
-            sender = self._sender(entity)
-            left = self._open_mapped(entity, sender, timeout, messages, operation="schedule")
-            try:
-                numbers = sender.schedule_messages(converted, at, timeout=left)
-            except (ValidationError, TransientSendError):
+        lanes, lane, left = self._take_lane(entity, timeout, messages)
+        failed: str | None = "interrupted"
+        try:
+            left = self._open_mapped(entity, lane, left, messages, operation="schedule")
+            numbers = lane.sender.schedule_messages(converted, at, timeout=left)
+            failed = None
+        except (ValidationError, TransientSendError) as exc:
+            if isinstance(exc, ValidationError):
+                failed = None
+            raise
+        except Exception as exc:
+            if not is_sdk_error(exc):
                 raise
-            except Exception as exc:
-                if not is_sdk_error(exc):
-                    raise
-                raise self._fail(
-                    exc, operation="schedule", entity=entity, messages=messages
-                ) from None
+            failed = self._failure_reason(exc)
+            raise self._fail(exc, operation="schedule", entity=entity, messages=messages) from None
+        finally:
+            self._give_back(entity, lanes, lane, failed)
         numbers = list(numbers)
         if len(numbers) != len(messages):
             raise TransientSendError(
@@ -535,9 +605,14 @@ class AzureServiceBusBackend:
             if self._closed:
                 return
             self._closed = True
-            self._open.clear()
-            for entity in list(self._senders):
-                _close_quietly(self._senders.pop(entity), entity)
+            every = list(self._lanes.items())
+            self._lanes.clear()
+        # Transfers in flight end within their timeouts; wait for them (bounded), then close.
+        deadline = time.monotonic() + self._link_timeout
+        for entity, lanes in every:
+            for lane in lanes.close(max(deadline - time.monotonic(), 0.0)):
+                _close_quietly(lane.sender, entity)
+        with self._lock:
             for name, closable in (("client", self._client), ("admin client", self._admin)):
                 if closable is None:
                     continue

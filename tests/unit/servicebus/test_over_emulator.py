@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -117,12 +118,15 @@ def test_schedule_returns_the_brokers_sequence_numbers(
         assert abs(p.scheduled_enqueue_time - at) < timedelta(milliseconds=1)
 
 
-def test_the_sender_is_reused_across_calls(broker: tuple[Emulator, LocalBackend]) -> None:
+def test_the_sender_is_reused_across_calls(
+    broker: tuple[Emulator, LocalBackend], mocker: Any
+) -> None:
     emulator, store = broker
     with AzureServiceBusBackend.from_connection_string(emulator.connection_string) as backend:
+        opened = mocker.spy(backend._client, "get_queue_sender")
         for i in range(5):
             backend.send("orders", [Message("x", message_id=f"r-{i}")], timeout=10)
-        assert list(backend._senders) == ["orders"]
+        assert opened.call_count == 1  # one caller at a time: one lane is enough
     assert store.count("orders") == 5
 
 
@@ -144,6 +148,7 @@ def test_real_failures_map_and_a_resend_on_a_new_link_lands_once(
     error: str,
     condition: str | None,
     stored: int,
+    mocker: Any,
 ) -> None:
     from sendonce.emulator import FaultAction
 
@@ -152,6 +157,7 @@ def test_real_failures_map_and_a_resend_on_a_new_link_lands_once(
     with AzureServiceBusBackend.from_connection_string(
         emulator.connection_string, profiles={"orders": ORDERS}
     ) as backend:
+        opened = mocker.spy(backend._client, "get_queue_sender")
         backend.send("orders", [Message("warm", message_id="warm-up")], timeout=10)
         emulator.faults.add(FaultAction[fault])
         with pytest.raises(SendError) as info:
@@ -160,8 +166,8 @@ def test_real_failures_map_and_a_resend_on_a_new_link_lands_once(
         assert info.value.message_id == "order-1.2026/payment"
         if condition is not None:
             assert info.value.condition == condition
-        assert "orders" not in backend._senders  # the next call opens a new link
         assert store.count("orders") == 1 + stored
         backend.send("orders", [message], timeout=10)  # the resend, same id
+        assert opened.call_count == 2  # the failed link was dropped: the resend opened one
     ids = [m.message_id for m in store.receive("orders", max_messages=10)]
     assert ids == ["warm-up", "order-1.2026/payment"]

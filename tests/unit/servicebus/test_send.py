@@ -48,7 +48,9 @@ def test_the_client_is_built_with_its_own_retries_off(make_backend: Make) -> Non
 
 def test_the_real_sender_inherits_retry_total_zero(make_backend: Make) -> None:
     backend = make_backend()
-    sender = backend._sender("orders")  # a real ServiceBusSender; no network until used
+    lanes, lane, _ = backend._take_lane("orders", 5.0, [])  # a real sender; no network yet
+    sender = lane.sender
+    lanes.give_back(lane, keep=True)
     assert sender._config.retry_total == 0
     assert sender._config.try_timeout == 60.0
 

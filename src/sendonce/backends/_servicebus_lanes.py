@@ -1,0 +1,170 @@
+"""Lanes: up to ``max_in_flight`` sender links to one entity, one transfer on each at a time.
+
+A ``ServiceBusSender`` is not safe for concurrent use (azure-sdk-for-python #36334):
+one transfer per link at a time. Serialising every call on one link caps a
+producer at one transfer per network round trip; a pool of links (what
+azure-sdk-for-python #33608 asks the client for) lets that many transfers be
+outstanding at once. A lane is opened only when every open one is busy, so a
+sequential caller keeps using one link.
+
+The pool only lends and takes back: the backend opens, uses and closes the
+senders, because the sync and the asyncio backends do that differently. A lane
+given back after a failure is not reused (its link may be dead), and the other
+lanes' transfers are not disturbed by it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from ..errors import ConfigurationError
+
+__all__ = [
+    "DEFAULT_MAX_IN_FLIGHT",
+    "AsyncLanes",
+    "Lane",
+    "Lanes",
+    "check_max_in_flight",
+]
+
+S = TypeVar("S")
+
+DEFAULT_MAX_IN_FLIGHT = 16
+"""Chosen by measurement (docs/benchmarks.md, "Over a network round trip"): at 5 ms RTT
+16 lanes carry about 16 transfers per round trip against the emulator, and more adds
+connections (each lane is one AMQP connection) for little gain."""
+
+_MAX_LANES = 256
+
+
+def check_max_in_flight(value: object) -> int:
+    """An int from 1 to 256: how many transfers a backend carries at once per entity."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= _MAX_LANES:
+        raise ConfigurationError(
+            f"max_in_flight must be an int from 1 to {_MAX_LANES}, got {value!r}",
+            field="max_in_flight",
+        )
+    return value
+
+
+@dataclass(slots=True, eq=False)
+class Lane(Generic[S]):
+    """One sender link. ``opened``: its link is attached. ``abandoned``: a helper thread
+    still holds it (its opening outlived the call), so only that thread may close it."""
+
+    sender: S
+    opened: bool = False
+    abandoned: bool = False
+
+
+class Lanes(Generic[S]):
+    """The lanes of one entity, for threads."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._free = threading.BoundedSemaphore(size)
+        self._guard = threading.Lock()
+        self._idle: list[Lane[S]] = []
+        self._closed = False
+
+    def take(self, timeout: float) -> tuple[Lane[S] | None, bool]:
+        """Wait up to ``timeout`` for a free lane: ``(idle lane or None for a new one, got)``."""
+        if not self._free.acquire(timeout=max(timeout, 0.0)):
+            return None, False
+        with self._guard:
+            if self._closed:
+                self._free.release()
+                raise ConfigurationError("the backend is closed", field="backend")
+            return (self._idle.pop() if self._idle else None), True
+
+    def cancel(self) -> None:
+        """Undo a ``take`` whose new lane could not be made."""
+        self._free.release()
+
+    def give_back(self, lane: Lane[S], *, keep: bool) -> bool:
+        """Return a taken lane; ``True`` when the caller must close its sender."""
+        with self._guard:
+            kept = keep and not self._closed and not lane.abandoned
+            if kept:
+                self._idle.append(lane)
+        self._free.release()
+        return not kept and not lane.abandoned
+
+    def close(self, wait: float) -> list[Lane[S]]:
+        """Stop lending; wait up to ``wait`` for lanes in use; return the idle ones to close.
+
+        Lanes still in use after the wait are closed by their users on ``give_back``.
+        """
+        with self._guard:
+            self._closed = True
+        deadline = time.monotonic() + wait
+        held = 0
+        for _ in range(self.size):
+            if not self._free.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
+                break
+            held += 1
+        for _ in range(held):
+            self._free.release()
+        with self._guard:
+            idle, self._idle = self._idle, []
+        return idle
+
+
+class AsyncLanes(Generic[S]):
+    """The lanes of one entity, for one event loop (no lock: the loop is the only thread)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._free = asyncio.BoundedSemaphore(size)
+        self._idle: list[Lane[S]] = []
+        self._closed = False
+
+    async def take(self, timeout: float) -> tuple[Lane[S] | None, bool]:
+        """Wait up to ``timeout`` for a free lane: ``(idle lane or None for a new one, got)``."""
+        if self._free.locked():
+            try:
+                async with asyncio.timeout(max(timeout, 0.0)):
+                    await self._free.acquire()
+            except TimeoutError:
+                return None, False
+        else:
+            await self._free.acquire()  # returns at once: no suspension, no cancel point
+        if self._closed:
+            self._free.release()
+            raise ConfigurationError("the backend is closed", field="backend")
+        return (self._idle.pop() if self._idle else None), True
+
+    def cancel(self) -> None:
+        """Undo a ``take`` whose new lane could not be made."""
+        self._free.release()
+
+    def give_back(self, lane: Lane[S], *, keep: bool) -> bool:
+        """Return a taken lane; ``True`` when the caller must close its sender."""
+        kept = keep and not self._closed
+        if kept:
+            self._idle.append(lane)
+        self._free.release()
+        return not kept
+
+    async def close(self, wait: float) -> list[Lane[S]]:
+        """Stop lending; wait up to ``wait`` for lanes in use; return the idle ones to close."""
+        self._closed = True
+        held = 0
+        try:
+            async with asyncio.timeout(wait):
+                for _ in range(self.size):
+                    await self._free.acquire()
+                    held += 1
+        except TimeoutError:
+            pass
+        finally:
+            for _ in range(held):
+                self._free.release()
+        idle, self._idle = self._idle, []
+        return idle
