@@ -193,9 +193,7 @@ def test_a_link_lost_on_one_lane_leaves_the_others_in_flight(
                 threading.Event().wait(0.01)
             lane_sender = link.new_sender()
             lane_sender.send_messages.side_effect = ServiceBusConnectionError(message="detached")
-            mocker.patch.object(
-                backend._client, "get_queue_sender", side_effect=[lane_sender]
-            )
+            mocker.patch.object(backend._client, "get_queue_sender", side_effect=[lane_sender])
             try:
                 backend.send("orders", one(i), timeout=5)
             finally:
