@@ -25,7 +25,7 @@ SendOnceError                                             — the base; its text
 │   │   └── BrokerStorageError [sendonce.backends.local]  — disk full: nothing of the call stored
 │   ├── InDoubtError                                      — retries ran out inside the window
 │   ├── PayloadConflictError                              — same id, different body
-│   ├── LedgerError                                       — no durable intent: nothing sent
+│   ├── LedgerError                                       — the ledger cannot be read or written
 │   ├── PublishFailedError                                — a Spark publish missed rows (.report)
 │   ├── LateReexecutionError [sendonce.spark]             — a late task retry refused to resend
 │   └── PartitionFailedError [sendonce.spark]             — rows failed: Spark retries the task
