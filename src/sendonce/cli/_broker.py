@@ -59,9 +59,7 @@ def broker() -> None:
 @click.option(
     "--window",
     callback=duration_option,
-    default="10m",
-    show_default=True,
-    help="Duplicate-detection window (20s to 7d).",
+    help="Duplicate-detection window, 20s to 7d (default 10m).",
 )
 @click.option("--no-dedup", is_flag=True, help="Turn duplicate detection off (at-least-once).")
 @click.option(
@@ -78,7 +76,7 @@ def create(
     topic: bool,
     partitioned: bool,
     sessions: bool,
-    window: timedelta,
+    window: timedelta | None,
     no_dedup: bool,
     id_cache_size: int | None,
     no_persist_id_cache: bool,
@@ -88,7 +86,8 @@ def create(
     """Create a queue or topic in FILE (the file is created if needed)."""
     if subscriptions and not topic:
         raise click.UsageError("--subscription needs --topic: queues have no subscriptions")
-    assert window is not None  # it has a default
+    _refuse_conflicts(window, no_dedup, id_cache_size, no_persist_id_cache)
+    window = window if window is not None else _DEFAULT_WINDOW
     try:  # checked before the file is opened: a refused option leaves no file behind
         profile = EntityProfile(
             name,
@@ -129,6 +128,50 @@ def create(
         click.echo(f"subscription {subscription!r} {verb}")
 
 
+_DEFAULT_WINDOW = timedelta(minutes=10)
+
+
+def _refuse_conflicts(
+    window: timedelta | None, no_dedup: bool, id_cache_size: int | None, no_persist: bool
+) -> None:
+    """Options that cannot all hold are refused, never silently dropped."""
+    if no_dedup and (window is not None or id_cache_size is not None or no_persist):
+        given = (
+            "--window"
+            if window is not None
+            else ("--id-cache-size" if id_cache_size is not None else "--no-persist-id-cache")
+        )
+        raise click.UsageError(
+            f"--no-dedup and {given} conflict: without duplicate detection there is no "
+            "window and no id cache"
+        )
+    if id_cache_size is not None and window is not None:
+        raise click.UsageError(
+            "--id-cache-size and --window conflict: an entity remembers either the last N "
+            "ids (Artemis) or the ids of a time window (Service Bus), not both"
+        )
+    if no_persist and id_cache_size is None:
+        raise click.UsageError(
+            "--no-persist-id-cache needs --id-cache-size: only an id cache can be forgotten "
+            "on restart"
+        )
+
+
+def _require_entity(backend: LocalBackend, name: str) -> None:
+    """A missing entity is named along with those that exist, so a typo is plain to see."""
+    names = [p.name for p in backend.entities()]
+    if name in names:
+        return
+    where = os.path.abspath(backend.path)
+    if names:
+        listed = ", ".join(repr(n) for n in names)
+        raise InputError(f"--entity: entity {name!r} does not exist in {where}; it has {listed}")
+    raise InputError(
+        f"--entity: entity {name!r} does not exist in {where}, which has no entities yet: "
+        f"create it with `sendonce broker create {where} --entity {name}`"
+    )
+
+
 def _settings(profile: EntityProfile) -> dict[str, Any]:
     """The profile as JSON fields, for scripts (``stats --json``)."""
     return {
@@ -162,6 +205,8 @@ def _describe(profile: EntityProfile) -> str:
 def stats(file: str, name: str | None, as_json: bool) -> None:
     """Counts per entity: available, scheduled, locked, remembered ids."""
     with _open(file) as backend:
+        if name:
+            _require_entity(backend, name)
         profiles = [backend.describe(name)] if name else backend.entities()
         result = {p.name: {"profile": _describe(p), **backend.stats(p.name)} for p in profiles}
     if as_json:
@@ -194,6 +239,10 @@ def _as_json(message: ReceivedMessage) -> str:
     }
     if message.scheduled_enqueue_time is not None:
         data["scheduled_enqueue_time"] = message.scheduled_enqueue_time.isoformat()
+    if message.dead_letter_reason is not None:
+        data["dead_letter_reason"] = message.dead_letter_reason
+    if message.dead_letter_error_description is not None:
+        data["dead_letter_error_description"] = message.dead_letter_error_description
     return json.dumps(data, ensure_ascii=False)
 
 
@@ -204,6 +253,11 @@ def _read_options(function: Any) -> Any:
             click.option("--entity", "name", required=True, help="Queue or topic name."),
             click.option("--subscription", help="Topic subscription to read."),
             click.option("--session-id", help="Only this session's messages."),
+            click.option(
+                "--dead-letter",
+                is_flag=True,
+                help="Read the dead-letter subqueue (of the queue, or of --subscription).",
+            ),
             click.option(
                 "--max",
                 "max_messages",
@@ -221,12 +275,22 @@ def _read_options(function: Any) -> Any:
 @broker.command()
 @_read_options
 def peek(
-    file: str, name: str, subscription: str | None, session_id: str | None, max_messages: int
+    file: str,
+    name: str,
+    subscription: str | None,
+    session_id: str | None,
+    dead_letter: bool,
+    max_messages: int,
 ) -> None:
     """Print stored messages as JSON lines without removing them."""
     with _open(file) as backend:
+        _require_entity(backend, name)
         messages = backend.peek(
-            name, max_messages=max_messages, subscription=subscription, session_id=session_id
+            name,
+            max_messages=max_messages,
+            subscription=subscription,
+            session_id=session_id,
+            sub_queue="dead_letter" if dead_letter else None,
         )
     for message in messages:
         click.echo(_as_json(message))
@@ -235,12 +299,22 @@ def peek(
 @broker.command()
 @_read_options
 def receive(
-    file: str, name: str, subscription: str | None, session_id: str | None, max_messages: int
+    file: str,
+    name: str,
+    subscription: str | None,
+    session_id: str | None,
+    dead_letter: bool,
+    max_messages: int,
 ) -> None:
     """Take available messages (receive-and-delete) and print them as JSON lines."""
     with _open(file) as backend:
+        _require_entity(backend, name)
         messages = backend.receive(
-            name, max_messages=max_messages, subscription=subscription, session_id=session_id
+            name,
+            max_messages=max_messages,
+            subscription=subscription,
+            session_id=session_id,
+            sub_queue="dead_letter" if dead_letter else None,
         )
     for message in messages:
         click.echo(_as_json(message))
@@ -253,8 +327,32 @@ def receive(
 def purge(file: str, name: str, subscription: str | None) -> None:
     """Delete stored messages. Remembered ids stay, so the window is not reopened."""
     with _open(file) as backend:
+        _require_entity(backend, name)
         removed = backend.purge(name, subscription=subscription)
     click.echo(f"purged {removed} message(s) from {name!r}")
+
+
+@broker.command()
+@click.argument("file", type=_EXISTING_FILE)
+@click.option("--entity", "name", required=True, help="Queue or topic name.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def delete(file: str, name: str, yes: bool) -> None:
+    """Delete an entity with its messages, subscriptions and remembered ids.
+
+    Its remembered ids go too: an entity created again under the same name accepts
+    the same messages again, as a new Service Bus entity would.
+    """
+    with _open(file) as backend:
+        _require_entity(backend, name)
+        if not yes:
+            click.confirm(
+                f"Delete {name!r} with its messages and remembered ids from "
+                f"{os.path.abspath(file)}?",
+                abort=True,
+                err=True,
+            )
+        backend.delete_entity(name)
+    click.echo(f"deleted {name!r} from {os.path.abspath(file)}")
 
 
 @broker.command()

@@ -29,6 +29,7 @@ from .._message import MessageSpec
 from .._retry import RetryPolicy
 from .._sender import IdempotentSender
 from ..testing import Fault, FaultyBackend
+from ._words import InputError
 
 __all__ = ["demo", "run_demo"]
 
@@ -126,7 +127,13 @@ def run_demo(workdir: str | None = None, count: int = 1000) -> int:
         db, checkpoint = base / "demo-broker.db", base / "producer.checkpoint"
         for path in (db, checkpoint):
             path.unlink(missing_ok=True)
-        click.echo(f"broker file: {db}")
+        if workdir is None:
+            click.echo(
+                f"broker file: {db} (temporary: deleted when the demo ends; give --workdir DIR "
+                "to keep it)"
+            )
+        else:
+            click.echo(f"broker file: {db} (kept: `sendonce broker stats {db}` shows it)")
         click.echo(
             f"publishing {count} orders to queue {ENTITY.name!r}, ids like "
             f"{SPEC.to_message(orders(1)[0]).message_id!r}, through injected faults\n"
@@ -165,6 +172,24 @@ def run_demo(workdir: str | None = None, count: int = 1000) -> int:
         return 0 if ok else 1
 
 
+def _prepare_workdir(workdir: str) -> None:
+    """A missing ``--workdir`` is created only inside an existing directory, and said so:
+    a typo in a parent must not grow a tree of directories silently."""
+    path = Path(workdir).absolute()
+    if path.is_dir():
+        return
+    if not path.parent.is_dir():
+        raise InputError(
+            f"--workdir: {str(path.parent)!r} does not exist; create it first, or give an "
+            "existing directory"
+        )
+    try:
+        path.mkdir()
+    except OSError as exc:
+        raise InputError(f"--workdir: cannot create {str(path)!r}: {exc.strerror}") from None
+    click.echo(f"created directory {path}", err=True)
+
+
 @click.command("demo")
 @click.option(
     "--orders",
@@ -178,6 +203,8 @@ def run_demo(workdir: str | None = None, count: int = 1000) -> int:
 @click.option("--spark", is_flag=True, help="Run the Spark demo (needs the spark extra, Java 17).")
 def demo(count: int, workdir: str | None, spark: bool) -> None:
     """Publish orders through crashes and faults; prove each lands exactly once."""
+    if workdir is not None:
+        _prepare_workdir(workdir)
     if spark:
         from ._demo_spark import run_demo as run_spark_demo
 

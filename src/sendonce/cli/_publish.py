@@ -54,6 +54,7 @@ from ._words import (
     cli_text,
     command_error,
     duration_option,
+    format_duration,
     profile_difference,
 )
 
@@ -369,9 +370,22 @@ def _target(
     partitioned: bool,
     sessions: bool,
 ) -> EntityProfile | str:
+    """The entity to send to: its name, or the profile ``--window`` declares.
+
+    On a local broker a missing entity is named with the existing ones (a typo is plain
+    to see), or, with ``--window``, created; the creation is said on stderr.
+    """
+    entities = getattr(backend, "entities", None)
+    known = None if entities is None else {p.name: p for p in entities()}
     if window is None:
         if partitioned or sessions:
             raise click.UsageError("--partitioned and --sessions declare a profile: add --window")
+        if known is not None and entity not in known:
+            listed = ", ".join(repr(n) for n in known) or "none yet"
+            raise InputError(
+                f"--entity: entity {entity!r} does not exist in the broker (it has {listed}); "
+                "create it with `sendonce broker create`, or give --window to create it here"
+            )
         return entity
     try:
         profile = EntityProfile(
@@ -379,13 +393,19 @@ def _target(
         )
     except ValidationError as exc:
         raise click.BadParameter(cli_text(exc), param_hint="--window") from None
-    entities = getattr(backend, "entities", None)
-    if entities is not None:
-        existing = {p.name: p for p in entities()}.get(entity)
+    if known is not None:
+        existing = known.get(entity)
         if existing is not None:
             difference = profile_difference(existing, profile)
             if difference is not None:
                 raise InputError(difference + "; nothing was sent")
+        else:
+            shape = ", partitioned" * partitioned + ", sessions" * sessions
+            click.echo(
+                f"note: entity {entity!r} does not exist: creating it as a queue with a "
+                f"{format_duration(window)} window{shape} (--window)",
+                err=True,
+            )
     return profile
 
 
@@ -455,6 +475,13 @@ def _send(
                 err=True,
             )
             report.finish(outcome, total, status="interrupted", code=EXIT_INTERRUPTED)
+        except CommandError as exc:  # the file changed between the two passes
+            click.echo(
+                f"\nstopped after {outcome.records} record(s) (sent {outcome.sent}, duplicates "
+                f"{outcome.duplicates}, failed {outcome.failed}): {exc.message}. " + promise.text(),
+                err=True,
+            )
+            report.finish(outcome, total, status="stopped", code=EXIT_FAILED, error=exc.message)
         except SendOnceError as exc:
             # Not expected after validation; still, say exactly what was sent before it.
             click.echo(
@@ -638,53 +665,74 @@ def publish(
     for good with --ledger. Without a ledger, records the broker has forgotten
     cannot be detected and would be sent again.
     """
-    if in_doubt is not None and ledger_url is None:
-        raise click.UsageError("--in-doubt needs --ledger: only a ledger knows what is in doubt")
-    spec = _spec(id_template, body_field, partition_key, session_id, allow_empty)
-    retry = _retry_policy(timeout, attempts)
-    fmt_ = format_of(file, fmt)
-    with (
-        _source(file) as path,
-        _open_ledger(ledger_url, in_doubt) as ledger,
-        _opened(url) as backend,
-    ):
-        # One validation pass needs the entity's rules: the backend is opened first.
-        target = _target(backend, entity, window, partitioned, sessions)
-        try:
-            # The validation pass already refused one id with two bodies across the whole
-            # file; the sender's own memory of ids then only needs to span a few chunks.
-            sender = IdempotentSender(
-                backend,
-                target,
-                retry=retry,
-                memory_size=max(4 * chunk_size, 10_000),
-                ledger=ledger,
+    with _json_on_error(entity, as_json):
+        if in_doubt is not None and ledger_url is None:
+            raise click.UsageError(
+                "--in-doubt needs --ledger: only a ledger knows what is in doubt"
             )
-        except SendOnceError as exc:
-            raise command_error(exc) from None
-        with sender:
-            _check_options(sender.profile, session_id)
+        spec = _spec(id_template, body_field, partition_key, session_id, allow_empty)
+        retry = _retry_policy(timeout, attempts)
+        fmt_ = format_of(file, fmt)
+        with (
+            _source(file) as path,
+            _open_ledger(ledger_url, in_doubt) as ledger,
+            _opened(url) as backend,
+        ):
+            # One validation pass needs the entity's rules: the backend is opened first.
+            target = _target(backend, entity, window, partitioned, sessions)
             try:
-                facts = _validate(path, fmt_, spec, progress, sender.profile)
-            except KeyboardInterrupt:
-                _interrupted_before_sending("validating", entity, as_json)
-            if facts.bad:
-                _fail_invalid(facts, as_json)
-            _warn_without_subscriptions(backend, sender.profile)
-            promise = RerunPromise(sender.profile, ledger_url, retry.safety_margin)
-            report = _Report(entity, as_json, promise)
-            outcome = _send(
-                sender,
-                path,
-                fmt_,
-                spec,
-                total=len(facts.lines),
-                chunk_size=chunk_size,
-                progress=progress and not as_json,
-                promise=promise,
-                report=report,
-            )
-    report.finish(outcome, len(facts.lines))
+                # The validation pass already refused one id with two bodies across the whole
+                # file; the sender's own memory of ids then only needs to span a few chunks.
+                sender = IdempotentSender(
+                    backend,
+                    target,
+                    retry=retry,
+                    memory_size=max(4 * chunk_size, 10_000),
+                    ledger=ledger,
+                )
+            except SendOnceError as exc:
+                raise command_error(exc) from None
+            with sender:
+                _check_options(sender.profile, session_id)
+                try:
+                    facts = _validate(path, fmt_, spec, progress, sender.profile)
+                except KeyboardInterrupt:
+                    _interrupted_before_sending("validating", entity, as_json)
+                if facts.bad:
+                    _fail_invalid(facts, as_json)
+                _warn_without_subscriptions(backend, sender.profile)
+                promise = RerunPromise(sender.profile, ledger_url, retry.safety_margin)
+                report = _Report(entity, as_json, promise)
+                outcome = _send(
+                    sender,
+                    path,
+                    fmt_,
+                    spec,
+                    total=len(facts.lines),
+                    chunk_size=chunk_size,
+                    progress=progress and not as_json,
+                    promise=promise,
+                    report=report,
+                )
+        report.finish(outcome, len(facts.lines))
+
+
+@contextmanager
+def _json_on_error(entity: str, as_json: bool) -> Iterator[None]:
+    """With ``--json``, a refusal is a report too: scripts get one object on every exit."""
+    try:
+        yield
+    except click.ClickException as exc:
+        if as_json:
+            report = {
+                "status": "error",
+                "entity": entity,
+                "error": exc.format_message(),
+                "sent": 0,
+                "exit_status": exc.exit_code,
+            }
+            click.echo(json.dumps(report, ensure_ascii=False))
+        raise
 
 
 def _check_options(profile: EntityProfile, session_id: str | None) -> None:

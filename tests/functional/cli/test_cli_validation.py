@@ -12,8 +12,8 @@ from sendonce.backends.local import LocalBackend
 from sendonce.cli import main
 
 
-def run(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+def run(*args: str, input: str | None = None) -> Result:
+    return CliRunner().invoke(main, list(args), input=input, catch_exceptions=False)
 
 
 def create(db: str, entity: str, *options: str) -> None:
@@ -146,3 +146,99 @@ def test_session_id_on_an_entity_without_sessions_is_refused(tmp_path):
     assert result.exit_code == 2
     assert "--session-id: entity 'orders' has no sessions" in result.stderr
     assert stored(db, "orders") == []
+
+
+# 5. Refusals and reports a script or an operator needs.
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        (["--id-cache-size", "5", "--window", "1h"], "--id-cache-size and --window conflict"),
+        (["--no-dedup", "--window", "1h"], "--no-dedup and --window conflict"),
+        (["--no-dedup", "--id-cache-size", "5"], "--no-dedup and --id-cache-size conflict"),
+        (["--no-persist-id-cache"], "--no-persist-id-cache needs --id-cache-size"),
+    ],
+)
+def test_conflicting_create_options_are_refused_leaving_no_file(tmp_path, options, expected):
+    db = tmp_path / "b.db"
+    result = run("broker", "create", str(db), "--entity", "e", *options)
+    assert result.exit_code == 2 and expected in result.output
+    assert not db.exists()
+
+
+def test_broker_delete_removes_the_entity_and_its_ids(tmp_path):
+    db = str(tmp_path / "b.db")
+    create(db, "orders")
+    create(db, "keep")
+    source = jsonl(tmp_path, [{"a": 1}])
+    assert publish(db, source, "orders", "--id", "{a}").exit_code == 0
+    refused = run("broker", "delete", db, "--entity", "orders", input="n\n")
+    assert refused.exit_code != 0
+    assert stored(db, "orders") == ["1"]
+    deleted = run("broker", "delete", db, "--entity", "orders", "--yes")
+    assert deleted.exit_code == 0 and "deleted 'orders'" in deleted.stdout
+    with LocalBackend(db) as backend:
+        assert [p.name for p in backend.entities()] == ["keep"]
+    create(db, "orders")  # a new entity: its ids start afresh, as on Service Bus
+    assert publish(db, source, "orders", "--id", "{a}").exit_code == 0
+    assert stored(db, "orders") == ["1"]
+
+
+def test_the_dead_letter_queue_can_be_peeked_and_received(tmp_path):
+    db = str(tmp_path / "b.db")
+    create(db, "orders")
+    assert (
+        publish(db, jsonl(tmp_path, [{"a": 1}, {"a": 2}]), "orders", "--id", "{a}").exit_code == 0
+    )
+    with LocalBackend(db) as backend:
+        [message] = backend.receive("orders", mode="peek_lock")
+        assert message.lock_token is not None
+        backend.dead_letter("orders", message.lock_token, reason="bad order")
+    peeked = run("broker", "peek", db, "--entity", "orders", "--dead-letter")
+    [line] = peeked.stdout.splitlines()
+    assert json.loads(line)["dead_letter_reason"] == "bad order"
+    taken = run("broker", "receive", db, "--entity", "orders", "--dead-letter")
+    assert json.loads(taken.stdout)["message_id"] == "1"
+    assert run("broker", "peek", db, "--entity", "orders", "--dead-letter").stdout == ""
+    assert stored(db, "orders") == ["2"]
+
+
+def test_a_missing_entity_is_named_with_the_existing_ones(tmp_path):
+    db = str(tmp_path / "b.db")
+    create(db, "orders")
+    create(db, "payments")
+    for args in (
+        ["broker", "peek", db, "--entity", "order"],
+        ["broker", "stats", db, "--entity", "order"],
+        ["publish", str(jsonl(tmp_path, [{"a": 1}])), "--to", f"local://{db}", "--entity",
+         "order", "--id", "{a}"],
+    ):  # fmt: skip
+        result = run(*args)
+        assert result.exit_code == 2, result.output
+        assert "'order' does not exist" in result.stderr
+        assert "'orders', 'payments'" in result.stderr
+
+
+def test_publish_window_says_it_creates_a_missing_entity(tmp_path):
+    db = str(tmp_path / "b.db")
+    create(db, "orders")
+    result = publish(db, jsonl(tmp_path, [{"a": 1}]), "new", "--id", "{a}", "--window", "5m")
+    assert result.exit_code == 0
+    assert "entity 'new' does not exist: creating it as a queue with a 5m window" in result.stderr
+
+
+def test_json_reports_a_refusal_too(tmp_path):
+    db = str(tmp_path / "b.db")
+    create(db, "orders")
+    result = publish(db, jsonl(tmp_path, [{"a": 1}]), "nope", "--id", "{a}", "--json")
+    assert result.exit_code == 2
+    report = json.loads(result.stdout)
+    assert report["status"] == "error" and report["exit_status"] == 2 and report["sent"] == 0
+    assert "'nope' does not exist" in report["error"]
+
+
+def test_demo_workdir_in_a_missing_directory_is_refused(tmp_path):
+    result = run("demo", "--workdir", str(tmp_path / "missing" / "x"))
+    assert result.exit_code == 2 and "does not exist; create it first" in result.stderr
+    assert not (tmp_path / "missing").exists()
