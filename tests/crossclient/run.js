@@ -47,7 +47,9 @@ function describe(err) {
     return String(err);
   }
   const [headline, ...frames] = err.stack.split("\n");
-  const ours = frames.filter((frame) => !frame.includes("node_modules") && !frame.includes("node:"));
+  const ours = frames.filter(
+    (frame) => !frame.includes("node_modules") && !frame.includes("node:"),
+  );
   const code = err.code ? ` [code ${err.code}]` : "";
   return [`${headline}${code}`, ...ours].join("\n");
 }

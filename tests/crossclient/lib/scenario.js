@@ -82,14 +82,19 @@ class Scenario {
     );
   }
 
-  /** Awaits `promise` and asserts it fails with a ServiceBusError of `code`; returns the error. */
-  async expectServiceBusError(promise, code) {
-    let error;
+  /** Awaits `promise`: the error it failed with, or undefined when it succeeded. */
+  async errorOf(promise) {
     try {
       await promise;
+      return undefined;
     } catch (err) {
-      error = err;
+      return err;
     }
+  }
+
+  /** Awaits `promise` and asserts it fails with a ServiceBusError of `code`; returns the error. */
+  async expectServiceBusError(promise, code) {
+    const error = await this.errorOf(promise);
     assert.ok(error, `expected a ServiceBusError ${code}, but the call succeeded`);
     assert.ok(
       isServiceBusError(error),

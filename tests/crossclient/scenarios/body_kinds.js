@@ -16,10 +16,20 @@ module.exports.run = async (t) => {
       message: { body: { key: "v", n: 1, nested: [true, null] }, bodyType: "value" },
       bodyType: "value",
     },
-    { name: "value-list", message: { body: [1, "two", false], bodyType: "value" }, bodyType: "value" },
+    {
+      name: "value-list",
+      message: { body: [1, "two", false], bodyType: "value" },
+      bodyType: "value",
+    },
     {
       name: "sequence",
-      message: { body: [[1, 2], ["a", "b"]], bodyType: "sequence" },
+      message: {
+        body: [
+          [1, 2],
+          ["a", "b"],
+        ],
+        bodyType: "sequence",
+      },
       bodyType: "sequence",
     },
   ];

@@ -13,13 +13,18 @@ module.exports.run = async (t) => {
   const receiver = t.receiver("peekcount");
 
   const [fresh] = await receiver.peekMessages(1);
-  t.stillDiverges(fresh.deliveryCount === undefined, "peek of a never-delivered message: deliveryCount undefined, not 0");
+  t.stillDiverges(
+    fresh.deliveryCount === undefined,
+    "peek of a never-delivered message: deliveryCount undefined, not 0",
+  );
 
   const [received] = await t.receiveAll(receiver, 1);
   assert.equal(received.deliveryCount, 0, "receive: header delivery-count of a first delivery");
   await receiver.abandonMessage(received);
 
-  const [abandoned] = await receiver.peekMessages(1, { fromSequenceNumber: received.sequenceNumber });
+  const [abandoned] = await receiver.peekMessages(1, {
+    fromSequenceNumber: received.sequenceNumber,
+  });
   t.stillDiverges(abandoned.deliveryCount === 0, "peek after one abandon: deliveryCount 0, not 1");
 
   const [again] = await t.receiveAll(receiver, 1);

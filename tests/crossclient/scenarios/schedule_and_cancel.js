@@ -20,10 +20,17 @@ module.exports.run = async (t) => {
 
   const receiver = t.receiver("scheduling");
   const early = await receiver.receiveMessages(5, { maxWaitTimeInMs: 500 });
-  assert.deepEqual(early.map((m) => m.messageId), [], "nothing before the scheduled time");
+  assert.deepEqual(
+    early.map((m) => m.messageId),
+    [],
+    "nothing before the scheduled time",
+  );
 
   const received = await t.receiveAll(receiver, 1, 6000);
-  assert.deepEqual(received.map((m) => m.messageId), [t.id("kept")]);
+  assert.deepEqual(
+    received.map((m) => m.messageId),
+    [t.id("kept")],
+  );
   assert.ok(Date.now() >= at.getTime() - 50, "delivered at its scheduled time, not before");
   assert.equal(received[0].scheduledEnqueueTimeUtc.getTime(), at.getTime());
   await receiver.completeMessage(received[0]);

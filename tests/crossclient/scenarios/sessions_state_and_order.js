@@ -7,7 +7,9 @@ const assert = require("node:assert/strict");
 module.exports.run = async (t) => {
   const sender = t.sender("sessions");
   const ids = [0, 1, 2, 3].map((i) => t.id(`s1-${i}`));
-  await sender.sendMessages(ids.map((messageId) => ({ body: messageId, messageId, sessionId: "s1" })));
+  await sender.sendMessages(
+    ids.map((messageId) => ({ body: messageId, messageId, sessionId: "s1" })),
+  );
   await sender.sendMessages({ body: "other", messageId: t.id("s2-0"), sessionId: "s2" });
 
   const first = await t.acceptSession("sessions", "s1");
@@ -15,7 +17,11 @@ module.exports.run = async (t) => {
   assert.ok(first.sessionLockedUntilUtc > new Date(), "sessionLockedUntilUtc");
   assert.equal(await first.getSessionState(), null, "a new session has no state");
   const received = await t.receiveAll(first, ids.length);
-  assert.deepEqual(received.map((m) => m.messageId), ids, "in order, and only session s1's");
+  assert.deepEqual(
+    received.map((m) => m.messageId),
+    ids,
+    "in order, and only session s1's",
+  );
   for (const m of received) {
     assert.equal(m.sessionId, "s1");
     await first.completeMessage(m);
@@ -34,5 +40,8 @@ module.exports.run = async (t) => {
 
   const other = await t.acceptSession("sessions", "s2", { receiveMode: "receiveAndDelete" });
   const rest = await t.receiveAll(other, 1);
-  assert.deepEqual(rest.map((m) => m.messageId), [t.id("s2-0")]);
+  assert.deepEqual(
+    rest.map((m) => m.messageId),
+    [t.id("s2-0")],
+  );
 };

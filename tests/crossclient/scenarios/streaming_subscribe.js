@@ -5,14 +5,19 @@ const assert = require("node:assert/strict");
 
 module.exports.run = async (t) => {
   const ids = Array.from({ length: 20 }, (_, i) => t.id(`m${i}`));
-  await t.sender("streaming").sendMessages(ids.map((messageId) => ({ body: messageId, messageId })));
+  await t
+    .sender("streaming")
+    .sendMessages(ids.map((messageId) => ({ body: messageId, messageId })));
 
   const receiver = t.receiver("streaming");
   const seen = [];
   const errors = [];
   let subscription;
   await new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`only ${seen.length} messages streamed`)), 20_000);
+    const timer = setTimeout(
+      () => reject(new Error(`only ${seen.length} messages streamed`)),
+      20_000,
+    );
     subscription = receiver.subscribe(
       {
         async processMessage(message) {

@@ -1,0 +1,32 @@
+// Known divergence: peek on a session receiver. Service Bus browses the receiver's session only
+// (the peek request carries the session id); the emulator returns every session's messages.
+"use strict";
+
+const assert = require("node:assert/strict");
+
+module.exports.divergence =
+  "https://learn.microsoft.com/azure/service-bus-messaging/service-bus-amqp-request-response#message-operations";
+
+module.exports.run = async (t) => {
+  const sender = t.sender("sessionpeek");
+  await sender.sendMessages({ body: "mine", messageId: t.id("a1"), sessionId: "a" });
+  await sender.sendMessages({ body: "other", messageId: t.id("b1"), sessionId: "b" });
+
+  const receiver = t.acceptSession("sessionpeek", "a");
+  const session = await receiver;
+  const peeked = await session.peekMessages(10);
+  const sessions = peeked.map((m) => m.sessionId);
+  assert.ok(sessions.includes("a"), "the receiver's own session is peeked");
+  t.stillDiverges(
+    sessions.includes("b"),
+    "a session receiver's peek shows another session's messages",
+  );
+
+  const received = await t.receiveAll(session, 2, 1000);
+  assert.deepEqual(
+    received.map((m) => m.messageId),
+    [t.id("a1")],
+    "receive stays in the session",
+  );
+  await session.completeMessage(received[0]);
+};
