@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import logging
 import sqlite3
+import threading
 from bisect import bisect_right
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -25,6 +26,7 @@ from operator import attrgetter
 from typing import Any, Literal, NamedTuple, Protocol, cast
 
 from ._entity import EntityProfile
+from ._inflight import KeyGate, Stopped, fly, gate_for, in_flight_limit
 from ._message import Message
 from ._message_columns import MessageColumns
 from ._retry import Attempted, RetryPolicy
@@ -85,6 +87,21 @@ class SendFailure:
     message_id: str
     partition_key: str | None
     error: SendError
+
+
+class Part(NamedTuple):
+    """What became of (part of) one transfer: acknowledged, or failed with ``error``."""
+
+    messages: Sequence[Message]
+    attempted: Attempted[list[Ack]] | None
+    error: SendError | None
+
+
+def transfer_key(batch: Sequence[Message]) -> tuple[str | None, str | None] | None:
+    """The key a transfer keeps order by (partition key, session id), or None: unordered."""
+    first = batch[0]
+    pk, sid = first.partition_key, first.session_id
+    return None if pk is None and sid is None else (pk, sid)
 
 
 def _results(
@@ -304,6 +321,9 @@ class SenderCore:
             )
         self.max_batch_messages = max_batch_messages
         self._memory = _IdMemory(profile.window, memory_size)
+        # Calls from many threads share the id memory: planning reads it and
+        # remembering writes it, so a call does both under this lock (never a transfer).
+        self._state_lock = threading.Lock()
 
     @property
     def entity(self) -> str:
@@ -450,6 +470,25 @@ class SenderCore:
 
     def _remember(self, plan: _Plan) -> None:
         self._memory.add(plan.seen, self.retry.clock())
+
+    def _plan_remembered(
+        self, messages: Sequence[Message], *, what: str, batch: bool = True
+    ) -> _Plan:
+        """Plan a call and remember its ids as one step, whatever other threads do."""
+        with self._state_lock:
+            plan = self._plan(messages, what=what, batch=batch)
+            self._remember(plan)
+        return plan
+
+    def _account_parts(
+        self, parts: Sequence[Part], report: SendReport, failed: dict[object, SendError]
+    ) -> None:
+        """Record what became of one transfer (its parts, if the transport split it)."""
+        for part in parts:
+            if part.attempted is not None:
+                self._account(report, part.messages, part.attempted, failed)
+            elif part.error is not None:
+                self._fail(part.messages, part.error, report, failed)
 
     def _started(self, first_attempt: float | datetime | None) -> float | None:
         """A resumed call's first attempt on the policy's clock (a datetime is wall time)."""
@@ -708,6 +747,11 @@ class IdempotentSender(SenderCore):
     sender). ``entity`` is an :class:`EntityProfile` or a name the backend can
     describe. A profile given for a backend that can create entities (the local
     broker) creates the entity if it does not exist yet.
+
+    ``max_in_flight`` is how many transfers one call keeps outstanding at once
+    (default: the backend's ``max_in_flight``, else 1); transfers sharing a partition
+    key or session id never overlap and start in input order. Many threads may
+    share one sender.
     """
 
     def __init__(
@@ -720,7 +764,9 @@ class IdempotentSender(SenderCore):
         memory_size: int = DEFAULT_MEMORY_SIZE,
         max_batch_messages: int = DEFAULT_MAX_BATCH_MESSAGES,
         ledger: Ledger | str | None = None,
+        max_in_flight: int | None = None,
     ) -> None:
+        in_flight_limit(None, max_in_flight)  # a bad value fails before anything is opened
         if isinstance(backend, str):
             from .backends._url import connect
 
@@ -742,6 +788,7 @@ class IdempotentSender(SenderCore):
                     max_batch_messages=max_batch_messages,
                     ledger=resolved,
                 )
+                self.max_in_flight = in_flight_limit(backend, max_in_flight)
             except BaseException:
                 if resolved is not None and self._owns_ledger:
                     resolved.close()
@@ -752,6 +799,7 @@ class IdempotentSender(SenderCore):
             raise
         self._transaction: Transaction | None = None
         self._closed = False
+        self._gate: KeyGate = gate_for(backend, KeyGate)
 
     @staticmethod
     def _resolve(backend: Backend, entity: EntityProfile | str) -> EntityProfile:
@@ -804,13 +852,22 @@ class IdempotentSender(SenderCore):
     # -- sending -------------------------------------------------------------------
 
     def _attempt_transfer(
-        self, batch: Sequence[Message], *, atomic: bool = False, started: float | None = None
+        self,
+        batch: Sequence[Message],
+        *,
+        atomic: bool = False,
+        started: float | None = None,
+        stop: threading.Event | None = None,
     ) -> Attempted[list[Ack]]:
         entity = self.profile.name
         backend = self._backend
         first = batch[0]
+        attempts = [0]
 
         def attempt(timeout: float) -> list[Ack]:
+            if stop is not None and stop.is_set():
+                raise Stopped(attempts[0])
+            attempts[0] += 1
             acks = backend.send(entity, batch, timeout=timeout, atomic=atomic)
             if len(acks) != len(batch):
                 raise PermanentSendError(
@@ -850,12 +907,12 @@ class IdempotentSender(SenderCore):
         """
         self._check_open()
         started = self._started(first_attempt)
-        self._remember(self._plan((message,), what="message", batch=False))
+        self._plan_remembered((message,), what="message", batch=False)
         report = SendReport()
         if self._ledger is not None:
             self._send_through_ledger([[message]], report, {}, started)
         else:
-            self._send_batch([message], report, {}, started)  # failures name the message
+            self._send_transfers([[message]], report, {}, started)  # failures name the message
         if report.failures:
             raise report.failures[0].error
         return report.results[0]
@@ -873,15 +930,13 @@ class IdempotentSender(SenderCore):
         self._check_open()
         started = self._started(first_attempt)
         items = messages if isinstance(messages, list | tuple | MessageColumns) else list(messages)
-        plan = self._plan(items, what="messages")
-        self._remember(plan)
+        plan = self._plan_remembered(items, what="messages")
         report = SendReport()
         failed: dict[object, SendError] = {}
         if self._ledger is not None:
             self._send_through_ledger(plan.batches, report, failed, started)
         else:
-            for batch in plan.batches:
-                self._send_batch(batch, report, failed, started)
+            self._send_transfers(plan.batches, report, failed, started)
         self._account_repeats(items, plan, report, failed)
         logger.debug(
             "send_many to %r: %d message(s) in %d transfer(s): %r",
@@ -891,6 +946,55 @@ class IdempotentSender(SenderCore):
             report,
         )
         return report
+
+    def _send_transfers(
+        self,
+        batches: Sequence[Sequence[Message]],
+        report: SendReport,
+        failed: dict[object, SendError],
+        started: float | None,
+    ) -> None:
+        """Every transfer, up to ``max_in_flight`` at once, one per key at a time.
+
+        The report is written in input order once all are over, whatever order they
+        ended in. An interruption lets the transfers in flight end and starts no other.
+        """
+        stop = threading.Event()
+        outcomes: list[list[Part]] = [[] for _ in batches]
+
+        def step(index: int) -> list[Part]:
+            batch = batches[index]
+            with self._gate.hold(self._gate_key(batch)):
+                return self._transfer(batch, started, stop)
+
+        def finish(index: int, parts: list[Part]) -> None:
+            outcomes[index] = parts
+
+        keys = [transfer_key(batch) for batch in batches]
+        fly(keys, self.max_in_flight, step, finish, stop)
+        for parts in outcomes:
+            self._account_parts(parts, report, failed)
+
+    def _gate_key(self, batch: Sequence[Message]) -> object:
+        key = transfer_key(batch)
+        return None if key is None else (self.profile.name, key)
+
+    def _transfer(
+        self, batch: Sequence[Message], started: float | None, stop: threading.Event | None
+    ) -> list[Part]:
+        """One planned transfer with its retries (split in two if the transport finds it
+        too big); what became of each part. ``Stopped`` leaves if ``stop`` is set."""
+        try:
+            attempted = self._attempt_transfer(batch, started=started, stop=stop)
+        except MessageSizeError:
+            if len(batch) == 1:
+                raise
+            half = len(batch) // 2  # the transport's real limit is below our estimate: split
+            first = self._transfer(batch[:half], started, stop)
+            return first + self._transfer(batch[half:], started, stop)
+        except (InDoubtError, PermanentSendError) as exc:
+            return [Part(batch, None, exc)]
+        return [Part(batch, attempted, None)]
 
     def _send_batch(
         self,
@@ -1012,7 +1116,7 @@ class IdempotentSender(SenderCore):
                 field="at",
             )
         started = self._started(first_attempt)
-        self._remember(self._plan((message,), what="message", batch=False))
+        self._plan_remembered((message,), what="message", batch=False)
         entity = self.profile.name
         backend = self._backend
         ledger = self._ledger
@@ -1032,13 +1136,14 @@ class IdempotentSender(SenderCore):
             return backend.schedule(entity, [message], at, timeout=timeout)
 
         try:
-            attempted = self.retry.call(
-                attempt,
-                window=self.profile.window,
-                message_id=message.message_id,
-                partition_key=message.partition_key,
-                started=started,
-            )
+            with self._gate.hold(self._gate_key([message])):
+                attempted = self.retry.call(
+                    attempt,
+                    window=self.profile.window,
+                    message_id=message.message_id,
+                    partition_key=message.partition_key,
+                    started=started,
+                )
         except PermanentSendError:
             if ledger is not None and prepared is not None:  # refused: nothing was stored
                 ledger.release(entity, prepared.refused([message]), prepared.owner)
@@ -1089,7 +1194,7 @@ class IdempotentSender(SenderCore):
         tx._commit()
 
     def _send_atomic(self, messages: list[Message], started: float | None = None) -> SendReport:
-        self._remember(self._plan(messages, what="transaction", batch=False))
+        self._plan_remembered(messages, what="transaction", batch=False)
         report = SendReport()
         if messages:
             attempted = self._attempt_transfer(messages, atomic=True, started=started)

@@ -22,6 +22,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 from .._entity import EntityProfile
+from .._inflight import gate_for, in_flight_limit
 from .._message import Message
 from .._message_columns import MessageColumns
 from .._retry import Attempted, RetryPolicy
@@ -29,11 +30,13 @@ from .._sender import (
     DEFAULT_MAX_BATCH_MESSAGES,
     DEFAULT_MEMORY_SIZE,
     LEDGER_FAILURES,
+    Part,
     SenderCore,
     SendReport,
     SendResult,
     _open_ledger,
     _results,
+    transfer_key,
 )
 from ..backends._base import Ack
 from ..errors import (
@@ -48,6 +51,7 @@ from ..ledger import Ledger
 from ..ledger._ledger import Prepared
 from ..ledger._store import Confirmation
 from ._base import AsyncBackend
+from ._inflight import AsyncKeyGate, afly, cancelled_meanwhile, cancelling
 
 __all__ = ["IdempotentSender", "Transaction"]
 
@@ -64,7 +68,10 @@ class IdempotentSender(SenderCore):
     ``await sender.open()``), before the first send.
 
     Many tasks may share one sender: its id memory is updated between awaits,
-    and the backend serialises or multiplexes the transfers.
+    and the backend serialises or multiplexes the transfers. ``max_in_flight`` is
+    how many transfers one call keeps outstanding at once (default: the backend's
+    ``max_in_flight``, else 1); transfers sharing a partition key or session id never
+    overlap and start in input order.
     """
 
     def __init__(
@@ -77,7 +84,9 @@ class IdempotentSender(SenderCore):
         memory_size: int = DEFAULT_MEMORY_SIZE,
         max_batch_messages: int = DEFAULT_MAX_BATCH_MESSAGES,
         ledger: Ledger | str | None = None,
+        max_in_flight: int | None = None,
     ) -> None:
+        in_flight_limit(None, max_in_flight)  # a bad value fails before anything is opened
         if not isinstance(entity, EntityProfile) and not (isinstance(entity, str) and entity):
             raise ConfigurationError(
                 "entity must be an EntityProfile or a non-empty entity name", field="entity"
@@ -122,6 +131,8 @@ class IdempotentSender(SenderCore):
                 )
             self._backend = backend
             self._owns_backend = False
+        self.max_in_flight = in_flight_limit(self._backend, max_in_flight)
+        self._gate: AsyncKeyGate = gate_for(self._backend, AsyncKeyGate)
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -199,13 +210,20 @@ class IdempotentSender(SenderCore):
     # -- sending -------------------------------------------------------------------
 
     async def _attempt_transfer(
-        self, batch: Sequence[Message], *, atomic: bool = False, started: float | None = None
+        self,
+        batch: Sequence[Message],
+        *,
+        atomic: bool = False,
+        started: float | None = None,
+        tried: list[int] | None = None,
     ) -> Attempted[list[Ack]]:
         entity = self.profile.name
         backend = self._backend
         first = batch[0]
 
         async def attempt(timeout: float) -> list[Ack]:
+            if tried is not None:
+                tried[0] += 1
             acks = await backend.send(entity, batch, timeout=timeout, atomic=atomic)
             if len(acks) != len(batch):
                 raise PermanentSendError(
@@ -232,13 +250,15 @@ class IdempotentSender(SenderCore):
         original deadline (see the sync ``IdempotentSender.send``).
         """
         self._check_open()
+        before = cancelling()
         started = self._started(first_attempt)
-        self._remember(self._plan((message,), what="message", batch=False))
+        self._plan_remembered((message,), what="message", batch=False)
         report = SendReport()
         if self._ledger is not None:
             await self._send_through_ledger([[message]], report, {}, started)
         else:
-            await self._send_batch([message], report, {}, started)  # failures name the message
+            await self._send_transfers([[message]], report, {}, started)  # failures name it
+        cancelled_meanwhile(before)
         if report.failures:
             raise report.failures[0].error
         return report.results[0]
@@ -252,19 +272,69 @@ class IdempotentSender(SenderCore):
         report, one entry per message, as with the sync sender.
         """
         self._check_open()
+        before = cancelling()
         started = self._started(first_attempt)
         items = messages if isinstance(messages, list | tuple | MessageColumns) else list(messages)
-        plan = self._plan(items, what="messages")
-        self._remember(plan)
+        plan = self._plan_remembered(items, what="messages")
         report = SendReport()
         failed: dict[object, SendError] = {}
         if self._ledger is not None:
             await self._send_through_ledger(plan.batches, report, failed, started)
         else:
-            for batch in plan.batches:
-                await self._send_batch(batch, report, failed, started)
+            await self._send_transfers(plan.batches, report, failed, started)
+        cancelled_meanwhile(before)
         self._account_repeats(items, plan, report, failed)
         return report
+
+    async def _send_transfers(
+        self,
+        batches: Sequence[Sequence[Message]],
+        report: SendReport,
+        failed: dict[object, SendError],
+        started: float | None,
+    ) -> None:
+        """Every transfer, up to ``max_in_flight`` at once, one per key at a time.
+
+        The report is written in input order once all are over.
+        """
+        outcomes: list[list[Part]] = [[] for _ in batches]
+
+        async def step(index: int) -> list[Part]:
+            return await self._transfer(batches[index], started)
+
+        def finish(index: int, parts: list[Part]) -> None:
+            outcomes[index] = parts
+
+        keys = [transfer_key(batch) for batch in batches]
+        await afly(keys, self.max_in_flight, step, finish)
+        for parts in outcomes:
+            self._account_parts(parts, report, failed)
+
+    def _gate_key(self, batch: Sequence[Message]) -> object:
+        key = transfer_key(batch)
+        return None if key is None else (self.profile.name, key)
+
+    async def _transfer(
+        self, batch: Sequence[Message], started: float | None, tried: list[int] | None = None
+    ) -> list[Part]:
+        """One planned transfer with its retries, its key held (split if too big)."""
+        async with self._gate.hold(self._gate_key(batch)):
+            return await self._transfer_held(batch, started, tried)
+
+    async def _transfer_held(
+        self, batch: Sequence[Message], started: float | None, tried: list[int] | None
+    ) -> list[Part]:
+        try:
+            attempted = await self._attempt_transfer(batch, started=started, tried=tried)
+        except MessageSizeError:
+            if len(batch) == 1:
+                raise
+            half = len(batch) // 2  # the transport's real limit is below our estimate: split
+            first = await self._transfer_held(batch[:half], started, tried)
+            return first + await self._transfer_held(batch[half:], started, tried)
+        except (InDoubtError, PermanentSendError) as exc:
+            return [Part(batch, None, exc)]
+        return [Part(batch, attempted, None)]
 
     async def _send_batch(
         self,
@@ -370,7 +440,7 @@ class IdempotentSender(SenderCore):
                 field="at",
             )
         started = self._started(first_attempt)
-        self._remember(self._plan((message,), what="message", batch=False))
+        self._plan_remembered((message,), what="message", batch=False)
         entity = self.profile.name
         backend = self._backend
         ledger = self._ledger
@@ -391,14 +461,17 @@ class IdempotentSender(SenderCore):
         async def attempt(timeout: float) -> list[Ack]:
             return await backend.schedule(entity, [message], at, timeout=timeout)
 
+        before = cancelling()
         try:
-            attempted = await self.retry.acall(
-                attempt,
-                window=self.profile.window,
-                message_id=message.message_id,
-                partition_key=message.partition_key,
-                started=started,
-            )
+            async with self._gate.hold(self._gate_key([message])):
+                attempted = await self.retry.acall(
+                    attempt,
+                    window=self.profile.window,
+                    message_id=message.message_id,
+                    partition_key=message.partition_key,
+                    started=started,
+                )
+            cancelled_meanwhile(before)
         except PermanentSendError:
             if ledger is not None and prepared is not None:  # refused: nothing was stored
                 keys = prepared.refused([message])
@@ -441,7 +514,7 @@ class IdempotentSender(SenderCore):
 
     async def _send_atomic(self, messages: list[Message]) -> SendReport:
         self._check_open()
-        self._remember(self._plan(messages, what="transaction", batch=False))
+        self._plan_remembered(messages, what="transaction", batch=False)
         report = SendReport()
         if messages:
             attempted = await self._attempt_transfer(messages, atomic=True)
