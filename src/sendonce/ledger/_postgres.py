@@ -7,14 +7,22 @@ statement, and a whole transfer's confirmation one row of ``sendonce_ledger_tran
 reopened and the call retried (tenacity): every primitive is idempotent, and intents
 a lost attempt did commit come back carrying this call's owner token, so they are
 recognised as ours.
+
+Rows are written and locked in one canonical order (message id, then partition key, by
+code point), so two producers writing overlapping keys in different orders wait for each
+other instead of deadlocking. The schema is created once per database and recorded by a
+version row (``sendonce_ledger_meta``); an open (every Spark task's) only reads that row,
+so it never waits behind a producer's open write transaction as DDL would.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import tenacity
 
@@ -28,6 +36,14 @@ with requires_extra("the PostgreSQL ledger", "postgres"):
 __all__ = ["PostgresStore"]
 
 T = TypeVar("T")
+
+logger = logging.getLogger("sendonce.ledger")
+
+SCHEMA_VERSION = "1"
+"""The version row's value. A database written before the row existed has the same tables:
+its first open adopts it (creating whatever is missing) and writes the row."""
+CONNECT_TIMEOUT = 10.0
+ATTEMPTS = 3
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sendonce_ledger (
@@ -50,7 +66,15 @@ CREATE TABLE IF NOT EXISTS sendonce_ledger_transfers (
 );
 CREATE INDEX IF NOT EXISTS sendonce_ledger_transfers_age
     ON sendonce_ledger_transfers (confirmed_at);
+CREATE TABLE IF NOT EXISTS sendonce_ledger_meta (key text PRIMARY KEY, value text NOT NULL);
 """
+_VERSION = "SELECT value FROM sendonce_ledger_meta WHERE key = 'schema_version'"
+_RECORD_VERSION = """
+INSERT INTO sendonce_ledger_meta (key, value) VALUES ('schema_version', %(version)s)
+ON CONFLICT (key) DO UPDATE SET value = excluded.value
+"""
+# Code-point order, the same as Python's sorted(): every statement locks keys in it.
+_KEY_ORDER = 'u.m COLLATE "C", u.p COLLATE "C"'
 # A whole transfer's confirmation is one row of sendonce_ledger_transfers (its owner
 # token): no update of every key (an MVCC update rewrites each row and its indexes).
 # A key's own confirmed_at/outcome, where set, wins (duplicates, partial transfers,
@@ -64,6 +88,7 @@ WITH written AS (
         (entity, message_id, partition_key, digest, first_attempt, owner)
     SELECT %(entity)s, u.m, u.p, u.d, %(at)s, %(owner)s
     FROM unnest(%(mids)s::text[], %(pks)s::text[], %(digests)s::bytea[]) AS u(m, p, d)
+    ORDER BY {_KEY_ORDER}
     ON CONFLICT (entity, message_id, partition_key) DO UPDATE SET owner = l.owner
     RETURNING l.entity, l.message_id, l.partition_key, l.digest, l.first_attempt, l.owner,
         l.confirmed_at, l.outcome, (l.xmax = 0) AS inserted
@@ -73,23 +98,38 @@ SELECT l.message_id, l.partition_key, l.digest, l.first_attempt, l.owner, {_CONF
 FROM written AS l {_TRANSFER}
 WHERE NOT l.inserted
 """
-_CONFIRM = """
-UPDATE sendonce_ledger AS l SET confirmed_at = %(at)s, outcome = u.o
-FROM unnest(%(mids)s::text[], %(pks)s::text[], %(outcomes)s::text[]) AS u(m, p, o)
-WHERE l.entity = %(entity)s AND l.message_id = u.m AND l.partition_key = u.p
+# UPDATE and DELETE take no ORDER BY: their rows are locked first, in key order.
+_CONFIRM = f"""
+WITH locked AS (
+    SELECT l.ctid AS rid, u.o FROM sendonce_ledger AS l
+    JOIN unnest(%(mids)s::text[], %(pks)s::text[], %(outcomes)s::text[]) AS u(m, p, o)
+        ON l.message_id = u.m AND l.partition_key = u.p
+    WHERE l.entity = %(entity)s
+    ORDER BY {_KEY_ORDER}
+    FOR UPDATE OF l
+)
+UPDATE sendonce_ledger AS l SET confirmed_at = %(at)s, outcome = locked.o
+FROM locked WHERE l.ctid = locked.rid
 """
 _CONFIRM_TRANSFERS = """
 INSERT INTO sendonce_ledger_transfers (entity, owner, confirmed_at)
 SELECT %(entity)s, o, %(at)s FROM unnest(%(owners)s::text[]) AS o
+ORDER BY o COLLATE "C"
 ON CONFLICT (entity, owner) DO NOTHING
 """
-_RELEASE = """
-DELETE FROM sendonce_ledger AS l
-USING unnest(%(mids)s::text[], %(pks)s::text[]) AS u(m, p)
-WHERE l.entity = %(entity)s AND l.message_id = u.m AND l.partition_key = u.p
-    AND l.owner = %(owner)s AND l.confirmed_at IS NULL AND NOT EXISTS (
-        SELECT 1 FROM sendonce_ledger_transfers AS t
-        WHERE t.entity = l.entity AND t.owner = l.owner)
+_RELEASE = f"""
+WITH locked AS (
+    SELECT l.ctid AS rid FROM sendonce_ledger AS l
+    JOIN unnest(%(mids)s::text[], %(pks)s::text[]) AS u(m, p)
+        ON l.message_id = u.m AND l.partition_key = u.p
+    WHERE l.entity = %(entity)s AND l.owner = %(owner)s AND l.confirmed_at IS NULL
+    ORDER BY {_KEY_ORDER}
+    FOR UPDATE OF l
+)
+DELETE FROM sendonce_ledger AS l USING locked
+WHERE l.ctid = locked.rid AND NOT EXISTS (
+    SELECT 1 FROM sendonce_ledger_transfers AS t
+    WHERE t.entity = l.entity AND t.owner = l.owner)
 """
 _LOOKUP = f"""
 SELECT l.message_id, l.partition_key, l.digest, l.first_attempt, l.owner, {_CONFIRMED},
@@ -126,21 +166,60 @@ def _keys(keys: Sequence[Key]) -> dict[str, list[str]]:
     return {"mids": [k[0] for k in keys], "pks": [k[1] for k in keys]}
 
 
-class PostgresStore:
-    """Ledger rows in a PostgreSQL table (``sendonce_ledger``, created if missing)."""
+def _connect_options(url: str) -> tuple[str, dict[str, str]]:
+    """The url for libpq (without sendonce's own ``attempts``) and the options it carried."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    options = dict(query)
+    kept = [(name, value) for name, value in query if name != "attempts"]
+    return urlunsplit(parts._replace(query=urlencode(kept))), options
 
-    def __init__(self, url: str, *, connect_timeout: float = 10.0, attempts: int = 3) -> None:
+
+def _option(
+    options: dict[str, str], name: str, given: float | None, default: float, url: str
+) -> float:
+    """A connect option: given to the constructor, else from the url, else the default."""
+    if given is None and name not in options:
+        return default
+    value: object = given if given is not None else options[name]
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        number = float("nan")
+    if not number >= 1 or (name == "attempts" and not number.is_integer()):
+        what = "an integer >= 1" if name == "attempts" else "a number of seconds >= 1"
+        raise ConfigurationError(
+            f"ledger url {redact(url)!r}: {name} must be {what}, not {value!r}", field="ledger"
+        )
+    return number
+
+
+class PostgresStore:
+    """Ledger rows in a PostgreSQL table (``sendonce_ledger``, created if missing).
+
+    ``connect_timeout`` (seconds per connection attempt, default 10) and ``attempts``
+    (tries per call on a lost connection, default 3) are also read from the url
+    (``postgresql://host/db?connect_timeout=5&attempts=2``), so executors that open
+    the url get them; an argument given here wins over the url.
+    """
+
+    def __init__(
+        self, url: str, *, connect_timeout: float | None = None, attempts: int | None = None
+    ) -> None:
         if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
             raise ConfigurationError(
                 "a PostgreSQL ledger url starts with postgresql://", field="ledger"
             )
         self.url = url
-        self.connect_timeout = connect_timeout
-        self.attempts = attempts
+        self._conninfo, options = _connect_options(url)
+        self.connect_timeout = _option(
+            options, "connect_timeout", connect_timeout, CONNECT_TIMEOUT, url
+        )
+        self.attempts = int(_option(options, "attempts", attempts, ATTEMPTS, url))
         self._lock = threading.Lock()
         self._conn: psycopg.Connection[Any] | None = None
         self._closed = False
-        self._run(self._create_schema)
+        self._run(self._ensure_schema)
 
     def __repr__(self) -> str:
         return f"PostgresStore({redact(self.url)!r})"
@@ -152,7 +231,7 @@ class PostgresStore:
                 conn.close()
             self._conn = None
             conn = psycopg.connect(
-                self.url, autocommit=True, connect_timeout=max(1, int(self.connect_timeout))
+                self._conninfo, autocommit=True, connect_timeout=max(1, int(self.connect_timeout))
             )
             self._conn = conn
         return conn
@@ -177,6 +256,7 @@ class PostgresStore:
             retry=tenacity.retry_if_exception_type(psycopg.OperationalError),
             stop=tenacity.stop_after_attempt(self.attempts),
             wait=tenacity.wait_exponential(multiplier=0.2, max=2.0),
+            before_sleep=self._retrying,
             reraise=True,
         )
         try:
@@ -186,11 +266,47 @@ class PostgresStore:
                 f"ledger {redact(self.url)!r} failed ({type(exc).__name__}: {exc})"
             ) from None
 
+    def _retrying(self, state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        first = str(exc).splitlines()[0] if exc is not None and str(exc) else ""
+        logger.warning(
+            "ledger %s: %s (%s); retrying (attempt %d of %d)",
+            redact(self.url),
+            type(exc).__name__,
+            first,
+            state.attempt_number + 1,
+            self.attempts,
+        )
+
     @staticmethod
-    def _create_schema(conn: psycopg.Connection[Any]) -> None:
-        # Many executors may start at once: serialise the CREATEs.
-        conn.execute("SELECT pg_advisory_xact_lock(hashtext('sendonce_ledger'))")
-        conn.execute(_SCHEMA)
+    def _schema_version(conn: psycopg.Connection[Any]) -> str | None:
+        exists = conn.execute("SELECT to_regclass('sendonce_ledger_meta') IS NOT NULL").fetchone()
+        if not exists or not exists[0]:
+            return None
+        row = conn.execute(_VERSION).fetchone()
+        return None if row is None else str(row[0])
+
+    def _ensure_schema(self, conn: psycopg.Connection[Any]) -> None:
+        """Read the version row; create the schema only when it is missing (once per database).
+
+        DDL such as ``CREATE INDEX IF NOT EXISTS`` waits behind any open write
+        transaction on the table; a read of the version row waits for nothing.
+        """
+        version = self._schema_version(conn)
+        if version is None:
+            # Many executors may start at once: serialise the CREATEs, then look again.
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext('sendonce_ledger'))")
+            version = self._schema_version(conn)
+            if version is None:
+                conn.execute(_SCHEMA)
+                conn.execute(_RECORD_VERSION, {"version": SCHEMA_VERSION})
+                return
+        if version != SCHEMA_VERSION:
+            raise ConfigurationError(
+                f"ledger {redact(self.url)!r} has schema version {version!r}; this sendonce "
+                f"reads {SCHEMA_VERSION!r}",
+                field="ledger",
+            )
 
     def record_intents(
         self,
