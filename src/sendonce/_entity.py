@@ -27,6 +27,19 @@ DedupKey = tuple[str, str | None]
 """(message id, partition key or None): what the broker compares."""
 
 
+def _readable(value: timedelta) -> str:
+    """``timedelta(days=8)`` as ``8 days`` (its ``str`` reads ``8 days, 0:00:00``)."""
+    total = value.total_seconds()
+    if total != int(total) or total < 60:
+        return f"{total:g} seconds"
+    parts, rest = [], int(total)
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1)):
+        count, rest = divmod(rest, size)
+        if count:
+            parts.append(f"{count} {unit}{'s' * (count != 1)}")
+    return " ".join(parts)
+
+
 @dataclass(frozen=True, slots=True)
 class EntityProfile:
     """What the target queue or topic enforces.
@@ -91,8 +104,8 @@ class EntityProfile:
             )
         if not MIN_WINDOW <= window <= MAX_WINDOW:
             raise ConfigurationError(
-                f"entity {self.name!r}: duplicate_detection_window {window} is outside the "
-                f"broker's range {MIN_WINDOW} to {MAX_WINDOW}",
+                f"entity {self.name!r}: duplicate_detection_window {_readable(window)} is "
+                "outside the broker's range 20 seconds to 7 days",
                 field="duplicate_detection_window",
             )
         size = self.max_message_size

@@ -189,6 +189,17 @@ def _escaper(chars: str) -> Callable[[str], str]:
     return escape
 
 
+def _missing(record: Any, name: str) -> MessageIdError:
+    """A field not found; a record that cannot be indexed by name at all says so."""
+    if not hasattr(record, "__getitem__"):
+        return MessageIdError(
+            f"the record is a {type(record).__name__}, which cannot be read by field name: "
+            f"pass a mapping (for a dataclass, dataclasses.asdict(record)) with field {name!r}",
+            field=name,
+        )
+    return MessageIdError(f"field {name!r} is missing from the record", field=name)
+
+
 class MessageIdTemplate:
     """A ``str.format``-style template over business fields, e.g. ``"{order_id}.{year}/payment"``.
 
@@ -269,9 +280,7 @@ class MessageIdTemplate:
                 try:
                     value = record[name]
                 except (KeyError, IndexError, ValueError, TypeError, AttributeError):
-                    raise MessageIdError(
-                        f"field {name!r} is missing from the record", field=name
-                    ) from None
+                    raise _missing(record, name) from None
                 text = canon(value, name)
                 if not text and not allow_empty:
                     raise MessageIdError(

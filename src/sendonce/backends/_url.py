@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import os
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 from .._extras import requires_extra
 from ..errors import ConfigurationError, redact
@@ -18,12 +19,68 @@ __all__ = ["connect", "connect_local", "describe_url", "local_path"]
 LOCAL_SCHEME = "local:"
 
 
+LOCAL_OPTIONS = ("busy_timeout", "create", "durability")
+"""The query options a ``local:`` url may carry; anything else is refused, not ignored."""
+_MAX_BUSY_TIMEOUT = 2_147_483  # seconds: SQLite takes a 32-bit count of milliseconds
+
+
+def _local_options(url: str, query: str) -> dict[str, str]:
+    """``name=value`` pairs, each known, given once, with a value: nothing guessed at."""
+    options: dict[str, str] = {}
+    for part in query.split("&") if query else []:
+        name, equals, value = part.partition("=")
+        name, value = unquote(name), unquote(value)
+        if name not in LOCAL_OPTIONS:
+            hint = "; a '?' in a file name must be written %3F" if not equals else ""
+            raise ConfigurationError(
+                f"local url {redact(url)!r}: unknown option {name!r} (the options are "
+                f"{', '.join(LOCAL_OPTIONS)}){hint}",
+                field="url",
+            )
+        if name in options:
+            raise ConfigurationError(
+                f"local url {redact(url)!r}: option {name!r} is given twice", field="url"
+            )
+        if not value:
+            raise ConfigurationError(
+                f"local url {redact(url)!r}: option {name!r} has no value", field="url"
+            )
+        if "\0" in value:
+            raise ConfigurationError(
+                f"local url {redact(url)!r}: option {name!r} contains a NUL character",
+                field="url",
+            )
+        options[name] = value
+    timeout = options.get("busy_timeout")
+    if timeout is not None:
+        try:
+            seconds = float(timeout)
+        except ValueError:
+            seconds = math.nan
+        if not math.isfinite(seconds) or not 0 < seconds <= _MAX_BUSY_TIMEOUT:
+            raise ConfigurationError(
+                f"local url {redact(url)!r}: option 'busy_timeout' must be a number of seconds "
+                f"above 0 and at most {_MAX_BUSY_TIMEOUT} (about 24 days), got {timeout!r}",
+                field="url",
+            )
+    return options
+
+
 def local_path(url: str) -> tuple[str, dict[str, str]]:
     """The file path and query options of a ``local:`` url.
 
     ``local:///abs/path.db`` is absolute; ``local:relative/path.db`` is relative
-    to the working directory (resolved here, so executors agree on it).
+    to the working directory (resolved here, so executors agree on it). What the
+    parser does not understand is refused rather than guessed at: a ``#`` (it would
+    end the file name: write ``%23``), an unknown, repeated or empty option (a ``?``
+    in a file name is written ``%3F``), a NUL character.
     """
+    if "#" in url:
+        raise ConfigurationError(
+            f"local url {redact(url)!r} contains '#', which would end the file name there "
+            "(the rest is a url fragment); write a '#' in a file name as %23",
+            field="url",
+        )
     parts = urlsplit(url)
     if parts.scheme != "local":
         raise ConfigurationError(f"not a local: url: {redact(url)!r}", field="url")
@@ -36,7 +93,11 @@ def local_path(url: str) -> tuple[str, dict[str, str]]:
     path = unquote(parts.path)
     if not path or path.endswith("/"):
         raise ConfigurationError(f"local url {redact(url)!r} names no broker file", field="url")
-    return os.path.abspath(path), dict(parse_qsl(parts.query))
+    if "\0" in path:
+        raise ConfigurationError(
+            f"local url {redact(url)!r}: the file name contains a NUL character", field="url"
+        )
+    return os.path.abspath(path), _local_options(url, parts.query)
 
 
 _CONNECTION_KEYS = frozenset(

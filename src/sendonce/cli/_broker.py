@@ -24,6 +24,7 @@ from ._words import (
     format_duration,
     parse_duration,
     profile_difference,
+    window_error,
 )
 
 __all__ = ["broker", "parse_duration"]
@@ -100,8 +101,9 @@ def create(
             persist_id_cache=not no_persist_id_cache,
         )
     except ValidationError as exc:
-        option = "--window" if exc.field == "duplicate_detection_window" else "--entity"
-        raise click.BadParameter(cli_text(exc), param_hint=option) from None
+        if exc.field == "duplicate_detection_window":
+            raise click.BadParameter(window_error(window), param_hint="--window") from None
+        raise click.BadParameter(cli_text(exc), param_hint="--entity") from None
     with _open(file, create=True) as backend:
         existing = {p.name: p for p in backend.entities()}.get(name)
         if existing is not None:

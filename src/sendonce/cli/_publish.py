@@ -56,6 +56,7 @@ from ._words import (
     duration_option,
     format_duration,
     profile_difference,
+    window_error,
 )
 
 __all__ = ["Record", "publish", "read_records"]
@@ -392,7 +393,8 @@ def _target(
             entity, duplicate_detection_window=window, partitioned=partitioned, sessions=sessions
         )
     except ValidationError as exc:
-        raise click.BadParameter(cli_text(exc), param_hint="--window") from None
+        text = window_error(window) if exc.field == "duplicate_detection_window" else None
+        raise click.BadParameter(text or cli_text(exc), param_hint="--window") from None
     if known is not None:
         existing = known.get(entity)
         if existing is not None:

@@ -32,6 +32,7 @@ __all__ = [
     "format_duration",
     "parse_duration",
     "profile_difference",
+    "window_error",
 ]
 
 EXIT_OK = 0
@@ -167,6 +168,11 @@ def _clock_text(match: re.Match[str]) -> str:
             days=int(days or 0), hours=int(hours), minutes=int(minutes), seconds=float(seconds)
         )
     )
+
+
+def window_error(window: timedelta) -> str:
+    """A window the broker cannot have, in the options' own units."""
+    return f"{format_duration(window)} is outside the broker's range 20s to 7d"
 
 
 def cli_text(error: BaseException | str) -> str:
