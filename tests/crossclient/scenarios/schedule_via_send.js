@@ -1,0 +1,26 @@
+// A message sent with scheduledEnqueueTimeUtc (rather than through scheduleMessages) is held
+// until that time: a queue's peek shows it, receivers get it only once due.
+"use strict";
+
+const assert = require("node:assert/strict");
+
+module.exports.run = async (t) => {
+  const at = new Date(Date.now() + 1500);
+  await t.sender("sendlater").sendMessages({
+    body: "later",
+    messageId: t.id("later"),
+    scheduledEnqueueTimeUtc: at,
+  });
+  const receiver = t.receiver("sendlater");
+  assert.deepEqual(
+    (await receiver.peekMessages(5)).map((m) => m.messageId),
+    [t.id("later")],
+  );
+  assert.deepEqual(await receiver.receiveMessages(1, { maxWaitTimeInMs: 300 }), [], "not yet");
+
+  const [due] = await t.receiveAll(receiver, 1, 4000);
+  assert.equal(due.messageId, t.id("later"));
+  assert.ok(Date.now() >= at.getTime() - 50, "not before its time");
+  assert.equal(due.scheduledEnqueueTimeUtc.getTime(), at.getTime());
+  await receiver.completeMessage(due);
+};
