@@ -15,6 +15,7 @@ temporary file so it can be read twice.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import io
 import json
@@ -27,7 +28,7 @@ import tempfile
 from array import array
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from itertools import pairwise
 from typing import Any, NoReturn
@@ -42,7 +43,7 @@ from ..backends import Backend, connect
 from ..backends._url import LOCAL_SCHEME, local_path
 from ..errors import InDoubtError, KeyRuleError, SendOnceError, ValidationError, redact
 from ..ledger import Ledger
-from ._records import BadLine, Format, Header, Record, format_of, open_input, read_records
+from ._records import BadLine, Header, Reading, Record, format_of, open_input, read_records
 from ._rerun import RerunPromise
 from ._words import (
     EXIT_FAILED,
@@ -111,6 +112,8 @@ class Facts:
     without_session: list[int] = field(default_factory=list)
     without_session_count: int = 0
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    first_line_not_json: bool = False
     shared: dict[str, Shared] = field(default_factory=dict)
     bad: int = 0
     missing_fields: bool = False
@@ -142,14 +145,11 @@ class Facts:
 
     def errors(self) -> list[str]:
         """Every problem to show: the command's own first, then those of single lines."""
-        return [str(s) for s in self.shared.values()] + [
-            p for p in self.problems if not p.startswith("note:")
-        ]
+        return [str(s) for s in self.shared.values()] + self.problems
 
     def unshown(self) -> int:
         """Problems counted but not listed (past the first few)."""
-        listed = sum(s.count for s in self.shared.values())
-        return self.bad - listed - sum(1 for p in self.problems if not p.startswith("note:"))
+        return self.bad - sum(s.count for s in self.shared.values()) - len(self.problems)
 
     def check(self, profile: EntityProfile) -> None:
         """The entity's rules and the one-body-per-id rule, for every record at once."""
@@ -248,22 +248,25 @@ def _progress(label: str, length: int, shown: bool) -> Any:
 
 
 def _validate(
-    path: str, fmt: Format, spec: MessageSpec, progress: bool, profile: EntityProfile
+    path: str, source: Source, spec: MessageSpec, progress: bool, profile: EntityProfile
 ) -> Facts:
     """Pass 1: every record parsed, built and checked against the entity's rules, every
     problem found in this one pass; nothing kept but :class:`Facts`."""
     facts = Facts()
     header = Header()
+    reading = source.reading
     with open(path, "rb") as raw, _progress("validating", os.path.getsize(path), progress) as bar:
         done = 0
         try:
-            with open_input(raw) as stream:
-                for count, item in enumerate(read_records(stream, fmt, header), start=1):
+            with open_input(raw, reading.encoding) as stream:
+                for count, item in enumerate(read_records(stream, reading, header), start=1):
                     if count % _PROGRESS_EVERY == 0:
                         bar.update(raw.tell() - done)
                         done = raw.tell()
                     if isinstance(item, BadLine):
                         facts.problem(str(item))
+                        if item.line == 1 and item.reason.startswith("malformed JSON"):
+                            facts.first_line_not_json = True
                         continue
                     try:
                         message = spec.to_message(item.fields)
@@ -278,13 +281,53 @@ def _validate(
                         continue
                     facts.add(item.line, message)
         except UnicodeDecodeError as exc:
-            facts.problem(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})")
+            facts.problem(_decode_problem(path, source, exc))
         bar.update(max(os.path.getsize(path) - done, 0))
     facts.check(profile)
-    if facts.missing_fields and header.columns is not None:
-        columns = ", ".join(repr(c) for c in header.columns)
-        facts.problems.append(f"note: the CSV header has the columns {columns}")
+    facts.notes.extend(_notes(facts, header, source))
     return facts
+
+
+def _decode_problem(path: str, source: Source, exc: UnicodeDecodeError) -> str:
+    """Text in another encoding: say which option reads it."""
+    with open(path, "rb") as raw:
+        head = raw.read(2)
+    encoding = source.reading.encoding.removesuffix("-sig")
+    if head in (b"\xff\xfe", b"\xfe\xff") and not encoding.startswith("utf-16"):
+        hint = "it starts with a UTF-16 byte-order mark: give --encoding utf-16"
+    else:
+        hint = (
+            "give its encoding with --encoding, e.g. --encoding cp1252 for a Windows "
+            "spreadsheet export or --encoding utf-16"
+        )
+    return f"{source.name}: not {encoding} text ({exc.reason} at byte {exc.start}); {hint}"
+
+
+def _notes(facts: Facts, header: Header, source: Source) -> Iterator[str]:
+    """What the user should know about how the file was read, each said once."""
+    reading = source.reading
+    columns = header.columns
+    if facts.missing_fields and columns is not None:
+        yield "the CSV header has the columns " + ", ".join(repr(c) for c in columns)
+    if facts.bad and columns is not None and len(columns) == 1:
+        for other in (";", "\t", "|"):
+            if other != reading.delimiter and other in columns[0]:
+                shown = "tab" if other == "\t" else repr(other)
+                yield f"the header looks separated by {shown}: give --delimiter {shown}"
+                break
+    if facts.first_line_not_json and source.format_guessed:
+        why = (
+            "standard input has no file name"
+            if source.name == "standard input"
+            else "its name does not end in .csv"
+        )
+        yield f"{source.name} was read as JSON Lines ({why}); if it is CSV, give --format csv"
+    if header.spaced:
+        yield (
+            f"{header.spaced} record(s) have values with surrounding spaces (the first at line "
+            f"{header.first_spaced}), kept as they are: ' 77 ' and '77' build different ids. "
+            "--strip removes them"
+        )
 
 
 _MESSAGE_PREFIX = re.compile(r"^message '(?:[^'\\]|\\.)*': ")
@@ -305,12 +348,13 @@ def _shared_group(exc: ValidationError, fields: dict[str, Any]) -> str | None:
 
 
 def _chunks(
-    path: str, fmt: Format, spec: MessageSpec, size: int
+    path: str, source: Source, spec: MessageSpec, size: int
 ) -> Iterator[list[tuple[Message, int]]]:
     """Pass 2: the messages again, ``size`` at a time, each with its line."""
     chunk: list[tuple[Message, int]] = []
-    with open(path, "rb") as raw, open_input(raw) as stream:
-        for item in read_records(stream, fmt):
+    reading = source.reading
+    with open(path, "rb") as raw, open_input(raw, reading.encoding) as stream:
+        for item in read_records(stream, reading):
             if isinstance(item, BadLine):
                 raise CommandError(f"{path} changed while publishing: {item}")
             try:
@@ -451,7 +495,7 @@ def _retry_progress() -> Iterator[None]:
 def _send(
     sender: IdempotentSender,
     path: str,
-    fmt: Format,
+    source: Source,
     spec: MessageSpec,
     *,
     total: int,
@@ -464,7 +508,7 @@ def _send(
     outcome = Outcome()
     with _progress("publishing", total, progress) as bar, _retry_progress():
         try:
-            for chunk in _chunks(path, fmt, spec, chunk_size):
+            for chunk in _chunks(path, source, spec, chunk_size):
                 promise.started()
                 sent = sender.send_many([m for m, _ in chunk])
                 outcome.add(sent, chunk)
@@ -500,8 +544,8 @@ def _fail_invalid(facts: Facts, as_json: bool) -> NoReturn:
     errors = facts.errors()
     for error in errors:
         click.echo(f"error: {error}", err=True)
-    for note in (p for p in facts.problems if p.startswith("note:")):
-        click.echo(note, err=True)
+    for note in facts.notes:
+        click.echo(f"note: {note}", err=True)
     if facts.unshown() > 0:
         click.echo(f"error: ... and {facts.unshown()} more", err=True)
     click.echo(f"{facts.bad} bad line(s): nothing was published", err=True)
@@ -591,6 +635,23 @@ def _spec(
     help="Input format (default: from the file extension, else jsonl).",
 )
 @click.option(
+    "--encoding",
+    default="utf-8",
+    show_default=True,
+    help="Text encoding of FILE, e.g. cp1252 (a Windows spreadsheet export) or utf-16. A "
+    "UTF-8 byte-order mark is skipped.",
+)
+@click.option(
+    "--delimiter",
+    help="CSV: the character between values, e.g. ';' or tab (default ',').",
+)
+@click.option(
+    "--strip",
+    is_flag=True,
+    help="CSV: remove spaces around values and column names (by default ' 77 ' is kept as "
+    "it is, so it builds another id than '77').",
+)
+@click.option(
     "--chunk-size",
     type=click.IntRange(min=1),
     default=1000,
@@ -648,6 +709,9 @@ def publish(
     body_field: str | None,
     allow_empty: bool,
     fmt: str | None,
+    encoding: str,
+    delimiter: str | None,
+    strip: bool,
     chunk_size: int,
     progress: bool,
     window: timedelta | None,
@@ -674,7 +738,7 @@ def publish(
             )
         spec = _spec(id_template, body_field, partition_key, session_id, allow_empty)
         retry = _retry_policy(timeout, attempts)
-        fmt_ = format_of(file, fmt)
+        source = _source_options(file, fmt, encoding, delimiter, strip)
         with (
             _source(file) as path,
             _open_ledger(ledger_url, in_doubt) as ledger,
@@ -696,19 +760,22 @@ def publish(
                 raise command_error(exc) from None
             with sender:
                 _check_options(sender.profile, session_id)
+                source = source.fitted(sender.profile)
                 try:
-                    facts = _validate(path, fmt_, spec, progress, sender.profile)
+                    facts = _validate(path, source, spec, progress, sender.profile)
                 except KeyboardInterrupt:
                     _interrupted_before_sending("validating", entity, as_json)
                 if facts.bad:
                     _fail_invalid(facts, as_json)
+                for note in facts.notes:
+                    click.echo(f"note: {note}", err=True)
                 _warn_without_subscriptions(backend, sender.profile)
                 promise = RerunPromise(sender.profile, ledger_url, retry.safety_margin)
                 report = _Report(entity, as_json, promise)
                 outcome = _send(
                     sender,
                     path,
-                    fmt_,
+                    source,
                     spec,
                     total=len(facts.lines),
                     chunk_size=chunk_size,
@@ -717,6 +784,51 @@ def publish(
                     report=report,
                 )
         report.finish(outcome, len(facts.lines))
+
+
+@dataclass(frozen=True)
+class Source:
+    """The input as the options describe it: its name for messages, and how to read it."""
+
+    name: str
+    reading: Reading
+    format_guessed: bool
+
+    def fitted(self, profile: EntityProfile) -> Source:
+        """The same, with CSV fields allowed as long as the entity's largest message."""
+        reading = replace(self.reading, field_limit=profile.max_message_size)
+        return replace(self, reading=reading)
+
+
+def _source_options(
+    file: str, fmt: str | None, encoding: str, delimiter: str | None, strip: bool
+) -> Source:
+    """The reading options checked before anything is opened."""
+    try:
+        codec = codecs.lookup(encoding).name
+    except LookupError:
+        raise click.BadParameter(
+            f"{encoding!r} is not a text encoding Python knows (e.g. utf-8, cp1252, utf-16, "
+            "latin-1)",
+            param_hint="--encoding",
+        ) from None
+    if codec == "utf-8":
+        codec = "utf-8-sig"  # a byte-order mark (Excel's default) is skipped
+    format_ = format_of(file, fmt)
+    if format_ != "csv" and (delimiter is not None or strip):
+        given = "--delimiter" if delimiter is not None else "--strip"
+        raise click.UsageError(f"{given} applies to CSV input: add --format csv")
+    if delimiter is not None:
+        delimiter = {"tab": "\t", "\\t": "\t"}.get(delimiter, delimiter)
+        if len(delimiter) != 1 or delimiter in '"\r\n':
+            raise click.BadParameter(
+                f"{delimiter!r} must be one character other than a quote or a line break "
+                "(write tab for a tab)",
+                param_hint="--delimiter",
+            )
+    name = "standard input" if file == "-" else file
+    reading = Reading(format_, codec, delimiter or ",", strip)
+    return Source(name, reading, format_guessed=fmt is None)
 
 
 @contextmanager
