@@ -1,0 +1,96 @@
+"""Tests that need a real component this machine lacks are skipped, saying how to install it.
+
+The README's ``pytest`` must be green on a laptop or a plain CI image without Java or
+PostgreSQL: the Spark suite (marked ``spark``, and everything under
+``tests/integration/spark``) needs Java 17+ and pyspark; the ``postgres`` tests need
+PostgreSQL's server binaries and psycopg. Such a test is skipped with the install line in
+its reason. ``.ci/run`` installs every component and sets ``SENDONCE_REQUIRE_COMPONENTS=1``,
+which turns these skips into a failed run: CI never passes by skipping.
+``SENDONCE_PRETEND_MISSING=java,postgresql`` makes components look missing (to test this).
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+_SPARK_DIR = Path(__file__).resolve().parent / "integration" / "spark"
+_MISSING_TAG = "[missing component]"
+
+
+def _pretend_missing(name: str) -> bool:
+    return name in os.environ.get("SENDONCE_PRETEND_MISSING", "").split(",")
+
+
+@cache
+def _java_problem() -> str | None:
+    """Why Spark cannot start here, or None."""
+    if importlib.util.find_spec("pyspark") is None:
+        return "pyspark is not installed: pip install 'sendonce[spark]'"
+    home = os.environ.get("JAVA_HOME")
+    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
+    install = "apt-get install openjdk-17-jre-headless (or brew install openjdk@17)"
+    if _pretend_missing("java") or not java or not os.path.exists(java):
+        return f"Java 17+ is not installed (Spark needs it): {install}"
+    try:
+        shown = subprocess.run(
+            [java, "-version"], capture_output=True, text=True, timeout=30, check=False
+        ).stderr
+    except (OSError, subprocess.SubprocessError):
+        return f"{java} does not run: {install}"
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', shown)
+    major = int(match.group(1)) if match else 0
+    if major == 1 and match and match.group(2):  # "1.8.0": Java 8
+        major = int(match.group(2))
+    if major < 17:
+        return f"Spark needs Java 17+, {java} is Java {major or '?'}: {install}"
+    return None
+
+
+@cache
+def _postgres_problem() -> str | None:
+    """Why a throwaway PostgreSQL cluster cannot start here, or None."""
+    if importlib.util.find_spec("psycopg") is None:
+        return "psycopg is not installed: pip install 'sendonce[postgres]'"
+    found = glob.glob("/usr/lib/postgresql/*/bin/initdb") or shutil.which("initdb")
+    if _pretend_missing("postgresql") or not found:
+        return (
+            "PostgreSQL is not installed (the tests start throwaway clusters): apt-get install "
+            "postgresql (or brew install postgresql)"
+        )
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    required = os.environ.get("SENDONCE_REQUIRE_COMPONENTS") == "1"
+    missing: list[str] = []
+    for item in items:
+        if _SPARK_DIR in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.spark)
+        needs = [
+            problem
+            for marker, problem in (("spark", _java_problem), ("postgres", _postgres_problem))
+            if item.get_closest_marker(marker) is not None
+        ]
+        for check in needs:
+            reason = check()
+            if reason is None:
+                continue
+            if required:
+                missing.append(reason)
+            item.add_marker(pytest.mark.skip(reason=f"{reason} {_MISSING_TAG}"))
+            break
+    if required and missing:
+        reasons = "\n  ".join(sorted(set(missing)))
+        raise pytest.UsageError(
+            f"SENDONCE_REQUIRE_COMPONENTS=1: {len(missing)} test(s) would be skipped for a "
+            f"missing component (CI must not pass by skipping):\n  {reasons}"
+        )
