@@ -1,7 +1,7 @@
 // Known divergence: the transfer dead-letter subqueue (<queue>/$Transfer/$DeadLetterQueue).
 // Service Bus has one for every queue and subscription (empty unless forwarding or send-via
-// failed, neither of which the emulator does); the emulator does not serve it: a receiver fails
-// and a peek gets no answer.
+// failed, neither of which the emulator does); the emulator does not serve it: receiving and
+// peeking fail instead of finding it empty.
 "use strict";
 
 const assert = require("node:assert/strict");
@@ -19,8 +19,5 @@ module.exports.run = async (t) => {
   const received = await t.errorOf(receiver.receiveMessages(1, { maxWaitTimeInMs: 1000 }));
   t.stillDiverges(received !== undefined, "receiving from the transfer dead-letter subqueue fails");
   const peeked = await t.errorOf(receiver.peekMessages(1));
-  t.stillDiverges(
-    peeked !== undefined && peeked.code === "ServiceTimeout",
-    "peeking the transfer dead-letter subqueue gets no answer (ServiceTimeout)",
-  );
+  t.stillDiverges(peeked !== undefined, "peeking the transfer dead-letter subqueue fails");
 };
