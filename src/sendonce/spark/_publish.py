@@ -16,6 +16,7 @@ from .._retry import RetryPolicy
 from .._sender import IdempotentSender
 from ..errors import ConfigurationError, PublishFailedError
 from ..ledger import InDoubtPolicy, Ledger, LedgerOptions
+from ._ledger_placement import LedgerPlacement, check_ledger_fits
 from ._placement import Placement
 from ._progress import ProgressBoard, driver_host
 from ._rows import ColumnPlan
@@ -194,9 +195,11 @@ class _LedgerPlan:
 
     url: str
     options: LedgerOptions
+    placement: LedgerPlacement | None = None
+    """Where the driver saw a SQLite ledger's file: every task checks it is there too."""
 
 
-def _ledger_plan(ledger: object) -> _LedgerPlan | None:
+def _ledger_plan(ledger: object, master: str | None = None) -> _LedgerPlan | None:
     """The ledger as executors will open it (connections are never shipped).
 
     A url is opened once on the driver, so a bad url or an unreachable server fails
@@ -207,11 +210,16 @@ def _ledger_plan(ledger: object) -> _LedgerPlan | None:
     if ledger is None:
         return None
     if isinstance(ledger, Ledger):
-        return _LedgerPlan(ledger.url, ledger.options)
+        return _planned(ledger, master)
     if isinstance(ledger, str):
         with Ledger(ledger) as opened:
-            return _LedgerPlan(opened.url, opened.options)
+            return _planned(opened, master)
     raise ConfigurationError("ledger must be a sendonce.Ledger or a ledger url", field="ledger")
+
+
+def _planned(ledger: Ledger, master: str | None) -> _LedgerPlan:
+    check_ledger_fits(ledger, master)
+    return _LedgerPlan(ledger.url, ledger.options, LedgerPlacement.of(ledger))
 
 
 def _profile(
@@ -322,10 +330,11 @@ def publish(
             field="df",
         )
     url = _check_url(url)
-    check_backend_fits(url, master_of(df.sparkSession))
+    master = master_of(df.sparkSession)
+    check_backend_fits(url, master)
     retry = _retry(retry)
     plan = plan_for(df.schema, spec)
-    ledger_plan = _ledger_plan(ledger)
+    ledger_plan = _ledger_plan(ledger, master)
     profile = _profile(url, entity, retry, ledger_plan)
     if check_conflicts:
         find_conflicts(df, spec, plan, profile)
@@ -357,7 +366,13 @@ def publish(
 
 
 def _ledger_fields(plan: _LedgerPlan | None) -> dict[str, Any]:
-    return {} if plan is None else {"ledger": plan.url, "ledger_options": plan.options}
+    if plan is None:
+        return {}
+    return {
+        "ledger": plan.url,
+        "ledger_options": plan.options,
+        "ledger_placement": plan.placement,
+    }
 
 
 def _progress_board(session: Any) -> ProgressBoard | None:
@@ -480,7 +495,8 @@ def partition_publisher(
     told apart). Any failed row fails the task, so Spark retries it.
     """
     url = _check_url(url)
-    check_backend_fits(url, _active_master())
+    master = _active_master()
+    check_backend_fits(url, master)
     retry = _retry(retry)
     if not isinstance(spec, MessageSpec):
         raise ConfigurationError("spec must be a sendonce.MessageSpec", field="spec")
@@ -490,7 +506,7 @@ def partition_publisher(
         whole = not isinstance(spec.body, str)
         columns = () if whole else tuple(spec.fields)
         plan = ColumnPlan(columns, (None,) * len(columns), (), whole, dynamic=True)
-    ledger_plan = _ledger_plan(ledger)
+    ledger_plan = _ledger_plan(ledger, master)
     profile = _profile(url, entity, retry, ledger_plan)
     job = TaskJob(
         url,
@@ -605,7 +621,7 @@ def batch_publisher(
     _retry(retry)
     if not isinstance(spec, MessageSpec):
         raise ConfigurationError("spec must be a sendonce.MessageSpec", field="spec")
-    ledger_plan = _ledger_plan(ledger)
+    ledger_plan = _ledger_plan(ledger, _active_master())
     return BatchPublisher(
         url,
         entity,
@@ -616,5 +632,6 @@ def batch_publisher(
         on_batch=on_batch,
         clock=clock,
         keep_connections=_keep(keep_connections),
-        **_ledger_fields(ledger_plan),
+        ledger=None if ledger_plan is None else ledger_plan.url,
+        ledger_options=None if ledger_plan is None else ledger_plan.options,
     )

@@ -28,6 +28,7 @@ from ._pool import Borrowed
 from ._rows import BatchEncoder, ColumnPlan, columns_of_rows, encode_columns
 
 if TYPE_CHECKING:
+    from ._ledger_placement import LedgerPlacement
     from ._placement import Placement
     from ._progress import ProgressLine
 
@@ -187,12 +188,16 @@ class TaskJob:
     ledger_options: LedgerOptions = field(default_factory=LedgerOptions)
     """The application's ``Ledger`` choices (in_doubt, retention, pruning), whole: every
     task's ledger applies them."""
+    ledger_placement: LedgerPlacement | None = None
+    """Set for a SQLite ledger: checked before anything is sent."""
 
     def run(self, batches: Iterable[tuple[dict[str, list[Any]], int]]) -> PartitionResult:
         """Publish a partition given as batches of (columns, row count)."""
         partition, attempt = _task_context()
         if self.placement is not None:
             self.placement.check()
+        if self.ledger_placement is not None:
+            self.ledger_placement.check()
         guard = self.guard
         guard.check(partition=partition, attempt=attempt)
         began = time.perf_counter()

@@ -8,6 +8,7 @@ Real local Spark (local[2,4]), real broker and ledger files.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,6 +20,7 @@ from spark_helpers import expected, ids_on, orders
 from sendonce import ConfigurationError, EntityProfile, MessageSpec, PublishFailedError, RetryPolicy
 from sendonce.ledger import Key, Ledger, body_digest
 from sendonce.spark import PartitionResult, PublishReport, partition_publisher, publish
+from sendonce.spark._ledger_placement import LedgerPlacement, check_ledger_fits
 from sendonce.spark._publish import rerun_advice
 from sendonce.spark._task import PartitionResult as Result
 
@@ -126,3 +128,37 @@ def test_rows_that_failed_say_how_long_a_rerun_is_safe() -> None:
     assert "only within the entity's duplicate-detection window" in str(info.value)
     counted = rerun_advice(EntityProfile("a", id_cache_size=500), started, RetryPolicy(), False)
     assert "id_cache_size 500" in counted
+
+
+def test_a_sqlite_ledger_is_refused_on_a_cluster_master(tmp_path: Path) -> None:
+    """Executors on other machines would each keep their own ledger file."""
+    with Ledger(f"sqlite://{tmp_path / 'ledger.db'}") as ledger:
+        with pytest.raises(ConfigurationError) as info:
+            check_ledger_fits(ledger, "spark://cluster:7077")
+        assert info.value.field == "ledger" and "postgresql://" in str(info.value)
+        check_ledger_fits(ledger, "local[2,4]")
+        check_ledger_fits(ledger, "local-cluster[2,1,1024]")
+        placement = LedgerPlacement.of(ledger)
+        assert placement is not None
+        placement.check()  # this machine, this file
+        elsewhere = LedgerPlacement(placement.path, "another-host/boot", placement.file_id)
+        with pytest.raises(ConfigurationError) as info:
+            elsewhere.check()
+        assert info.value.field == "ledger" and "another-host" in str(info.value)
+
+
+@pytest.mark.spark
+def test_a_task_refuses_a_ledger_file_that_is_not_the_drivers(
+    spark: Any, broker: tuple[str, Path], tmp_path: Path
+) -> None:
+    """The ledger file is replaced between the driver's check and the tasks: nothing is sent."""
+    url, path = broker
+    ledger_url = f"sqlite://{tmp_path / 'ledger.db'}"
+    df = orders(spark, 10, 2)
+    run = partition_publisher(url, NO_DEDUP, SPEC, schema=df.schema, ledger=ledger_url)
+    with Ledger(f"sqlite://{tmp_path / 'other.db'}"):
+        pass
+    os.replace(tmp_path / "other.db", tmp_path / "ledger.db")
+    with pytest.raises(Exception, match="not the file the driver opened"):
+        df.foreachPartition(run)
+    assert ids_on(path) == []
