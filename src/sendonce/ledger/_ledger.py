@@ -361,9 +361,12 @@ class Ledger:
     def in_doubt_message(self, message_id: str, row: Entry, *, window: timedelta) -> str:
         """Why the unconfirmed key ``row`` is in doubt, and what to do: the InDoubtError text.
 
-        An intent younger than :data:`IN_FLIGHT_HORIZON` may belong to a producer that is
-        still sending it (another process sharing the ledger); an older one was left by a
-        producer that stopped before it recorded the broker's ack.
+        Where the broker keeps no window (``window`` zero: no duplicate detection, or a
+        count-bounded cache), an intent younger than :data:`IN_FLIGHT_HORIZON` may belong
+        to a producer that is still sending it (another process sharing the ledger). Any
+        other was left by a producer that stopped before it recorded the broker's ack: with
+        a window, a key is in doubt only once its producer's own deadline (first attempt +
+        window - margin) has passed, so that producer is no longer sending it.
         """
         written = row.first_attempt.isoformat()
         age = (self.clock() - row.first_attempt).total_seconds()
@@ -372,7 +375,7 @@ class Ledger:
             if window <= timedelta(0)
             else f"its duplicate-detection window ({window}) has passed"
         )
-        if 0 <= age < IN_FLIGHT_HORIZON.total_seconds():
+        if window <= timedelta(0) and 0 <= age < IN_FLIGHT_HORIZON.total_seconds():
             return (
                 f"message {message_id!r} is in doubt: another producer wrote its intent "
                 f"{age:.1f}s ago (at {written}) and has not confirmed it yet; it may still be "

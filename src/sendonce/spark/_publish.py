@@ -193,7 +193,7 @@ def _check_url(url: object) -> str:
 class _LedgerPlan:
     """What every task opens its own ledger with: an absolute url and the options, whole."""
 
-    url: str
+    url: str = field(repr=False)  # a PostgreSQL url may carry a password
     options: LedgerOptions
     placement: LedgerPlacement | None = None
     """Where the driver saw a SQLite ledger's file: every task checks it is there too."""

@@ -190,6 +190,9 @@ def test_an_intent_another_live_producer_holds_is_not_called_a_stopped_sender(
         assert "another producer wrote its intent 2.0s ago" in live
         assert "may still be sending" in live and "stopped" not in live
 
+        # With a window, a key is in doubt only past its producer's own deadline: not live.
+        assert "stopped" in second.in_doubt_message(message.message_id, row, window=WINDOW)
+
         clock.now += timedelta(hours=1)  # the first producer never confirmed: it died
         met = second.prepare("orders", batch, keys, window=timedelta(0), margin=margin)
         [(message, row)] = met.in_doubt
