@@ -15,6 +15,7 @@ import click
 from .._entity import EntityProfile
 from ..backends.local import LocalBackend, ReceivedMessage
 from ..errors import SendOnceError, ValidationError
+from ._files import check_writable, os_errors
 from ._words import (
     BROKER_EXIT_HELP,
     InputError,
@@ -34,13 +35,14 @@ _EXISTING_FILE = click.Path(exists=True, dir_okay=False)
 
 
 @contextmanager
-def _open(path: str, *, create: bool = False) -> Iterator[LocalBackend]:
-    """Open the broker; a sendonce error inside the block becomes a clean CLI error.
+def _open(path: str, *, create: bool = False, reading_only: bool = False) -> Iterator[LocalBackend]:
+    """Open the broker; a sendonce or file error inside the block becomes a clean CLI error.
 
     Only ``create`` makes a new file: every other command opens an existing broker.
     """
+    check_writable(path, "broker file", reading_only=reading_only)
     try:
-        with LocalBackend(path, create=create) as backend:
+        with os_errors("broker file"), LocalBackend(path, create=create) as backend:
             yield backend
     except SendOnceError as exc:
         raise command_error(exc) from None
@@ -206,7 +208,7 @@ def _describe(profile: EntityProfile) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def stats(file: str, name: str | None, as_json: bool) -> None:
     """Counts per entity: available, scheduled, locked, remembered ids."""
-    with _open(file) as backend:
+    with _open(file, reading_only=True) as backend:
         if name:
             _require_entity(backend, name)
         profiles = [backend.describe(name)] if name else backend.entities()
@@ -285,7 +287,7 @@ def peek(
     max_messages: int,
 ) -> None:
     """Print stored messages as JSON lines without removing them."""
-    with _open(file) as backend:
+    with _open(file, reading_only=True) as backend:
         _require_entity(backend, name)
         messages = backend.peek(
             name,
@@ -367,6 +369,6 @@ def backup(file: str, target: str) -> None:
     produce a damaged copy; this takes one consistent snapshot (SQLite's online
     backup) and never overwrites an existing file.
     """
-    with _open(file, create=False) as backend:
+    with _open(file, reading_only=True) as backend:
         backend.backup(target)
     click.echo(f"backed up {file} to {target}")

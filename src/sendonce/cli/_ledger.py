@@ -21,6 +21,7 @@ import click
 from ..errors import SendOnceError, ValidationError, redact
 from ..ledger import DEFAULT_RETENTION, Key, Ledger
 from ..ledger._inspect import EntityCounts, entity_counts, resolve, unconfirmed
+from ._files import check_writable, os_errors
 from ._rerun import utc_text
 from ._words import (
     EXIT_USAGE,
@@ -57,6 +58,7 @@ def _ledger_url(text: str) -> str:
         )
     if os.path.isdir(path):
         raise InputError(f"LEDGER: {os.path.abspath(path)!r} is a directory, not a ledger file")
+    check_writable(path, "LEDGER: ledger file", reading_only=True)
     return url
 
 
@@ -64,7 +66,7 @@ def _ledger_url(text: str) -> str:
 def _open(text: str) -> Iterator[Ledger]:
     url = _ledger_url(text)
     try:
-        with Ledger(url) as ledger:
+        with os_errors("LEDGER: ledger file"), Ledger(url) as ledger:
             yield ledger
     except ModuleNotFoundError as exc:
         name = (exc.name or "").split(".")[0]
@@ -75,11 +77,6 @@ def _open(text: str) -> Iterator[Ledger]:
         raise InputError(f"LEDGER {redact(url)}: {cli_text(exc)}") from None
     except SendOnceError as exc:
         raise command_error(exc) from None
-    except PermissionError as exc:
-        raise InputError(
-            f"LEDGER: permission denied on {exc.filename or redact(url)}: the ledger needs "
-            "read and write access to the file, its directory and its .lock"
-        ) from None
 
 
 def _iso(moment: datetime | None) -> str | None:

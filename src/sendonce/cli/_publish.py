@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from itertools import pairwise
 from typing import Any, NoReturn
+from urllib.parse import unquote, urlsplit
 
 import click
 
@@ -43,6 +44,7 @@ from ..backends import Backend, connect
 from ..backends._url import LOCAL_SCHEME, local_path
 from ..errors import InDoubtError, KeyRuleError, SendOnceError, ValidationError, redact
 from ..ledger import Ledger
+from ._files import check_writable, os_errors
 from ._records import BadLine, Header, Reading, Record, format_of, open_input, read_records
 from ._rerun import RerunPromise
 from ._words import (
@@ -392,8 +394,10 @@ def _open_backend(url: str) -> Backend:
                 "typo must not start an empty broker): create it with `sendonce broker create "
                 f"{path} --entity NAME`"
             )
+        check_writable(path, "--to: broker file")
     try:
-        return connect(_without_create(url))
+        with os_errors("--to: broker file"):
+            return connect(_without_create(url))
     except ModuleNotFoundError as exc:
         raise InputError(_install_hint(exc)) from None
     except ValidationError as exc:
@@ -892,6 +896,10 @@ def _open_ledger(url: str | None, in_doubt: str | None) -> Iterator[Ledger | Non
     if url is None:
         yield None
         return
+    if url.strip().startswith("sqlite:"):
+        path = unquote(urlsplit(url.strip()).path)
+        if path:
+            check_writable(path, "--ledger: ledger file")
     try:
         ledger = Ledger(url, in_doubt="resend" if in_doubt == "resend" else "error")
     except ModuleNotFoundError as exc:

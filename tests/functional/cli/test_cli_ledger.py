@@ -228,3 +228,25 @@ def test_ledger_commands_never_create_a_ledger(tmp_path):
         result = run("ledger", args[0], str(missing), *args[1:])
         assert result.exit_code == 2 and "there is no ledger file" in result.stderr
         assert not missing.exists()
+
+
+@pytest.mark.postgres
+def test_ledger_commands_read_and_resolve_a_postgresql_ledger(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ledger"))
+    from pgserver import throwaway_cluster
+
+    with throwaway_cluster() as url:
+        _abandoned_intents(url, "orders", ["1", "2"], hours_ago=2)
+        stats = json.loads(run("ledger", "stats", url, "--json").stdout)
+        assert (stats["orders"]["keys"], stats["orders"]["unconfirmed"]) == (2, 2)
+        listed = run("ledger", "in-doubt", url, "--entity", "orders", "--json")
+        assert [json.loads(line)["message_id"] for line in listed.stdout.splitlines()] == [
+            "1",
+            "2",
+        ]
+        assert run("ledger", "confirm", url, "--entity", "orders", "--id", "1").exit_code == 0
+        assert run("ledger", "release", url, "--entity", "orders", "--id", "2").exit_code == 0
+        stats = json.loads(run("ledger", "stats", url, "--json").stdout)
+        assert (stats["orders"]["keys"], stats["orders"]["confirmed"]) == (1, 1)
