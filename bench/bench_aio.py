@@ -1,14 +1,26 @@
-"""The asyncio sender against the sync sender, on the same backends.
+"""The asyncio sender against the sync sender and the raw client, on loopback and over a
+network's round trip.
 
 Local broker: N single sends by the sync sender (a plain loop) vs the aio sender
 over ThreadedBackend, awaited one by one and as N concurrent tasks; the ratio is
 the cost of the event loop and the worker-thread hop per call.
 
-Emulator (real azure-servicebus over a local socket): N single sends through the
-sync AzureServiceBusBackend vs the aio one, sequential and as concurrent tasks.
-Rounds alternate; medians are reported, as ratios measured in this run.
+Emulator (real azure-servicebus over a socket, the emulator in its own process),
+at each ``--rtt-ms`` through a delay proxy (``bench/delay_proxy.py``):
 
-    python bench/bench_aio.py [--sends 1000] [--emulator-sends 200] [--repeats 3]
+- ``--concurrent`` (400) concurrent ``sendonce.aio`` ``send()`` calls from tasks, vs
+  the raw aio client: one sender with 400 concurrent ``send_messages`` (unsafe,
+  azure-sdk-for-python #36334, but what users compare with), and 8 sender links
+  worked by 8 tasks; the target is >= the one-sender figure and >= 0.7 x
+  ``max_in_flight`` / RTT;
+- ``send_many`` of ``--many`` messages over ``--keys`` partition keys to a
+  partitioned entity with duplicate detection (one message per transfer), sync and
+  aio, vs the sequential line: raw single sends one at a time (1/RTT).
+
+Links are warmed before timing; rounds alternate the variants; medians and ratios
+come from this one run.
+
+    python bench/bench_aio.py [--rtt-ms 0 5 20] [--concurrent 400] [--many 1600]
 """
 
 from __future__ import annotations
@@ -18,15 +30,21 @@ import asyncio
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
+
+from _network import emulator_process, load, through_rtts
+from azure.servicebus import ServiceBusMessage
+from azure.servicebus.aio import ServiceBusClient
 
 from sendonce import EntityProfile, IdempotentSender, Message, aio
 from sendonce.backends import AzureServiceBusBackend
 from sendonce.backends.local import LocalBackend
-from sendonce.emulator import Emulator
 
 PROFILE = EntityProfile("orders")
+PARTS = EntityProfile("parts", partitioned=True)
+RAW_LINKS = 8
 
 
 def messages(n: int, tag: str) -> list[Message]:
@@ -55,38 +73,12 @@ async def aio_local(path: Path, batch: list[Message], concurrent: bool) -> float
         return time.perf_counter() - start
 
 
-def sync_sb(conn: str, batch: list[Message]) -> float:
-    with (
-        AzureServiceBusBackend.from_connection_string(conn, profiles={"orders": PROFILE}) as b,
-        IdempotentSender(b, PROFILE) as sender,
-    ):
-        sender.send(Message("warm", message_id=f"warm-{batch[0].message_id}"))  # open the link
-        start = time.perf_counter()
-        for m in batch:
-            sender.send(m)
-        return time.perf_counter() - start
-
-
-async def aio_sb(conn: str, batch: list[Message], concurrent: bool) -> float:
-    async with (
-        aio.AzureServiceBusBackend.from_connection_string(conn, profiles={"orders": PROFILE}) as b,
-        aio.IdempotentSender(b, PROFILE) as sender,
-    ):
-        await sender.send(Message("warm", message_id=f"warm-{batch[0].message_id}"))
-        start = time.perf_counter()
-        if concurrent:
-            await asyncio.gather(*(sender.send(m) for m in batch))
-        else:
-            for m in batch:
-                await sender.send(m)
-        return time.perf_counter() - start
-
-
 def rounds(repeats: int, runs: dict[str, Callable[[int], float]]) -> dict[str, float]:
     times: dict[str, list[float]] = {name: [] for name in runs}
     for r in range(repeats):
-        for name, run in runs.items():
-            times[name].append(run(r))
+        names = list(runs) if r % 2 == 0 else list(reversed(runs))
+        for name in names:
+            times[name].append(runs[name](r))
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -100,52 +92,169 @@ def report(title: str, n: int, medians: dict[str, float]) -> None:
         )
 
 
+def keyed(n: int, keys: int, tag: str) -> list[Message]:
+    return [
+        Message(f'{{"order_id": {i}}}', message_id=f"{tag}-{i}", partition_key=f"k{i % keys}")
+        for i in range(n)
+    ]
+
+
+async def timed(run: Callable[[], Awaitable[Any]]) -> float:
+    start = time.perf_counter()
+    await run()
+    return time.perf_counter() - start
+
+
+class Network:
+    """Every variant's client, opened and warmed once per RTT, timed in alternating rounds."""
+
+    def __init__(self, conn: str, args: argparse.Namespace) -> None:
+        self.conn = conn
+        self.args = args
+
+    async def run(self, repeats: int) -> dict[str, tuple[int, float]]:
+        args = self.args
+        profiles = {"orders": PROFILE, "parts": PARTS}
+        n, m = args.concurrent, args.many
+        async with (
+            aio.AzureServiceBusBackend.from_connection_string(self.conn, profiles=profiles) as b,
+            aio.IdempotentSender(b, PROFILE) as sender,
+            aio.IdempotentSender(b, PARTS) as parts,
+            ServiceBusClient.from_connection_string(self.conn, retry_total=0) as client,
+        ):
+            sync_backend = AzureServiceBusBackend.from_connection_string(
+                self.conn, profiles=profiles
+            )
+            sync_parts = IdempotentSender(sync_backend, PARTS)
+            raw = client.get_queue_sender("orders")
+            links = [client.get_queue_sender("orders") for _ in range(RAW_LINKS)]
+            # warm every link: an attach costs several round trips
+            warm = b.max_in_flight * 2
+            await asyncio.gather(*(sender.send(x) for x in messages(warm, "warm-so")))
+            await parts.send_many(keyed(warm, args.keys, "warm-parts"))
+            await asyncio.to_thread(sync_parts.send_many, keyed(warm, args.keys, "warm-sp"))
+            for i, link in enumerate([raw, *links]):
+                await link.send_messages(ServiceBusMessage(b"w", message_id=f"warm-raw-{i}"))
+
+            async def so_gather(tag: str) -> None:
+                await asyncio.gather(*(sender.send(x) for x in messages(n, tag)))
+
+            async def raw_gather(tag: str) -> None:
+                batch = [
+                    ServiceBusMessage(x.body, message_id=x.message_id) for x in messages(n, tag)
+                ]
+                await asyncio.gather(*(raw.send_messages(x, timeout=30) for x in batch))
+
+            async def raw_links(tag: str) -> None:
+                queue: asyncio.Queue[Message] = asyncio.Queue()
+                for x in messages(n, tag):
+                    queue.put_nowait(x)
+
+                async def lane(link: Any) -> None:
+                    while not queue.empty():
+                        x = queue.get_nowait()
+                        await link.send_messages(
+                            ServiceBusMessage(x.body, message_id=x.message_id), timeout=30
+                        )
+
+                await asyncio.gather(*(lane(link) for link in links))
+
+            async def raw_sequential(tag: str) -> None:
+                for x in messages(args.sequential, tag):
+                    await raw.send_messages(
+                        ServiceBusMessage(x.body, message_id=x.message_id), timeout=30
+                    )
+
+            async def so_many(tag: str) -> None:
+                report = await parts.send_many(keyed(m, args.keys, tag))
+                assert report.sent == m, report
+
+            async def sync_many(tag: str) -> None:
+                report = await asyncio.to_thread(sync_parts.send_many, keyed(m, args.keys, tag))
+                assert report.sent == m, report
+
+            variants: dict[str, tuple[int, Callable[[str], Awaitable[None]]]] = {
+                "aio send() x concurrent": (n, so_gather),
+                "raw one sender, gather": (n, raw_gather),
+                f"raw {RAW_LINKS} links": (n, raw_links),
+                "raw sequential (1/RTT)": (args.sequential, raw_sequential),
+                "aio send_many, keyed": (m, so_many),
+                "sync send_many, keyed": (m, sync_many),
+            }
+            times: dict[str, list[float]] = {k: [] for k in variants}
+            for r in range(repeats):
+                names = list(variants) if r % 2 == 0 else list(reversed(variants))
+                for name in names:
+                    _, fn = variants[name]
+                    tag = f"{name.split()[0]}{len(times[name])}-{r}-{id(self)}"
+                    times[name].append(await timed(lambda fn=fn, tag=tag: fn(tag)))
+            for link in [raw, *links]:
+                await link.close()
+            await asyncio.to_thread(sync_parts.close)
+            await asyncio.to_thread(sync_backend.close)
+            self.max_in_flight = b.max_in_flight
+        return {k: (variants[k][0], statistics.median(v)) for k, v in times.items()}
+
+
+def network_report(rtt: float, results: dict[str, tuple[int, float]], lanes: int) -> None:
+    rate = {k: n / t for k, (n, t) in results.items()}
+    print(f"RTT {rtt:g} ms (load {load()}): messages/s, median of rounds")
+    for name, value in rate.items():
+        print(f"  {name:<26} {value:9.0f}")
+    so, one = rate["aio send() x concurrent"], rate["raw one sender, gather"]
+    line = rate["raw sequential (1/RTT)"]
+    print(f"  aio send() / raw one sender:            {so / one:5.2f}x (target >= 1.0)")
+    if rtt > 0:
+        target = 0.7 * lanes / (rtt / 1000)
+        print(
+            f"  aio send() / (0.7 x {lanes} / RTT = {target:.0f}/s): {so / target:5.2f}x "
+            "(target >= 1.0)"
+        )
+    print(f"  aio send_many keyed / sequential line:  {rate['aio send_many, keyed'] / line:5.2f}x")
+    print(f"  sync send_many keyed / sequential line: {rate['sync send_many, keyed'] / line:5.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--sends", type=int, default=1000)
-    parser.add_argument("--emulator-sends", type=int, default=200)
+    parser.add_argument("--sends", type=int, default=1000, help="local broker sends")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rtt-ms", type=float, nargs="+", default=[0.0, 5.0])
+    parser.add_argument("--concurrent", type=int, default=400)
+    parser.add_argument("--many", type=int, default=1600)
+    parser.add_argument("--keys", type=int, default=16)
+    parser.add_argument("--sequential", type=int, default=100)
+    parser.add_argument("--no-local", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        n = args.sends
+        if not args.no_local:
+            n = args.sends
 
-        def path(kind: str, r: int) -> Path:
-            return root / f"{kind}-{r}.db"
+            def path(kind: str, r: int) -> Path:
+                return root / f"{kind}-{r}.db"
 
-        local = rounds(
-            args.repeats,
-            {
-                "sync": lambda r: sync_local(path("s", r), messages(n, "s")),
-                "aio sequential": lambda r: asyncio.run(
-                    aio_local(path("a", r), messages(n, "a"), False)
-                ),
-                "aio concurrent": lambda r: asyncio.run(
-                    aio_local(path("c", r), messages(n, "c"), True)
-                ),
-            },
-        )
-        report("local broker", n, local)
-
-        m = args.emulator_sends
-        db = root / "emulator.db"
-        with LocalBackend(db) as store:
-            store.create_entity(PROFILE)
-        with Emulator(db, poll_interval=0.02) as emu:
-            conn = emu.connection_string
-            remote = rounds(
+            local = rounds(
                 args.repeats,
                 {
-                    "sync": lambda r: sync_sb(conn, messages(m, f"s{r}")),
+                    "sync": lambda r: sync_local(path("s", r), messages(n, "s")),
                     "aio sequential": lambda r: asyncio.run(
-                        aio_sb(conn, messages(m, f"a{r}"), False)
+                        aio_local(path("a", r), messages(n, "a"), False)
                     ),
                     "aio concurrent": lambda r: asyncio.run(
-                        aio_sb(conn, messages(m, f"c{r}"), True)
+                        aio_local(path("c", r), messages(n, "c"), True)
                     ),
                 },
             )
-        report("emulator (azure-servicebus over a local socket)", m, remote)
+            report("local broker", n, local)
+
+        with (
+            emulator_process(root / "emulator.db", [PROFILE, PARTS]) as conn,
+            through_rtts(conn, args.rtt_ms) as conns,
+        ):
+            for rtt, url in conns.items():
+                network = Network(url, args)
+                results = asyncio.run(network.run(args.repeats))
+                network_report(rtt, results, network.max_in_flight)
 
 
 if __name__ == "__main__":
