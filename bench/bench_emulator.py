@@ -2,24 +2,24 @@
 
 Both run in one process against one emulator (started as ``sendonce emulator``
 in a subprocess, so the broker does not share the client's GIL), with the same
-messages, in alternating rounds with fresh ids. Prints messages per second for
-single sends and batches, and the ratio sendonce / raw (target: <= 1.05).
+messages, in alternating rounds with fresh ids, at each ``--rtt-ms`` (through
+``bench/delay_proxy.py`` for a round trip above 0). Prints messages per second
+for single sends and batches, and the ratio sendonce / raw (target: <= 1.05).
 
-    python bench/bench_emulator.py [--singles 300] [--batched 3000] [--rounds 3]
+    python bench/bench_emulator.py [--rtt-ms 0 5] [--singles 150] [--batched 2000] [--rounds 7]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 
+from _network import emulator_process, load, through_rtts
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSender
 from azure.servicebus.exceptions import MessageSizeExceededError
 
@@ -28,18 +28,6 @@ from sendonce.backends import Ack, AzureServiceBusBackend
 from sendonce.backends.local import LocalBackend
 
 PROFILE = EntityProfile("orders")
-
-
-def start_emulator(db: Path) -> tuple[subprocess.Popen[str], str]:
-    code = "from sendonce.cli import main; main()"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code, "emulator", "--db", str(db), "--port", "0"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    proc.stdout.readline()
-    return proc, proc.stdout.readline().strip()
 
 
 def bodies(n: int, prefix: str) -> list[tuple[str, bytes]]:
@@ -128,90 +116,89 @@ def timed(fn: Callable[[], None]) -> tuple[float, float]:
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
+def measure(conn_str: str, args: argparse.Namespace, tag: str) -> dict[str, tuple[float, float]]:
+    """Median (wall, client CPU) seconds per variant, interleaved rounds on warmed links."""
+    client = ServiceBusClient.from_connection_string(conn_str, retry_total=0)
+    raw = client.get_queue_sender("orders")
+    raw.__enter__()
+    backend = AzureServiceBusBackend.from_connection_string(conn_str, profiles={"orders": PROFILE})
+    sender = IdempotentSender(backend, "orders", retry=RetryPolicy(attempt_timeout=30.0))
+    # warm both links (connection setup is not what is measured)
+    raw_singles(raw, bodies(5, f"{tag}warm-raw"))
+    sendonce_singles(sender, bodies(5, f"{tag}warm-so"))
+    results: dict[str, list[tuple[float, float]]] = {k: [] for k in ("rs", "ss", "bs", "rb", "sb")}
+    for r in range(args.rounds):
+        # alternate which side goes first, so drift hits both equally
+        t = f"{tag}{r}"
+        pairs = [
+            ("rs", lambda t=t: raw_singles(raw, bodies(args.singles, f"rs{t}"))),
+            ("ss", lambda t=t: sendonce_singles(sender, bodies(args.singles, f"ss{t}"))),
+            ("bs", lambda t=t: backend_singles(backend, bodies(args.singles, f"bs{t}"))),
+            ("rb", lambda t=t: raw_batches(raw, bodies(args.batched, f"rb{t}"))),
+            ("sb", lambda t=t: sendonce_batches(sender, bodies(args.batched, f"sb{t}"))),
+        ]
+        if r % 2:
+            pairs = [pairs[2], pairs[1], pairs[0], pairs[4], pairs[3]]
+        for key, fn in pairs:
+            results[key].append(timed(fn))
+    sender.close()
+    backend.close()
+    raw.close()
+    client.close()
+    return {
+        k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v))
+        for k, v in results.items()
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--singles", type=int, default=150, help="single sends per round")
     parser.add_argument("--batched", type=int, default=2000, help="batched messages per round")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rtt-ms", type=float, nargs="+", default=[0.0, 5.0])
     args = parser.parse_args()
 
+    measured: dict[float, dict[str, tuple[float, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "bench.db"
-        with LocalBackend(db) as store:
-            store.create_entity(PROFILE)
-        proc, conn_str = start_emulator(db)
-        try:
-            client = ServiceBusClient.from_connection_string(conn_str, retry_total=0)
-            raw = client.get_queue_sender("orders")
-            raw.__enter__()
-            backend = AzureServiceBusBackend.from_connection_string(
-                conn_str, profiles={"orders": PROFILE}
-            )
-            sender = IdempotentSender(backend, "orders", retry=RetryPolicy(attempt_timeout=30.0))
-            # warm both links (connection setup is not what is measured)
-            raw_singles(raw, bodies(5, "warm-raw"))
-            sendonce_singles(sender, bodies(5, "warm-so"))
-
-            results: dict[str, list[tuple[float, float]]] = {
-                k: [] for k in ("rs", "ss", "bs", "rb", "sb")
-            }
-            for r in range(args.rounds):
-                # alternate which side goes first, so drift hits both equally
-                pairs = [
-                    ("rs", lambda r=r: raw_singles(raw, bodies(args.singles, f"rs{r}"))),
-                    ("ss", lambda r=r: sendonce_singles(sender, bodies(args.singles, f"ss{r}"))),
-                    ("bs", lambda r=r: backend_singles(backend, bodies(args.singles, f"bs{r}"))),
-                    ("rb", lambda r=r: raw_batches(raw, bodies(args.batched, f"rb{r}"))),
-                    ("sb", lambda r=r: sendonce_batches(sender, bodies(args.batched, f"sb{r}"))),
-                ]
-                if r % 2:
-                    pairs = [pairs[2], pairs[1], pairs[0], pairs[4], pairs[3]]
-                for key, fn in pairs:
-                    results[key].append(timed(fn))
-            sender.close()
-            backend.close()
-            raw.close()
-            client.close()
-        finally:
-            proc.terminate()
-            proc.wait(timeout=20)
+        with (
+            emulator_process(db, [PROFILE]) as conn_str,
+            through_rtts(conn_str, args.rtt_ms) as urls,
+        ):
+            for rtt, url in urls.items():
+                measured[rtt] = measure(url, args, f"{rtt:g}ms-")
         with LocalBackend(db) as store:
             stored = len(store.message_ids("orders"))
 
-    expected = 10 + args.rounds * (3 * args.singles + 2 * args.batched)
-    wall = {k: statistics.median(w for w, _ in v) for k, v in results.items()}
-    cpu = {k: statistics.median(c for _, c in v) for k, v in results.items()}
+    expected = len(args.rtt_ms) * (10 + args.rounds * (3 * args.singles + 2 * args.batched))
     print(f"emulator benchmark: {args.rounds} interleaved rounds, medians; load {load()}")
     print(f"  stored messages: {stored} (expected {expected})")
-    for label, n, raw_key, so_key in (
-        ("single sends", args.singles, "rs", "ss"),
-        ("batches     ", args.batched, "rb", "sb"),
-    ):
+    for rtt, medians in measured.items():
+        wall = {k: w for k, (w, _) in medians.items()}
+        cpu = {k: c for k, (_, c) in medians.items()}
+        print(f" RTT {rtt:g} ms")
+        for label, n, raw_key, so_key in (
+            ("single sends", args.singles, "rs", "ss"),
+            ("batches     ", args.batched, "rb", "sb"),
+        ):
+            print(
+                f"  {label}  raw {n / wall[raw_key]:7.0f} msg/s  sendonce "
+                f"{n / wall[so_key]:7.0f} msg/s  wall ratio {wall[so_key] / wall[raw_key]:.3f}"
+                f"  client-CPU ratio {cpu[so_key] / cpu[raw_key]:.3f}"
+                f"  (client CPU {1e6 * cpu[raw_key] / n:.0f} vs {1e6 * cpu[so_key] / n:.0f} us/msg)"
+            )
+        n = args.singles
         print(
-            f"  {label}  raw {n / wall[raw_key]:7.0f} msg/s  sendonce {n / wall[so_key]:7.0f} msg/s"
-            f"  wall ratio {wall[so_key] / wall[raw_key]:.3f}"
-            f"  client-CPU ratio {cpu[so_key] / cpu[raw_key]:.3f}"
-            f"  (client CPU {1e6 * cpu[raw_key] / n:.0f} vs {1e6 * cpu[so_key] / n:.0f} us/msg)"
+            f"  AzureServiceBusBackend.send alone: {n / wall['bs']:7.0f} msg/s"
+            f"  wall ratio {wall['bs'] / wall['rs']:.3f}"
+            f"  client-CPU ratio {cpu['bs'] / cpu['rs']:.3f} ({1e6 * cpu['bs'] / n:.0f} us/msg)"
         )
-    n = args.singles
     per_send, per_call = sender_overhead()
     print(
         f"  IdempotentSender.send over a null backend: {per_send:.0f} us/call "
         f"(RetryPolicy.call alone: {per_call:.0f} us)"
     )
-    print(
-        f"  AzureServiceBusBackend.send alone: {n / wall['bs']:7.0f} msg/s"
-        f"  wall ratio {wall['bs'] / wall['rs']:.3f}"
-        f"  client-CPU ratio {cpu['bs'] / cpu['rs']:.3f} ({1e6 * cpu['bs'] / n:.0f} us/msg)"
-    )
-
-
-def load() -> str:
-    try:
-        with open("/proc/loadavg") as f:
-            return " ".join(f.read().split()[:3])
-    except OSError:
-        return "unknown"
 
 
 if __name__ == "__main__":

@@ -53,11 +53,12 @@ def to_servicebus_message(
             f"message {message.message_id!r} cannot be converted for Service Bus: {exc}",
             field="message",
         ) from None
-    if not converted.message_id or converted.message_id != message.message_id:
+    carried = converted.message_id  # a decoding property: read it once
+    if not carried or carried != message.message_id:
         # Never let the client's random UUID stand in for the deterministic id.
         raise MessageIdError(
             f"message {message.message_id!r}: the Service Bus message would carry id "
-            f"{converted.message_id!r}, not ours",
+            f"{carried!r}, not ours",
             field="message_id",
         )
     return converted
