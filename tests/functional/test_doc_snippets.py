@@ -91,6 +91,17 @@ def _prepare(code: str, workdir: Path, port: int | None) -> str:
     return code
 
 
+def _reader_environment() -> dict[str, str]:
+    """What a reader who followed the docs has: an activated virtual environment (its
+    ``bin`` first on ``PATH``, as ``source .venv/bin/activate`` does), and nothing this
+    suite would set behind the docs' back (no ``PYSPARK_PYTHON``)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_")}
+    venv_bin = os.path.dirname(sys.executable)
+    env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
+    env["VIRTUAL_ENV"] = os.path.dirname(venv_bin)
+    return env
+
+
 def _run(doc: Path, blocks: list[Snippet], workdir: Path, port: int | None) -> None:
     import json
 
@@ -104,11 +115,7 @@ def _run(doc: Path, blocks: list[Snippet], workdir: Path, port: int | None) -> N
         text=True,
         cwd=workdir,
         timeout=600,
-        env={
-            **os.environ,
-            "PYSPARK_PYTHON": sys.executable,
-            "PYSPARK_DRIVER_PYTHON": sys.executable,
-        },
+        env=_reader_environment(),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
@@ -139,6 +146,83 @@ def test_every_snippet_of_the_document_runs(doc: Path, tmp_path: Path) -> None:
             _run(doc, blocks, tmp_path, emulator.port)
     else:
         _run(doc, blocks, tmp_path, None)
+
+
+def test_the_spark_page_says_how_workers_find_sendonce() -> None:
+    """The snippets run in an activated venv (above): the page must ask for one."""
+    text = (ROOT / "docs" / "spark.md").read_text(encoding="utf-8")
+    assert "source .venv/bin/activate" in text and "PYSPARK_PYTHON" in text
+
+
+def test_the_local_broker_page_runs_twice_in_one_directory(tmp_path: Path) -> None:
+    """A reader runs a page's snippets again: they must not depend on a first run."""
+    doc = ROOT / "docs" / "local-broker.md"
+    blocks = [s for s in snippets(doc) if s.mark is None]
+    _run(doc, blocks, tmp_path, None)
+    _run(doc, blocks, tmp_path, None)
+
+
+_CONSOLE = re.compile(r"^```console[ \t]*\n(?P<code>.*?)^```[ \t]*$", re.M | re.S)
+_CONSOLE_SKIP = re.compile(r"<!--\s*console:\s*skip\s*\((?P<why>[^)]+)\)\s*-->\s*$")
+
+
+def console_commands(doc: Path) -> list[tuple[int, str, list[str]]]:
+    """Each ``$ sendonce ...`` of the page's console blocks: (line, command, output lines).
+
+    A ``\\`` continues a command on the next line; ``# ...`` comments and optional
+    ``[...]`` parts are dropped; ``<!-- console: skip (why) -->`` skips a block.
+    """
+    text = doc.read_text(encoding="utf-8")
+    found: list[tuple[int, str, list[str]]] = []
+    for match in _CONSOLE.finditer(text):
+        before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        if _CONSOLE_SKIP.search(before):
+            continue
+        line = text.count("\n", 0, match.start()) + 1
+        pending = ""
+        for offset, raw in enumerate(match.group("code").splitlines(), start=1):
+            if pending or raw.startswith("$ "):
+                pending += " " + (raw[2:] if raw.startswith("$ ") else raw.strip())
+                if pending.endswith("\\"):
+                    pending = pending[:-1]
+                    continue
+                command = re.sub(r"\s+#\s.*$|^\s*#.*$", "", pending)
+                command = re.sub(r"\s*\[[^\]]*\]", "", command).strip()
+                pending = ""
+                if command:
+                    found.append((line + offset, command, []))
+            elif found and raw.strip():
+                found[-1][2].append(raw.strip())
+    return found
+
+
+def test_the_cli_page_commands_run_as_written(tmp_path: Path) -> None:
+    """docs/cli.md's console examples, in order, in an empty directory holding only the
+    ``orders.jsonl`` they publish: each succeeds and prints the lines shown (path-free)."""
+    import json
+    import shlex
+
+    orders = "".join(json.dumps({"order_id": i, "year": 2017}) + "\n" for i in range(250))
+    (tmp_path / "orders.jsonl").write_text(orders)
+    commands = console_commands(ROOT / "docs" / "cli.md")
+    assert len(commands) >= 15
+    for line, command, shown in commands:
+        args = shlex.split(command)
+        assert args[0] == "sendonce", f"docs/cli.md:{line}: {command}"
+        proc = subprocess.run(
+            [sys.executable, "-m", "sendonce.cli", *args[1:]],
+            input="y\n",
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=120,
+            env=_reader_environment(),
+        )
+        where = f"docs/cli.md:{line}: {command}\n{proc.stdout}{proc.stderr}"
+        assert proc.returncode == 0, where
+        for expected in shown:
+            if "/" not in expected and not expected.startswith(("publishing", "validating")):
+                assert expected in proc.stdout, where
 
 
 def test_the_snippet_finder_sees_the_documents() -> None:

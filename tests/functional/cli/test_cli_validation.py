@@ -242,3 +242,13 @@ def test_demo_workdir_in_a_missing_directory_is_refused(tmp_path):
     result = run("demo", "--workdir", str(tmp_path / "missing" / "x"))
     assert result.exit_code == 2 and "does not exist; create it first" in result.stderr
     assert not (tmp_path / "missing").exists()
+
+
+# 7. Help texts say what each command does, not what another one does.
+
+
+def test_broker_help_speaks_of_broker_files_not_records():
+    text = " ".join(run("broker", "--help").output.split())
+    assert "Exit status: 0 done; 1 the broker file could not be read or written" in text
+    assert "records" not in text and "re-run" not in text
+    assert "delete" in text and "backup" in text
