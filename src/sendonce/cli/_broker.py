@@ -176,6 +176,19 @@ def _require_entity(backend: LocalBackend, name: str) -> None:
     )
 
 
+def _check_session_id(backend: LocalBackend, name: str, session_id: str | None) -> None:
+    """A session id only means something on an entity with sessions, and is never empty."""
+    if session_id is None:
+        return
+    if not session_id:
+        raise InputError("--session-id: give a session id (it is empty)")
+    if not backend.describe(name).sessions:
+        raise InputError(
+            f"--session-id: entity {name!r} has no sessions, so no message has a session to "
+            "select by; leave --session-id out"
+        )
+
+
 def _settings(profile: EntityProfile) -> dict[str, Any]:
     """The profile as JSON fields, for scripts (``stats --json``)."""
     return {
@@ -289,6 +302,7 @@ def peek(
     """Print stored messages as JSON lines without removing them."""
     with _open(file, reading_only=True) as backend:
         _require_entity(backend, name)
+        _check_session_id(backend, name, session_id)
         messages = backend.peek(
             name,
             max_messages=max_messages,
@@ -313,6 +327,7 @@ def receive(
     """Take available messages (receive-and-delete) and print them as JSON lines."""
     with _open(file) as backend:
         _require_entity(backend, name)
+        _check_session_id(backend, name, session_id)
         messages = backend.receive(
             name,
             max_messages=max_messages,

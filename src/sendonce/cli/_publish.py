@@ -282,7 +282,7 @@ def _validate(
                         facts.shared_problem(group, item.line, text)
                         continue
                     facts.add(item.line, message)
-        except UnicodeDecodeError as exc:
+        except UnicodeError as exc:  # UnicodeDecodeError, or UTF-16 without its BOM
             facts.problem(_decode_problem(path, source, exc))
         bar.update(max(os.path.getsize(path) - done, 0))
     facts.check(profile)
@@ -290,7 +290,7 @@ def _validate(
     return facts
 
 
-def _decode_problem(path: str, source: Source, exc: UnicodeDecodeError) -> str:
+def _decode_problem(path: str, source: Source, exc: UnicodeError) -> str:
     """Text in another encoding: say which option reads it."""
     with open(path, "rb") as raw:
         head = raw.read(2)
@@ -302,7 +302,13 @@ def _decode_problem(path: str, source: Source, exc: UnicodeDecodeError) -> str:
             "give its encoding with --encoding, e.g. --encoding cp1252 for a Windows "
             "spreadsheet export or --encoding utf-16"
         )
-    return f"{source.name}: not {encoding} text ({exc.reason} at byte {exc.start}); {hint}"
+    if isinstance(exc, UnicodeDecodeError):
+        detail = f"{exc.reason} at byte {exc.start}"
+    else:
+        detail = str(exc)
+        if encoding == "utf-16":
+            hint = "give --encoding utf-16-le or utf-16-be (the file has no byte-order mark)"
+    return f"{source.name}: not {encoding} text ({detail}); {hint}"
 
 
 def _notes(facts: Facts, header: Header, source: Source) -> Iterator[str]:
