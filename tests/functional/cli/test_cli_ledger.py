@@ -250,3 +250,16 @@ def test_ledger_commands_read_and_resolve_a_postgresql_ledger(tmp_path):
         assert run("ledger", "release", url, "--entity", "orders", "--id", "2").exit_code == 0
         stats = json.loads(run("ledger", "stats", url, "--json").stdout)
         assert (stats["orders"]["keys"], stats["orders"]["confirmed"]) == (1, 1)
+
+
+def test_an_unreachable_ledger_is_refused_without_its_password(tmp_path):
+    db = str(tmp_path / "broker.db")
+    assert run("broker", "create", db, "--entity", "orders").exit_code == 0
+    url = "postgresql://u:topsecret@127.0.0.1:1/x?connect_timeout=1"
+    result = publish(db, orders(tmp_path, 1), "orders", "--ledger", url, "--json")
+    assert result.exit_code == 2 and json.loads(result.stdout)["status"] == "error"
+    stats = run("ledger", "stats", url)
+    assert stats.exit_code in (1, 2)
+    for shown in (result.stdout + result.stderr, stats.stdout + stats.stderr):
+        assert "topsecret" not in shown and "Traceback" not in shown
+    assert stored(db, "orders") == []
