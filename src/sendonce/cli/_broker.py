@@ -6,7 +6,7 @@ import base64
 import json
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -15,12 +15,13 @@ import click
 from .._entity import EntityProfile
 from ..backends.local import LocalBackend, ReceivedMessage
 from ..errors import SendOnceError, ValidationError
-from ._files import check_writable, os_errors
+from ._files import os_errors, writable_problem
+from ._snapshot import snapshot
 from ._words import (
     BROKER_EXIT_HELP,
+    CommandError,
     InputError,
     cli_text,
-    command_error,
     duration_option,
     format_duration,
     parse_duration,
@@ -40,12 +41,26 @@ def _open(path: str, *, create: bool = False, reading_only: bool = False) -> Ite
 
     Only ``create`` makes a new file: every other command opens an existing broker.
     """
-    check_writable(path, "broker file", reading_only=reading_only)
-    try:
-        with os_errors("broker file"), LocalBackend(path, create=create) as backend:
-            yield backend
-    except SendOnceError as exc:
-        raise command_error(exc) from None
+    where = os.path.abspath(path)
+    problem = writable_problem(path, "broker file", reading_only=reading_only)
+    if problem is not None and not (reading_only and os.access(where, os.R_OK)):
+        raise InputError(problem)
+    with ExitStack() as stack:
+        opened = where
+        if problem is not None:  # a read-only broker: look at a snapshot, write nothing
+            opened = stack.enter_context(snapshot(where, "broker file"))
+            click.echo(
+                f"note: you may not write {where} or beside it: showing a snapshot of it taken now",
+                err=True,
+            )
+        try:
+            with os_errors("broker file"), LocalBackend(opened, create=create) as backend:
+                yield backend
+        except SendOnceError as exc:
+            text = cli_text(exc).replace(opened, where)
+            if isinstance(exc, ValidationError):
+                raise InputError(text) from None
+            raise CommandError(text) from None
 
 
 @click.group(epilog=BROKER_EXIT_HELP)

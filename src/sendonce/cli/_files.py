@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 from ._words import InputError
 
-__all__ = ["check_writable", "os_errors"]
+__all__ = ["check_writable", "os_errors", "writable_problem"]
 
 _COMPANIONS = ("-wal", "-shm", ".lock")
 
@@ -31,10 +31,17 @@ def check_writable(path: str, what: str, *, reading_only: bool = False) -> None:
     ``reading_only`` says the command itself only reads, so the message explains why
     write access is still needed.
     """
+    problem = writable_problem(path, what, reading_only=reading_only)
+    if problem is not None:
+        raise InputError(problem)
+
+
+def writable_problem(path: str, what: str, *, reading_only: bool = False) -> str | None:
+    """Why the database at ``path`` cannot be opened for writing, or ``None``."""
     path = os.path.abspath(path)
     directory = os.path.dirname(path)
     if os.path.exists(path) and not os.access(path, os.R_OK):
-        raise InputError(
+        return (
             f"{what} {path!r} cannot be read: permission denied. Ask its owner for read "
             "and write access"
         )
@@ -44,7 +51,7 @@ def check_writable(path: str, what: str, *, reading_only: bool = False) -> None:
         if missing or not os.path.exists(path):
             blocked.append(directory)
     if not blocked:
-        return
+        return None
     why = (
         "this command only reads, but opening the file takes its lock and write-ahead log, "
         "which are written beside it"
@@ -52,7 +59,7 @@ def check_writable(path: str, what: str, *, reading_only: bool = False) -> None:
         else "the command writes to it"
     )
     shown = ", ".join(repr(p) for p in blocked)
-    raise InputError(
+    return (
         f"{what} {path!r} cannot be opened: no write permission on {shown} ({why}). Give "
         "your user write access to them (chmod / chown), or copy the file into a directory "
         "you may write and open the copy; the file itself is not damaged"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
@@ -21,8 +21,9 @@ import click
 from ..errors import SendOnceError, ValidationError, redact
 from ..ledger import DEFAULT_RETENTION, Key, Ledger
 from ..ledger._inspect import EntityCounts, entity_counts, resolve, unconfirmed
-from ._files import check_writable, os_errors
+from ._files import os_errors, writable_problem
 from ._rerun import utc_text
+from ._snapshot import snapshot
 from ._words import (
     EXIT_USAGE,
     InputError,
@@ -58,13 +59,32 @@ def _ledger_url(text: str) -> str:
         )
     if os.path.isdir(path):
         raise InputError(f"LEDGER: {os.path.abspath(path)!r} is a directory, not a ledger file")
-    check_writable(path, "LEDGER: ledger file", reading_only=True)
     return url
 
 
 @contextmanager
-def _open(text: str) -> Iterator[Ledger]:
+def _open(text: str, *, reading_only: bool = False) -> Iterator[Ledger]:
+    """Open the ledger LEDGER names; one the user may not write is read from a snapshot."""
     url = _ledger_url(text)
+    with ExitStack() as stack:
+        if url.startswith("sqlite:"):
+            path = os.path.abspath(unquote(urlsplit(url).path))
+            problem = writable_problem(path, "LEDGER: ledger file", reading_only=reading_only)
+            if problem is not None and not (reading_only and os.access(path, os.R_OK)):
+                raise InputError(problem)
+            if problem is not None:
+                url = "sqlite://" + stack.enter_context(snapshot(path, "LEDGER: ledger file"))
+                click.echo(
+                    f"note: you may not write {path} or beside it: showing a snapshot of it "
+                    "taken now",
+                    err=True,
+                )
+        with _opened(url) as ledger:
+            yield ledger
+
+
+@contextmanager
+def _opened(url: str) -> Iterator[Ledger]:
     try:
         with os_errors("LEDGER: ledger file"), Ledger(url) as ledger:
             yield ledger
@@ -118,7 +138,7 @@ def _counts_json(counts: EntityCounts, retention: timedelta | None) -> dict[str,
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def stats(ledger_url: str, entity: str | None, retention: timedelta | None, as_json: bool) -> None:
     """Keys per entity: confirmed, unconfirmed, their ages, and when pruning starts."""
-    with _open(ledger_url) as opened:
+    with _open(ledger_url, reading_only=True) as opened:
         counts = entity_counts(opened.store)
     if entity is not None:
         counts = [c for c in counts if c.entity == entity]
@@ -170,7 +190,7 @@ def in_doubt(
     ledger_url: str, entity: str, window: timedelta | None, max_keys: int, as_json: bool
 ) -> None:
     """Keys whose send was never confirmed: check the broker, then confirm or release each."""
-    with _open(ledger_url) as opened:
+    with _open(ledger_url, reading_only=True) as opened:
         rows = unconfirmed(opened.store, entity, limit=max_keys)
     now = datetime.now(UTC)
     shown = 0

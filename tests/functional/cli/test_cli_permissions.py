@@ -13,6 +13,7 @@ import stat
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -68,17 +69,39 @@ def assert_refused(result: subprocess.CompletedProcess[str], *named: str) -> Non
 
 def test_a_read_only_broker_file_is_named_not_called_damaged(broker: Path):
     broker.chmod(0o444)
-    for args in (["broker", "stats", str(broker)], ["broker", "peek", str(broker), "--entity",
-                 "orders"], ["broker", "purge", str(broker), "--entity", "orders"]):  # fmt: skip
+    for args in (["broker", "purge", str(broker), "--entity", "orders"],
+                 ["broker", "receive", str(broker), "--entity", "orders"],
+                 ["broker", "create", str(broker), "--entity", "new"]):  # fmt: skip
         result = sendonce(*args, cwd=broker.parent)
         assert_refused(result, f"no write permission on '{broker}'", "chmod")
-    assert (
-        "this command only reads"
-        in sendonce("broker", "stats", str(broker), cwd=broker.parent).stderr
-    )
     broker.chmod(0o644)
     with LocalBackend(broker) as backend:
         assert backend.message_ids("orders") == ["1"]  # nothing lost
+
+
+def test_a_broker_the_user_may_not_write_is_inspected_from_a_snapshot(broker: Path):
+    """A backup on a read-only volume: stats, peek (the dead-letter queue too) and backup
+    work, and nothing is written beside the file."""
+    with LocalBackend(broker) as backend:
+        [locked] = backend.receive("orders", mode="peek_lock")
+        assert locked.lock_token is not None
+        backend.dead_letter("orders", locked.lock_token, reason="checked")
+    home = broker.parent
+    before = sorted(p.name for p in home.iterdir())
+    broker.chmod(0o444)
+    home.chmod(0o555)
+    stats = sendonce("broker", "stats", str(broker), "--json", cwd=home)
+    assert stats.returncode == 0, stats.stderr
+    assert "showing a snapshot of it taken now" in stats.stderr
+    assert "orders" in json.loads(stats.stdout)
+    peek = sendonce("broker", "peek", str(broker), "--entity", "orders", "--dead-letter", cwd=home)
+    assert json.loads(peek.stdout)["dead_letter_reason"] == "checked"
+    copy = home.parent / "copy.db"
+    assert sendonce("broker", "backup", str(broker), str(copy), cwd=home.parent).returncode == 0
+    assert sorted(p.name for p in home.iterdir()) == before
+    home.chmod(0o755)
+    with LocalBackend(copy) as backend:
+        assert backend.peek("orders", sub_queue="dead_letter")[0].message_id == "1"
 
 
 def test_a_read_only_directory_is_named(broker: Path, tmp_path: Path):
@@ -100,19 +123,33 @@ def test_a_lock_file_of_another_user_is_named(broker: Path):
     lock = Path(str(broker) + ".lock")
     lock.touch()
     lock.chmod(0o444)  # as another user's 0644 lock looks to us
-    result = sendonce("broker", "stats", str(broker), cwd=broker.parent)
+    result = sendonce("broker", "purge", str(broker), "--entity", "orders", cwd=broker.parent)
     assert_refused(result, f"'{lock}'")
+    looked = sendonce("broker", "stats", str(broker), cwd=broker.parent)
+    assert looked.returncode == 0 and "snapshot" in looked.stderr
 
 
-def test_a_read_only_ledger_is_named(tmp_path: Path):
-    from sendonce.ledger import Ledger
+def test_a_read_only_ledger_is_read_from_a_snapshot_and_not_resolved(tmp_path: Path):
+    from datetime import UTC, datetime
+
+    from sendonce import Message
+    from sendonce.ledger import Key, Ledger
 
     path = tmp_path / "ledger.db"
-    with Ledger(f"sqlite://{path}"):
-        pass
+    with Ledger(f"sqlite://{path}", clock=lambda: datetime(2026, 1, 1, tzinfo=UTC)) as ledger:
+        ledger.prepare(
+            "orders", [Message("x", message_id="1")], [Key("1", "")],
+            window=timedelta(minutes=10), margin=timedelta(seconds=5),
+        )  # fmt: skip
     path.chmod(0o444)
     try:
-        result = sendonce("ledger", "stats", str(path), cwd=tmp_path)
-        assert_refused(result, f"no write permission on '{path}'")
+        stats = sendonce("ledger", "stats", str(path), "--json", cwd=tmp_path)
+        assert stats.returncode == 0, stats.stderr
+        assert json.loads(stats.stdout)["orders"]["unconfirmed"] == 1
+        listed = sendonce("ledger", "in-doubt", str(path), "--entity", "orders", cwd=tmp_path)
+        assert "'1': first attempted 2026-01-01" in listed.stdout
+        refused = sendonce("ledger", "confirm", str(path), "--entity", "orders", "--id", "1",
+                           cwd=tmp_path)  # fmt: skip
+        assert_refused(refused, f"no write permission on '{path}'")
     finally:
         path.chmod(0o644)
