@@ -26,7 +26,7 @@ import shutil
 import sys
 import tempfile
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -741,7 +741,8 @@ def publish(
     for good with --ledger. Without a ledger, records the broker has forgotten
     cannot be detected and would be sent again.
     """
-    with _json_on_error(entity, as_json):
+    ending = _Ending()
+    with _json_on_error(entity, as_json, ending):
         if in_doubt is not None and ledger_url is None:
             raise click.UsageError(
                 "--in-doubt needs --ledger: only a ledger knows what is in doubt"
@@ -793,6 +794,9 @@ def publish(
                     promise=promise,
                     report=report,
                 )
+                # Every record is accounted for: an interruption from here on (closing
+                # the connection) still ends with this report.
+                ending.report = lambda: report.finish(outcome, len(facts.lines))
         report.finish(outcome, len(facts.lines))
 
 
@@ -841,11 +845,23 @@ def _source_options(
     return Source(name, reading, format_guessed=fmt is None)
 
 
+@dataclass
+class _Ending:
+    """How a Ctrl-C outside the sending pass ends: before sending, nothing was sent; once
+    every record is accounted for, with the run's report."""
+
+    report: Callable[[], NoReturn] | None = None
+
+
 @contextmanager
-def _json_on_error(entity: str, as_json: bool) -> Iterator[None]:
+def _json_on_error(entity: str, as_json: bool, ending: _Ending) -> Iterator[None]:
     """With ``--json``, a refusal is a report too: scripts get one object on every exit."""
     try:
         yield
+    except KeyboardInterrupt:
+        if ending.report is not None:
+            ending.report()
+        _interrupted_before_sending("connecting", entity, as_json)
     except click.ClickException as exc:
         if as_json:
             report = {

@@ -263,3 +263,19 @@ def test_an_unreachable_ledger_is_refused_without_its_password(tmp_path):
     for shown in (result.stdout + result.stderr, stats.stdout + stats.stderr):
         assert "topsecret" not in shown and "Traceback" not in shown
     assert stored(db, "orders") == []
+
+
+def test_ctrl_c_while_connecting_reports_in_json_that_nothing_was_sent(tmp_path, monkeypatch):
+    db = str(tmp_path / "broker.db")
+    assert run("broker", "create", db, "--entity", "orders").exit_code == 0
+
+    def interrupted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(IdempotentSender, "__init__", interrupted)
+    result = publish(db, orders(tmp_path, 3), "orders", "--json")
+    assert result.exit_code == 130
+    report = json.loads(result.stdout)
+    assert (report["status"], report["sent"], report["stage"]) == ("interrupted", 0, "connecting")
+    assert "nothing was sent" in result.stderr
+    assert stored(db, "orders") == []
