@@ -16,6 +16,9 @@ const { ServiceBusClient } = require("@azure/service-bus");
 const { Scenario } = require("./lib/scenario");
 
 const SCENARIO_TIMEOUT_MS = 45_000;
+// The client's own operation timeout (60 s by default), kept well under the scenario's so an
+// unanswered request fails as the client reports it (ServiceTimeout) at the call that waited.
+const OPERATION_TIMEOUT_MS = 15_000;
 
 function loadScenarios(only) {
   const dir = path.join(__dirname, "scenarios");
@@ -57,8 +60,10 @@ function describe(err) {
 async function runOne(connectionString, { name, module }) {
   const started = Date.now();
   // One client, so one connection, per scenario: a scenario cannot disturb another's links.
-  const client = new ServiceBusClient(connectionString, { retryOptions: { maxRetries: 0 } });
-  const scenario = new Scenario(name, client, connectionString);
+  const client = new ServiceBusClient(connectionString, {
+    retryOptions: { maxRetries: 0, timeoutInMs: OPERATION_TIMEOUT_MS },
+  });
+  const scenario = new Scenario(name, client, connectionString, OPERATION_TIMEOUT_MS);
   const result = { scenario: name };
   if (module.divergence) {
     result.divergence = module.divergence;

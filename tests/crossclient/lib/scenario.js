@@ -7,8 +7,9 @@ const { ServiceBusClient, isServiceBusError } = require("@azure/service-bus");
 class KnownDivergenceFixed extends Error {}
 
 class Scenario {
-  constructor(name, client, connectionString) {
+  constructor(name, client, connectionString, operationTimeoutMs) {
     this.name = name;
+    this.operationTimeoutMs = operationTimeoutMs;
     this.client = client;
     this.connectionString = connectionString;
     this.links = [];
@@ -24,7 +25,11 @@ class Scenario {
     return this.track(
       new ServiceBusClient(this.connectionString, {
         ...options,
-        retryOptions: { maxRetries: 0, ...options.retryOptions },
+        retryOptions: {
+          maxRetries: 0,
+          timeoutInMs: this.operationTimeoutMs,
+          ...options.retryOptions,
+        },
       }),
     );
   }
