@@ -41,6 +41,8 @@ logger.pyspark.level=off
 def _session(workdir: Path) -> tuple[Any, bool]:
     """A quiet local session that retries failed tasks (``local[2,4]``); (session, created)."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # Spark's Python workers run `python3` from PATH unless PYSPARK_PYTHON says otherwise
+    # (docs/spark.md); the demo points them at the interpreter it runs in, where sendonce is.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
