@@ -140,17 +140,20 @@ JOIN unnest(%(mids)s::text[], %(pks)s::text[]) AS u(m, p)
 {_TRANSFER}
 WHERE l.entity = %(entity)s
 """
+# Pruning is housekeeping: it skips rows a producer holds (they go next time) rather than
+# wait for them, so it can neither stall nor deadlock a writer.
 _PRUNE = """
 DELETE FROM sendonce_ledger WHERE ctid IN (
     SELECT ctid FROM sendonce_ledger WHERE first_attempt < %(before)s
-    ORDER BY first_attempt LIMIT %(limit)s)
+    ORDER BY first_attempt LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
 """
 # Once no key older than ``before`` is left, no transfer confirmed before it has keys
 # (a key's first attempt precedes its transfer's confirmation).
+_NO_OLD_KEY = "SELECT NOT EXISTS (SELECT 1 FROM sendonce_ledger WHERE first_attempt < %(before)s)"
 _PRUNE_TRANSFERS = """
 DELETE FROM sendonce_ledger_transfers WHERE ctid IN (
     SELECT ctid FROM sendonce_ledger_transfers WHERE confirmed_at < %(before)s
-    ORDER BY confirmed_at LIMIT %(limit)s)
+    ORDER BY confirmed_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
 """
 
 
@@ -376,8 +379,8 @@ class PostgresStore:
         def work(conn: psycopg.Connection[Any]) -> int:
             params = {"before": before, "limit": limit}
             deleted: int = conn.execute(_PRUNE, params).rowcount
-            if deleted < limit:
-                conn.execute(_PRUNE_TRANSFERS, params)
+            if deleted < limit and conn.execute(_NO_OLD_KEY, params).fetchone() == (True,):
+                conn.execute(_PRUNE_TRANSFERS, params)  # a skipped key keeps its transfer
             return deleted
 
         return self._run(work)

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from sendonce import ConfigurationError, LedgerError
-from sendonce.ledger import Key
+from sendonce.ledger import Confirmation, Key
 from sendonce.ledger._postgres import PostgresStore
 
 pytestmark = pytest.mark.postgres
@@ -168,3 +168,66 @@ def test_attempts_from_the_url_bound_the_tries_on_an_unreachable_server(
     retries = [r for r in caplog.records if "retrying" in r.getMessage()]
     assert len(retries) == 1 and "attempt 2 of 2" in retries[0].getMessage()
     assert "hunter2" not in str(info.value) + retries[0].getMessage()
+
+
+@pytest.mark.parametrize("ledger_url", ["postgres"], indirect=True)
+def test_a_database_written_before_the_version_row_is_adopted(pg_url: str) -> None:
+    """The tables of an earlier sendonce, no version row: the first open writes it, keys kept."""
+    store = PostgresStore(pg_url)
+    store.record_intents(
+        "orders", [Key("order-1", "")], [b"\x01d"], first_attempt=datetime.now(UTC), owner="o"
+    )
+    store.close()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("DROP TABLE sendonce_ledger_meta")  # as an earlier sendonce left it
+    adopted = PostgresStore(pg_url)
+    try:
+        assert list(adopted.lookup("orders", [Key("order-1", "")])) == [Key("order-1", "")]
+    finally:
+        adopted.close()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        row = conn.execute("SELECT value FROM sendonce_ledger_meta").fetchone()
+        assert row == ("1",)
+        conn.execute("UPDATE sendonce_ledger_meta SET value = '99'")
+    with pytest.raises(ConfigurationError) as info:
+        PostgresStore(pg_url)
+    assert info.value.field == "ledger" and "'99'" in str(info.value)
+
+
+@pytest.mark.parametrize("ledger_url", ["postgres"], indirect=True)
+def test_pruning_skips_a_key_a_producer_holds_and_keeps_its_confirmation(pg_url: str) -> None:
+    """A producer mid-transaction on an expired key: pruning neither waits for it nor strips
+    that key's transfer confirmation (it would come back unconfirmed: in doubt)."""
+    old = datetime(2020, 1, 1, tzinfo=UTC)
+    keys = [Key(f"order-{i}", "") for i in range(3)]
+    store = PostgresStore(pg_url)
+    try:
+        store.record_intents("orders", keys, [b"\x01d"] * 3, first_attempt=old, owner="t")
+        store.confirm("orders", Confirmation(("t",), {}), old)
+        with (
+            psycopg.connect(pg_url) as writer,
+            psycopg.connect(pg_url, autocommit=True) as admin,
+        ):
+            writer.execute(  # a re-run's intent write, not committed yet, holds order-1
+                "UPDATE sendonce_ledger SET owner = owner WHERE message_id = 'order-1'"
+            )
+            done: list[int] = []
+            pruner = threading.Thread(
+                target=lambda: done.append(store.prune(datetime.now(UTC), 100))
+            )
+            pruner.start()
+            waited = False
+            while pruner.is_alive():
+                pruner.join(0.05)
+                if pruner.is_alive() and _blocked(admin):
+                    waited = True
+                    break
+            writer.rollback()
+            pruner.join()
+        assert not waited, "pruning waited behind a producer's transaction"
+        assert done == [2]
+        [row] = store.lookup("orders", keys).values()
+        assert row.key == Key("order-1", "") and row.outcome == "sent"
+        assert store.prune(datetime.now(UTC), 100) == 1
+    finally:
+        store.close()
