@@ -19,6 +19,7 @@ const SCENARIO_TIMEOUT_MS = 45_000;
 // The client's own operation timeout (60 s by default), kept well under the scenario's so an
 // unanswered request fails as the client reports it (ServiceTimeout) at the call that waited.
 const OPERATION_TIMEOUT_MS = 15_000;
+const CLOSE_TIMEOUT_MS = 15_000;
 
 function loadScenarios(only) {
   const dir = path.join(__dirname, "scenarios");
@@ -74,9 +75,17 @@ async function runOne(connectionString, { name, module }) {
   } catch (err) {
     result.status = "failed";
     result.error = describe(err);
-  } finally {
-    await scenario.closeAll();
-    await client.close().catch(() => undefined);
+  }
+  // Closing waits for the broker's detach and close: bounded too, and a close the broker never
+  // answers fails the scenario rather than stalling the whole run.
+  const closing = scenario.closeAll().then(() => client.close());
+  const closeError = await withTimeout(closing, CLOSE_TIMEOUT_MS, `closing ${name}'s links`).then(
+    () => undefined,
+    (err) => err,
+  );
+  if (closeError !== undefined && result.status === "passed") {
+    result.status = "failed";
+    result.error = describe(closeError);
   }
   result.seconds = (Date.now() - started) / 1000;
   process.stdout.write(`${JSON.stringify(result)}\n`);
