@@ -45,6 +45,12 @@ def writable_problem(path: str, what: str, *, reading_only: bool = False) -> str
             f"{what} {path!r} cannot be read: permission denied. Ask its owner for read "
             "and write access"
         )
+    if _read_only_mount(directory):
+        return (
+            f"{what} {path!r} is on a read-only file system, and opening it writes beside "
+            "it (its lock and write-ahead log). Copy it to a writable place and open the "
+            "copy; the file itself is not damaged"
+        )
     blocked = [p for p in [path, *(path + c for c in _COMPANIONS)] if _not_writable(p)]
     if os.path.exists(directory) and not os.access(directory, os.W_OK | os.X_OK):
         missing = [p for p in (path + c for c in _COMPANIONS) if not os.path.exists(p)]
@@ -64,6 +70,13 @@ def writable_problem(path: str, what: str, *, reading_only: bool = False) -> str
         "your user write access to them (chmod / chown), or copy the file into a directory "
         "you may write and open the copy; the file itself is not damaged"
     )
+
+
+def _read_only_mount(directory: str) -> bool:
+    try:
+        return bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def _not_writable(path: str) -> bool:

@@ -153,3 +153,35 @@ def test_a_read_only_ledger_is_read_from_a_snapshot_and_not_resolved(tmp_path: P
         assert_refused(refused, f"no write permission on '{path}'")
     finally:
         path.chmod(0o644)
+
+
+def test_a_broker_on_a_read_only_file_system_is_inspected_not_written(broker: Path):
+    """A real read-only mount (a bind mount remounted read-only in a private mount
+    namespace): the reading commands work from a snapshot, the writing ones are refused."""
+    unshare = shutil.which("unshare")
+    if os.geteuid() != 0 or unshare is None:
+        pytest.skip("needs root and unshare (util-linux) for a private read-only mount")
+    home = str(broker.parent)
+    probe = subprocess.run(
+        [unshare, "-m", "sh", "-c", f"mount --bind {home} {home} && "
+         f"mount -o remount,ro,bind {home}"],
+        capture_output=True, check=False,
+    )  # fmt: skip
+    if probe.returncode != 0:
+        pytest.skip(f"this machine allows no private mounts: {probe.stderr!r}")
+    before = sorted(os.listdir(home))
+
+    def on_read_only_mount(*args: str) -> subprocess.CompletedProcess[str]:
+        command = " ".join(repr(a) for a in [sys.executable, "-m", "sendonce.cli", *args])
+        script = f"mount --bind {home} {home} && mount -o remount,ro,bind {home} && {command}"
+        return subprocess.run(
+            [unshare, "-m", "sh", "-c", script],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+
+    stats = on_read_only_mount("broker", "stats", str(broker), "--json")
+    assert stats.returncode == 0, stats.stderr
+    assert json.loads(stats.stdout)["orders"]["messages"] == 1
+    refused = on_read_only_mount("broker", "purge", str(broker), "--entity", "orders")
+    assert_refused(refused, "is on a read-only file system", "Copy it to a writable place")
+    assert sorted(os.listdir(home)) == before
