@@ -1,36 +1,27 @@
 """``sendonce publish``: publish a JSON Lines or CSV file, each record exactly once.
 
-Two passes over the file, so memory stays bounded whatever its size. The
-validation pass reads every record, builds its message and keeps a few numbers
-per record (line, size, hashes of its id and body); then every message is
-checked against the entity's rules and two records that build one id with
-different bodies are refused. Any problem is reported with its line number and
-nothing is published (exit 2). The sending pass reads the file again and sends
-it in chunks, accounting for every record (sent, duplicate, or failed with its
-error; exit 1 if any failed). Running the same file again is safe while the
-broker remembers the first run's ids (its duplicate-detection window), or for
-good with ``--ledger`` (see :mod:`._rerun`). Standard input is spooled to a
-temporary file so it can be read twice.
+Two passes over the file, so memory stays bounded whatever its size: the
+validation pass (:mod:`._validation`) finds every problem before anything is
+sent; the sending pass here reads the file again and sends it in chunks,
+accounting for every record (sent, duplicate, or failed with its error; exit 1
+if any failed), and ends with the report (:mod:`._report`). Running the same
+file again is safe while the broker remembers the first run's ids (its
+duplicate-detection window), or for good with ``--ledger`` (see :mod:`._rerun`).
+Standard input is spooled to a temporary file so it can be read twice.
 """
 
 from __future__ import annotations
 
-import codecs
-import hashlib
-import io
 import json
 import logging
 import os
-import re
 import shutil
 import sys
 import tempfile
-from array import array
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from datetime import timedelta
-from itertools import pairwise
 from typing import Any, NoReturn
 from urllib.parse import unquote, urlsplit
 
@@ -39,18 +30,19 @@ import click
 from .._entity import EntityProfile
 from .._message import Message, MessageSpec
 from .._retry import RetryPolicy
-from .._sender import IdempotentSender, SendReport
+from .._sender import IdempotentSender
 from ..backends import Backend, connect
 from ..backends._url import LOCAL_SCHEME, local_path
-from ..errors import InDoubtError, KeyRuleError, SendOnceError, ValidationError, redact
+from ..errors import SendOnceError, ValidationError, redact
 from ..ledger import Ledger
 from ._files import check_writable, os_errors
-from ._records import BadLine, Header, Reading, Record, format_of, open_input, read_records
+from ._records import BadLine, Record, open_input, read_records
+from ._report import Outcome, Report
 from ._rerun import RerunPromise
+from ._validation import Source, fail_invalid, progress_bar, source_options, validate
 from ._words import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
-    EXIT_USAGE,
     PUBLISH_EXIT_HELP,
     CommandError,
     InputError,
@@ -64,10 +56,6 @@ from ._words import (
 
 __all__ = ["Record", "publish", "read_records"]
 
-_MAX_SHOWN = 20
-_SHARED_LINES_SHOWN = 5
-_PROGRESS_EVERY = 1000
-_LOW = (1 << 32) - 1
 _OPTION_OF = {
     "message_id": "--id",
     "partition_key": "--partition-key",
@@ -77,157 +65,6 @@ _OPTION_OF = {
 }
 
 retry_logger = logging.getLogger("sendonce.retry")
-
-
-def _hash64(text: str) -> int:
-    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-    return int.from_bytes(digest, "little", signed=True)
-
-
-@dataclass
-class Shared:
-    """A problem of the command rather than of one line (a field the template names and no
-    record has, sessions the options do not give): reported once, with the lines it affects."""
-
-    text: str
-    count: int = 0
-    lines: list[int] = field(default_factory=list)
-
-    def __str__(self) -> str:
-        shown = ", ".join(map(str, self.lines))
-        if self.count == 1:
-            return f"line {shown}: {self.text}"
-        more = self.count - len(self.lines)
-        tail = f" and {more} more: {self.count} lines" if more else ""
-        return f"{self.text} (lines {shown}{tail})"
-
-
-@dataclass
-class Facts:
-    """What the validation pass keeps per record: a few numbers, never the record."""
-
-    lines: array[int] = field(default_factory=lambda: array("q"))
-    ids: array[int] = field(default_factory=lambda: array("q"))
-    keyed_ids: array[int] = field(default_factory=lambda: array("q"))
-    bodies: array[int] = field(default_factory=lambda: array("q"))
-    sizes: array[int] = field(default_factory=lambda: array("q"))
-    without_session: list[int] = field(default_factory=list)
-    without_session_count: int = 0
-    problems: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    first_line_not_json: bool = False
-    shared: dict[str, Shared] = field(default_factory=dict)
-    bad: int = 0
-    missing_fields: bool = False
-
-    def add(self, line: int, message: Message) -> None:
-        self.lines.append(line)
-        self.ids.append(_hash64(message.message_id))
-        key = message.partition_key or message.session_id or message.message_id
-        self.keyed_ids.append(_hash64(message.message_id + "\0" + key))
-        self.bodies.append(message._body_hash)
-        self.sizes.append(message.size)
-        if message.session_id is None:
-            self.without_session_count += 1
-            if len(self.without_session) < _MAX_SHOWN:
-                self.without_session.append(line)
-
-    def problem(self, text: str) -> None:
-        self.bad += 1
-        if len(self.problems) < _MAX_SHOWN:
-            self.problems.append(text)
-
-    def shared_problem(self, group: str, line: int, text: str, count: int = 1) -> None:
-        """A problem many lines share: kept once, with its count and first lines."""
-        self.bad += count
-        entry = self.shared.setdefault(group, Shared(text))
-        entry.count += count
-        if len(entry.lines) < _SHARED_LINES_SHOWN:
-            entry.lines.append(line)
-
-    def errors(self) -> list[str]:
-        """Every problem to show: the command's own first, then those of single lines."""
-        return [str(s) for s in self.shared.values()] + self.problems
-
-    def unshown(self) -> int:
-        """Problems counted but not listed (past the first few)."""
-        return self.bad - sum(s.count for s in self.shared.values()) - len(self.problems)
-
-    def check(self, profile: EntityProfile) -> None:
-        """The entity's rules and the one-body-per-id rule, for every record at once."""
-        if profile.sessions and self.without_session_count:
-            text = f"entity {profile.name!r} requires sessions: give --session-id"
-            lines = self.without_session[:_SHARED_LINES_SHOWN]
-            self.shared["sessions"] = Shared(text, self.without_session_count, lines)
-            self.bad += self.without_session_count
-        limit = profile.max_message_size
-        for line, size in zip(self.lines, self.sizes, strict=True):
-            if size > limit:
-                self.problem(
-                    f"line {line}: the message is {size} bytes, over the {limit}-byte limit of "
-                    f"entity {profile.name!r}"
-                )
-        keys = self.keyed_ids if profile.partitioned else self.ids
-        # One int per record, id hash above the record's index: sorting groups equal ids in
-        # file order without a separate key list.
-        order = [(key << 32) | index for index, key in enumerate(keys)]
-        order.sort()
-        first = order[0] & _LOW if order else 0
-        for previous, packed in pairwise(order):
-            index = packed & _LOW
-            if packed >> 32 != previous >> 32:
-                first = index
-                continue
-            if self.bodies[index] != self.bodies[first]:
-                self.problem(
-                    f"line {self.lines[index]}: builds the same message id as line "
-                    f"{self.lines[first]}, with a different body; the broker would keep only "
-                    "the first (give distinct records distinct ids)"
-                )
-
-
-@dataclass
-class Outcome:
-    """What the sending pass accounted for."""
-
-    records: int = 0
-    sent: int = 0
-    duplicates: int = 0
-    from_ledger: int = 0
-    """Records not sent because the ledger says an earlier run sent them (in ``duplicates``)."""
-    failures: list[dict[str, Any]] = field(default_factory=list)
-    in_doubt: list[str] = field(default_factory=list)
-
-    @property
-    def failed(self) -> int:
-        return len(self.failures)
-
-    @property
-    def stored(self) -> int:
-        return self.sent + self.duplicates
-
-    def add(self, report: SendReport, chunk: list[tuple[Message, int]]) -> None:
-        self.records += len(chunk)
-        self.sent += report.sent
-        self.duplicates += report.duplicates
-        self.from_ledger += len(report.from_ledger)
-        if not report.failures:
-            return
-        line_of: dict[tuple[str, str | None], int] = {}
-        for message, line in chunk:
-            line_of.setdefault((message.message_id, message.partition_key), line)
-        for failure in report.failures:
-            in_doubt = isinstance(failure.error, InDoubtError)
-            self.failures.append(
-                {
-                    "line": line_of.get((failure.message_id, failure.partition_key)),
-                    "message_id": failure.message_id,
-                    "error": cli_text(failure.error),
-                    "in_doubt": in_doubt,
-                }
-            )
-            if in_doubt:
-                self.in_doubt.append(failure.message_id)
 
 
 @contextmanager
@@ -241,118 +78,6 @@ def _source(path: str) -> Iterator[str]:
         with open(spooled, "wb") as out:
             shutil.copyfileobj(sys.stdin.buffer, out)
         yield spooled
-
-
-def _progress(label: str, length: int, shown: bool) -> Any:
-    return click.progressbar(
-        length=length, label=label, file=sys.stderr if shown else io.StringIO()
-    )
-
-
-def _validate(
-    path: str, source: Source, spec: MessageSpec, progress: bool, profile: EntityProfile
-) -> Facts:
-    """Pass 1: every record parsed, built and checked against the entity's rules, every
-    problem found in this one pass; nothing kept but :class:`Facts`."""
-    facts = Facts()
-    header = Header()
-    reading = source.reading
-    with open(path, "rb") as raw, _progress("validating", os.path.getsize(path), progress) as bar:
-        done = 0
-        try:
-            with open_input(raw, reading.encoding) as stream:
-                for count, item in enumerate(read_records(stream, reading, header), start=1):
-                    if count % _PROGRESS_EVERY == 0:
-                        bar.update(raw.tell() - done)
-                        done = raw.tell()
-                    if isinstance(item, BadLine):
-                        facts.problem(str(item))
-                        if item.line == 1 and item.reason.startswith("malformed JSON"):
-                            facts.first_line_not_json = True
-                        continue
-                    try:
-                        message = spec.to_message(item.fields)
-                    except ValidationError as exc:
-                        group = _shared_group(exc, item.fields)
-                        if group is None:
-                            facts.problem(f"line {item.line}: {cli_text(exc)}")
-                            continue
-                        facts.missing_fields |= group.startswith("missing:")
-                        text = _MESSAGE_PREFIX.sub("", cli_text(exc))
-                        facts.shared_problem(group, item.line, text)
-                        continue
-                    facts.add(item.line, message)
-        except UnicodeError as exc:  # UnicodeDecodeError, or UTF-16 without its BOM
-            facts.problem(_decode_problem(path, source, exc))
-        bar.update(max(os.path.getsize(path) - done, 0))
-    facts.check(profile)
-    facts.notes.extend(_notes(facts, header, source))
-    return facts
-
-
-def _decode_problem(path: str, source: Source, exc: UnicodeError) -> str:
-    """Text in another encoding: say which option reads it."""
-    with open(path, "rb") as raw:
-        head = raw.read(2)
-    encoding = source.reading.encoding.removesuffix("-sig")
-    if head in (b"\xff\xfe", b"\xfe\xff") and not encoding.startswith("utf-16"):
-        hint = "it starts with a UTF-16 byte-order mark: give --encoding utf-16"
-    else:
-        hint = (
-            "give its encoding with --encoding, e.g. --encoding cp1252 for a Windows "
-            "spreadsheet export or --encoding utf-16"
-        )
-    if isinstance(exc, UnicodeDecodeError):
-        detail = f"{exc.reason} at byte {exc.start}"
-    else:
-        detail = str(exc)
-        if encoding == "utf-16":
-            hint = "give --encoding utf-16-le or utf-16-be (the file has no byte-order mark)"
-    return f"{source.name}: not {encoding} text ({detail}); {hint}"
-
-
-def _notes(facts: Facts, header: Header, source: Source) -> Iterator[str]:
-    """What the user should know about how the file was read, each said once."""
-    reading = source.reading
-    columns = header.columns
-    if facts.missing_fields and columns is not None:
-        yield "the CSV header has the columns " + ", ".join(repr(c) for c in columns)
-    if facts.bad and columns is not None and len(columns) == 1:
-        for other in (";", "\t", "|"):
-            if other != reading.delimiter and other in columns[0]:
-                shown = "tab" if other == "\t" else repr(other)
-                yield f"the header looks separated by {shown}: give --delimiter {shown}"
-                break
-    if facts.first_line_not_json and source.format_guessed:
-        why = (
-            "standard input has no file name"
-            if source.name == "standard input"
-            else "its name does not end in .csv"
-        )
-        yield f"{source.name} was read as JSON Lines ({why}); if it is CSV, give --format csv"
-    if header.spaced:
-        yield (
-            f"{header.spaced} record(s) have values with surrounding spaces (the first at line "
-            f"{header.first_spaced}), kept as they are: ' 77 ' and '77' build different ids. "
-            "--strip removes them"
-        )
-
-
-_MESSAGE_PREFIX = re.compile(r"^message '(?:[^'\\]|\\.)*': ")
-
-
-def _shared_group(exc: ValidationError, fields: dict[str, Any]) -> str | None:
-    """The group of a problem that comes from the command, not the line; ``None`` otherwise.
-
-    A field the templates name and the record lacks, and a partition key template
-    that builds something other than the session id template, are the options' doing:
-    every line says the same, so they are shown once with the count of lines.
-    """
-    if exc.field is not None and exc.field not in fields:
-        return f"missing:{exc.field}"
-    if isinstance(exc, KeyRuleError) and exc.field == "partition_key":
-        return "partition-key-vs-session-id"
-    return None
 
 
 def _chunks(
@@ -512,11 +237,11 @@ def _send(
     chunk_size: int,
     progress: bool,
     promise: RerunPromise,
-    report: _Report,
+    report: Report,
 ) -> Outcome:
     """Pass 2; on Ctrl-C, say what is stored and how long a re-run stays safe."""
     outcome = Outcome()
-    with _progress("publishing", total, progress) as bar, _retry_progress():
+    with progress_bar("publishing", total, progress) as bar, _retry_progress():
         try:
             for chunk in _chunks(path, source, spec, chunk_size):
                 promise.started()
@@ -548,30 +273,6 @@ def _send(
             )
             report.finish(outcome, total, status="stopped", code=EXIT_FAILED, error=cli_text(exc))
     return outcome
-
-
-def _fail_invalid(facts: Facts, as_json: bool) -> NoReturn:
-    errors = facts.errors()
-    for error in errors:
-        click.echo(f"error: {error}", err=True)
-    for note in facts.notes:
-        click.echo(f"note: {note}", err=True)
-    if facts.unshown() > 0:
-        click.echo(f"error: ... and {facts.unshown()} more", err=True)
-    click.echo(f"{facts.bad} bad line(s): nothing was published", err=True)
-    if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "status": "invalid",
-                    "bad_lines": facts.bad,
-                    "errors": errors,
-                    "sent": 0,
-                    "exit_status": EXIT_USAGE,
-                }
-            )
-        )
-    sys.exit(EXIT_USAGE)
 
 
 def _retry_policy(timeout: timedelta | None, attempts: int | None) -> RetryPolicy:
@@ -749,7 +450,7 @@ def publish(
             )
         spec = _spec(id_template, body_field, partition_key, session_id, allow_empty)
         retry = _retry_policy(timeout, attempts)
-        source = _source_options(file, fmt, encoding, delimiter, strip)
+        source = source_options(file, fmt, encoding, delimiter, strip)
         with (
             _source(file) as path,
             _open_ledger(ledger_url, in_doubt) as ledger,
@@ -773,16 +474,16 @@ def publish(
                 _check_options(sender.profile, session_id)
                 source = source.fitted(sender.profile)
                 try:
-                    facts = _validate(path, source, spec, progress, sender.profile)
+                    facts = validate(path, source, spec, progress, sender.profile)
                 except KeyboardInterrupt:
                     _interrupted_before_sending("validating", entity, as_json)
                 if facts.bad:
-                    _fail_invalid(facts, as_json)
+                    fail_invalid(facts, as_json)
                 for note in facts.notes:
                     click.echo(f"note: {note}", err=True)
                 _warn_without_subscriptions(backend, sender.profile)
                 promise = RerunPromise(sender.profile, ledger_url, retry.safety_margin)
-                report = _Report(entity, as_json, promise)
+                report = Report(entity, as_json, promise)
                 outcome = _send(
                     sender,
                     path,
@@ -798,51 +499,6 @@ def publish(
                 # the connection) still ends with this report.
                 ending.report = lambda: report.finish(outcome, len(facts.lines))
         report.finish(outcome, len(facts.lines))
-
-
-@dataclass(frozen=True)
-class Source:
-    """The input as the options describe it: its name for messages, and how to read it."""
-
-    name: str
-    reading: Reading
-    format_guessed: bool
-
-    def fitted(self, profile: EntityProfile) -> Source:
-        """The same, with CSV fields allowed as long as the entity's largest message."""
-        reading = replace(self.reading, field_limit=profile.max_message_size)
-        return replace(self, reading=reading)
-
-
-def _source_options(
-    file: str, fmt: str | None, encoding: str, delimiter: str | None, strip: bool
-) -> Source:
-    """The reading options checked before anything is opened."""
-    try:
-        codec = codecs.lookup(encoding).name
-    except LookupError:
-        raise click.BadParameter(
-            f"{encoding!r} is not a text encoding Python knows (e.g. utf-8, cp1252, utf-16, "
-            "latin-1)",
-            param_hint="--encoding",
-        ) from None
-    if codec == "utf-8":
-        codec = "utf-8-sig"  # a byte-order mark (Excel's default) is skipped
-    format_ = format_of(file, fmt)
-    if format_ != "csv" and (delimiter is not None or strip):
-        given = "--delimiter" if delimiter is not None else "--strip"
-        raise click.UsageError(f"{given} applies to CSV input: add --format csv")
-    if delimiter is not None:
-        delimiter = {"tab": "\t", "\\t": "\t"}.get(delimiter, delimiter)
-        if len(delimiter) != 1 or delimiter in '"\r\n':
-            raise click.BadParameter(
-                f"{delimiter!r} must be one character other than a quote or a line break "
-                "(write tab for a tab)",
-                param_hint="--delimiter",
-            )
-    name = "standard input" if file == "-" else file
-    reading = Reading(format_, codec, delimiter or ",", strip)
-    return Source(name, reading, format_guessed=fmt is None)
 
 
 @dataclass
@@ -938,91 +594,3 @@ def _open_ledger(url: str | None, in_doubt: str | None) -> Iterator[Ledger | Non
         ) from None
     with ledger:
         yield ledger
-
-
-class _Report:
-    """The end of every run that got as far as sending: the summary, then the exit status.
-
-    Printed on every exit (done, failed, stopped, Ctrl-C), as text or with ``--json``
-    as one object, so a script always gets a report.
-    """
-
-    def __init__(self, entity: str, as_json: bool, promise: RerunPromise) -> None:
-        self.entity = entity
-        self.as_json = as_json
-        self.promise = promise
-
-    def finish(
-        self,
-        outcome: Outcome,
-        total: int,
-        *,
-        status: str | None = None,
-        code: int | None = None,
-        error: str | None = None,
-    ) -> NoReturn:
-        if code is None:
-            code = EXIT_FAILED if outcome.failures else 0
-        if status is None:
-            status = "failed" if code else "ok"
-        if self.as_json:
-            data: dict[str, Any] = {
-                "status": status,
-                "entity": self.entity,
-                "records": total,
-                "sent": outcome.sent,
-                "duplicates": outcome.duplicates,
-                "from_ledger": outcome.from_ledger,
-                "failed": outcome.failed,
-                "in_doubt": outcome.in_doubt,
-                "failures": outcome.failures,
-            }
-            if error is not None:
-                data["error"] = error
-            if status == "interrupted":
-                data["unaccounted"] = total - outcome.records
-            data.update(self.promise.as_json())
-            data["exit_status"] = code
-            click.echo(json.dumps(data, ensure_ascii=False))
-        elif status in ("ok", "failed"):
-            from_ledger = (
-                f" ({outcome.from_ledger} skipped: the ledger says an earlier run sent them)"
-                if outcome.from_ledger
-                else ""
-            )
-            click.echo(
-                f"{total} record(s) to {self.entity!r}: sent {outcome.sent}, "
-                f"duplicates {outcome.duplicates}{from_ledger}, failed {outcome.failed}"
-            )
-        self._failures(outcome)
-        sys.exit(code)
-
-    def _failures(self, outcome: Outcome) -> None:
-        for failure in outcome.failures[:_MAX_SHOWN]:
-            click.echo(
-                f"failed: line {failure['line']}: {failure['message_id']!r}: {failure['error']}",
-                err=True,
-            )
-        if outcome.failed > _MAX_SHOWN:
-            click.echo(f"failed: ... and {outcome.failed - _MAX_SHOWN} more", err=True)
-        if outcome.in_doubt:
-            click.echo(self._in_doubt_advice(len(outcome.in_doubt)), err=True)
-        elif outcome.failures and not outcome.stored:
-            click.echo("Nothing was stored: running the same command again is safe.", err=True)
-        elif outcome.failures:
-            click.echo("The failed records were not stored. " + self.promise.text(), err=True)
-
-    def _in_doubt_advice(self, count: int) -> str:
-        promise = self.promise
-        if promise.ledger is None:
-            return f"{count} message(s) are in doubt. " + promise.text()
-        return (
-            f"{count} message(s) are in doubt: the ledger holds a send of each that was never "
-            "confirmed. Inside the duplicate-detection window of that send, running the same "
-            "command again settles them; after it, check whether the broker has them, then "
-            f"`sendonce ledger confirm {redact(promise.ledger)} --entity {self.entity} --id ID` "
-            "(it has) or `sendonce ledger release ...` (it has not: the next run sends it), or "
-            "give --in-doubt resend (at-least-once: it may be delivered twice). "
-            f"`sendonce ledger in-doubt {redact(promise.ledger)} --entity {self.entity}` lists "
-            "them."
-        )

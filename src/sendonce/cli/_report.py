@@ -1,0 +1,155 @@
+"""The end of ``sendonce publish``: what the sending pass accounted for, and its report.
+
+Printed on every exit that got as far as sending (done, failed, stopped, Ctrl-C), as
+text or with ``--json`` as one object, with the limit of a re-run's safety.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+import click
+
+from .._message import Message
+from .._sender import SendReport
+from ..errors import InDoubtError, redact
+from ._rerun import RerunPromise
+from ._validation import MAX_SHOWN
+from ._words import EXIT_FAILED, cli_text
+
+__all__ = ["Outcome", "Report"]
+
+
+@dataclass
+class Outcome:
+    """What the sending pass accounted for."""
+
+    records: int = 0
+    sent: int = 0
+    duplicates: int = 0
+    from_ledger: int = 0
+    """Records not sent because the ledger says an earlier run sent them (in ``duplicates``)."""
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    in_doubt: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> int:
+        return len(self.failures)
+
+    @property
+    def stored(self) -> int:
+        return self.sent + self.duplicates
+
+    def add(self, report: SendReport, chunk: list[tuple[Message, int]]) -> None:
+        self.records += len(chunk)
+        self.sent += report.sent
+        self.duplicates += report.duplicates
+        self.from_ledger += len(report.from_ledger)
+        if not report.failures:
+            return
+        line_of: dict[tuple[str, str | None], int] = {}
+        for message, line in chunk:
+            line_of.setdefault((message.message_id, message.partition_key), line)
+        for failure in report.failures:
+            in_doubt = isinstance(failure.error, InDoubtError)
+            self.failures.append(
+                {
+                    "line": line_of.get((failure.message_id, failure.partition_key)),
+                    "message_id": failure.message_id,
+                    "error": cli_text(failure.error),
+                    "in_doubt": in_doubt,
+                }
+            )
+            if in_doubt:
+                self.in_doubt.append(failure.message_id)
+
+
+class Report:
+    """The end of every run that got as far as sending: the summary, then the exit status.
+
+    Printed on every exit (done, failed, stopped, Ctrl-C), as text or with ``--json``
+    as one object, so a script always gets a report.
+    """
+
+    def __init__(self, entity: str, as_json: bool, promise: RerunPromise) -> None:
+        self.entity = entity
+        self.as_json = as_json
+        self.promise = promise
+
+    def finish(
+        self,
+        outcome: Outcome,
+        total: int,
+        *,
+        status: str | None = None,
+        code: int | None = None,
+        error: str | None = None,
+    ) -> NoReturn:
+        if code is None:
+            code = EXIT_FAILED if outcome.failures else 0
+        if status is None:
+            status = "failed" if code else "ok"
+        if self.as_json:
+            data: dict[str, Any] = {
+                "status": status,
+                "entity": self.entity,
+                "records": total,
+                "sent": outcome.sent,
+                "duplicates": outcome.duplicates,
+                "from_ledger": outcome.from_ledger,
+                "failed": outcome.failed,
+                "in_doubt": outcome.in_doubt,
+                "failures": outcome.failures,
+            }
+            if error is not None:
+                data["error"] = error
+            if status == "interrupted":
+                data["unaccounted"] = total - outcome.records
+            data.update(self.promise.as_json())
+            data["exit_status"] = code
+            click.echo(json.dumps(data, ensure_ascii=False))
+        elif status in ("ok", "failed"):
+            from_ledger = (
+                f" ({outcome.from_ledger} skipped: the ledger says an earlier run sent them)"
+                if outcome.from_ledger
+                else ""
+            )
+            click.echo(
+                f"{total} record(s) to {self.entity!r}: sent {outcome.sent}, "
+                f"duplicates {outcome.duplicates}{from_ledger}, failed {outcome.failed}"
+            )
+        self._failures(outcome)
+        sys.exit(code)
+
+    def _failures(self, outcome: Outcome) -> None:
+        for failure in outcome.failures[:MAX_SHOWN]:
+            click.echo(
+                f"failed: line {failure['line']}: {failure['message_id']!r}: {failure['error']}",
+                err=True,
+            )
+        if outcome.failed > MAX_SHOWN:
+            click.echo(f"failed: ... and {outcome.failed - MAX_SHOWN} more", err=True)
+        if outcome.in_doubt:
+            click.echo(self._in_doubt_advice(len(outcome.in_doubt)), err=True)
+        elif outcome.failures and not outcome.stored:
+            click.echo("Nothing was stored: running the same command again is safe.", err=True)
+        elif outcome.failures:
+            click.echo("The failed records were not stored. " + self.promise.text(), err=True)
+
+    def _in_doubt_advice(self, count: int) -> str:
+        promise = self.promise
+        if promise.ledger is None:
+            return f"{count} message(s) are in doubt. " + promise.text()
+        return (
+            f"{count} message(s) are in doubt: the ledger holds a send of each that was never "
+            "confirmed. Inside the duplicate-detection window of that send, running the same "
+            "command again settles them; after it, check whether the broker has them, then "
+            f"`sendonce ledger confirm {redact(promise.ledger)} --entity {self.entity} --id ID` "
+            "(it has) or `sendonce ledger release ...` (it has not: the next run sends it), or "
+            "give --in-doubt resend (at-least-once: it may be delivered twice). "
+            f"`sendonce ledger in-doubt {redact(promise.ledger)} --entity {self.entity}` lists "
+            "them."
+        )
