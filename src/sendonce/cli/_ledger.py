@@ -141,9 +141,11 @@ def stats(ledger_url: str, entity: str | None, retention: timedelta | None, as_j
     with _open(ledger_url, reading_only=True) as opened:
         counts = entity_counts(opened.store)
     if entity is not None:
+        known = [c.entity for c in counts]
         counts = [c for c in counts if c.entity == entity]
         if not counts:
-            raise InputError(f"--entity: the ledger has no entity {entity!r}")
+            listed = ", ".join(repr(n) for n in known) or "none"
+            raise InputError(f"--entity: the ledger has no entity {entity!r} (it has {listed})")
     if as_json:
         click.echo(json.dumps({c.entity: _counts_json(c, retention) for c in counts}, indent=2))
         return
@@ -192,6 +194,10 @@ def in_doubt(
     """Keys whose send was never confirmed: check the broker, then confirm or release each."""
     with _open(ledger_url, reading_only=True) as opened:
         rows = unconfirmed(opened.store, entity, limit=max_keys)
+        known = [] if rows else [c.entity for c in entity_counts(opened.store)]
+    if not rows and entity not in known:
+        listed = ", ".join(repr(n) for n in known) or "none"
+        raise InputError(f"--entity: the ledger has no entity {entity!r} (it has {listed})")
     now = datetime.now(UTC)
     shown = 0
     for row in rows:

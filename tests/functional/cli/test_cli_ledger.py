@@ -279,3 +279,12 @@ def test_ctrl_c_while_connecting_reports_in_json_that_nothing_was_sent(tmp_path,
     assert (report["status"], report["sent"], report["stage"]) == ("interrupted", 0, "connecting")
     assert "nothing was sent" in result.stderr
     assert stored(db, "orders") == []
+
+
+def test_an_entity_the_ledger_does_not_know_is_named_with_those_it_does(tmp_path):
+    ledger = f"sqlite://{tmp_path}/ledger.db"
+    _abandoned_intents(ledger, "orders", ["1"], hours_ago=1)
+    for args in (["stats", ledger, "--entity", "order"], ["in-doubt", ledger, "--entity", "order"]):
+        result = run("ledger", *args)
+        assert result.exit_code == 2
+        assert "the ledger has no entity 'order' (it has 'orders')" in result.stderr
