@@ -12,11 +12,13 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceiveMode
 
 from sendonce import EntityProfile
 from sendonce.backends.local import LocalBackend
@@ -90,32 +92,95 @@ def node_modules() -> str:
     return done.stdout.strip()
 
 
+def interop_messages() -> list[dict[str, Any]]:
+    """The messages each client sends for the other to check (tests/crossclient/interop.json)."""
+    spec = json.loads((SUITE / "interop.json").read_text(encoding="utf-8"))
+    messages: list[dict[str, Any]] = spec["messages"]
+    return messages
+
+
 @pytest.fixture(scope="module")
-def suite_results(node_modules: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Runs every scenario once against one fresh emulator; results by scenario name."""
+def suite_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulator]:
+    """One fresh emulator for the whole suite, with interop.json sent by the Python client."""
     path = tmp_path_factory.mktemp("crossclient") / "broker.db"
     create_entities(path)
     with Emulator(path, lock_duration=LOCK_DURATION, poll_interval=0.02) as emulator:
-        env = {
-            **os.environ,
-            "NODE_PATH": node_modules,
-            "SERVICEBUS_CONNECTION_STRING": emulator.connection_string,
-            "CROSSCLIENT_LOCK_DURATION_MS": str(int(LOCK_DURATION.total_seconds() * 1000)),
-        }
-        done = subprocess.run(
-            ["node", str(SUITE / "run.js")],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=RUN_TIMEOUT_S,
-            check=False,
-        )
+        with (
+            ServiceBusClient.from_connection_string(emulator.connection_string) as client,
+            client.get_queue_sender("from-python") as sender,
+        ):
+            sender.send_messages(
+                [
+                    ServiceBusMessage(
+                        spec["body"].encode("utf-8"),
+                        message_id=spec["messageId"],
+                        content_type=spec.get("contentType"),
+                        subject=spec.get("subject"),
+                        correlation_id=spec.get("correlationId"),
+                        application_properties=spec["applicationProperties"] or None,
+                    )
+                    for spec in interop_messages()
+                ]
+            )
+        yield emulator
+
+
+@pytest.fixture(scope="module")
+def suite_results(node_modules: str, suite_emulator: Emulator) -> dict[str, Any]:
+    """Runs every scenario once against the suite's emulator; results by scenario name."""
+    env = {
+        **os.environ,
+        "NODE_PATH": node_modules,
+        "SERVICEBUS_CONNECTION_STRING": suite_emulator.connection_string,
+        "CROSSCLIENT_LOCK_DURATION_MS": str(int(LOCK_DURATION.total_seconds() * 1000)),
+    }
+    done = subprocess.run(
+        ["node", str(SUITE / "run.js")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
     results: dict[str, Any] = {"__stderr__": done.stderr}
     for line in done.stdout.splitlines():
         if line.startswith("{"):
             result = json.loads(line)
             results[result["scenario"]] = result
     return results
+
+
+def _text(value: object) -> object:
+    """The Python client hands application property keys and strings back as bytes."""
+    return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
+def test_python_client_receives_what_the_javascript_client_sent(
+    suite_results: dict[str, Any], suite_emulator: Emulator
+) -> None:
+    assert suite_results.get("python_interop", {}).get("status") == "passed"
+    expected = interop_messages()
+    with (
+        ServiceBusClient.from_connection_string(suite_emulator.connection_string) as client,
+        client.get_queue_receiver(
+            "to-python", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE, max_wait_time=5
+        ) as receiver,
+    ):
+        received = []
+        while len(received) < len(expected):
+            batch = receiver.receive_messages(max_message_count=10, max_wait_time=5)
+            if not batch:
+                break
+            received.extend(batch)
+    assert [str(m.message_id) for m in received] == [spec["messageId"] for spec in expected]
+    for message, spec in zip(received, expected, strict=True):
+        assert b"".join(message.body) == spec["body"].encode("utf-8"), spec["messageId"]
+        assert message.content_type == spec.get("contentType"), spec["messageId"]
+        assert message.subject == spec.get("subject"), spec["messageId"]
+        assert message.correlation_id == spec.get("correlationId"), spec["messageId"]
+        sent_properties = message.application_properties or {}
+        properties = {_text(key): _text(value) for key, value in sent_properties.items()}
+        assert properties == spec["applicationProperties"], spec["messageId"]
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
