@@ -62,6 +62,31 @@ class Scenario {
     }
   }
 
+  /**
+   * Peeks an entity from its first message, through a new receiver: a receiver's own peeks
+   * continue after the last message it peeked, so reusing one can hide messages.
+   */
+  async peekFromStart(entity, ...rest) {
+    return this.receiver(entity, ...rest).peekMessages(100);
+  }
+
+  /** Polls peekFromStart until the entity is empty (settlements still in flight land). */
+  async expectDrained(entity, ...rest) {
+    let left = [];
+    for (let attempt = 0; attempt < 25; attempt += 1) {
+      left = await this.peekFromStart(entity, ...rest);
+      if (left.length === 0) {
+        return;
+      }
+      await this.sleep(200);
+    }
+    assert.deepEqual(
+      left.map((m) => m.messageId),
+      [],
+      `${entity}: messages left after 5 s`,
+    );
+  }
+
   /** Receives until `count` messages arrived or `waitMs` passed with nothing new. */
   async receiveAll(receiver, count, waitMs = 3000) {
     const received = [];

@@ -21,7 +21,7 @@ module.exports.run = async (t) => {
   });
   await receiver.completeMessage(good);
   await t.expectEmpty(receiver);
-  assert.deepEqual(await receiver.peekMessages(5), [], "the main queue is empty");
+  assert.deepEqual(await t.peekFromStart("deadletter"), [], "the main queue is empty");
 
   const deadLetters = t.receiver("deadletter", { subQueueType: "deadLetter" });
   assert.equal(deadLetters.entityPath, "deadletter/$DeadLetterQueue");

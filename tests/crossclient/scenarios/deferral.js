@@ -32,5 +32,5 @@ module.exports.run = async (t) => {
     receiver.receiveDeferredMessages(later.sequenceNumber),
     "MessageNotFound",
   );
-  assert.deepEqual(await receiver.peekMessages(5), [], "completed");
+  assert.deepEqual(await t.peekFromStart("deferral"), [], "completed");
 };
