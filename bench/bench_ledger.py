@@ -1,11 +1,20 @@
 """What a durable send ledger costs: send_many with a ledger vs without, same broker.
 
-N messages (default 100k) in one ``send_many`` to a fresh entity of one local broker
-file, without a ledger, with a SQLite ledger, and (when PostgreSQL is installed) with a
-PostgreSQL ledger on a throwaway loopback cluster. Rounds alternate; medians, and the
-ratios to the run without a ledger, measured in this run. Target: SQLite ratio <= 1.3.
+Messages over ``--keys`` partition keys in one ``send_many`` to a fresh
+**partitioned** entity with duplicate detection (one message per transfer, the
+case where the ledger's per-transfer work shows most), without a ledger, with a
+SQLite ledger, and (when PostgreSQL is installed) with a PostgreSQL ledger on a
+throwaway loopback cluster; then a re-run of the same messages on the same ledger,
+every key already confirmed (it sends nothing), timed against the first send
+without a ledger.
 
-    python bench/bench_ledger.py [--messages 100000] [--repeats 3] [--no-postgres]
+Brokers: the local broker file in process, then the emulator (real azure-servicebus
+client) at each ``--rtt-ms`` through ``bench/delay_proxy.py``. Rounds alternate;
+medians, and the ratios to the run without a ledger, measured in this run.
+Targets: SQLite <= 1.3x, PostgreSQL <= 1.5x, a confirmed re-run <= 1.0x.
+
+    python bench/bench_ledger.py [--messages 20000] [--network-messages 2000]
+        [--rtt-ms 0 5] [--repeats 3] [--no-postgres] [--no-local]
 """
 
 from __future__ import annotations
@@ -16,27 +25,36 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from _network import emulator_process, load, through_rtts
+
 from sendonce import EntityProfile, IdempotentSender, Ledger, Message
+from sendonce.backends import Backend
 from sendonce.backends.local import LocalBackend
+from sendonce.backends.servicebus import AzureServiceBusBackend
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "functional" / "ledger"))
 
 
-def messages(n: int, tag: str) -> list[Message]:
-    return [Message(f'{{"order_id": {i}}}', message_id=f"{tag}-{i}") for i in range(n)]
+def messages(n: int, keys: int, tag: str) -> list[Message]:
+    return [
+        Message(f'{{"order_id": {i}}}', message_id=f"{tag}-{i}", partition_key=f"k{i % keys}")
+        for i in range(n)
+    ]
 
 
-def one_run(broker: LocalBackend, entity: str, batch: list[Message], url: str | None) -> float:
+def one_run(
+    backend: Backend, profile: EntityProfile, batch: list[Message], url: str | None
+) -> float:
     ledger = Ledger(url) if url else None
     try:
-        with IdempotentSender(broker, EntityProfile(entity), ledger=ledger) as sender:
+        with IdempotentSender(backend, profile, ledger=ledger) as sender:
             start = time.perf_counter()
             report = sender.send_many(batch)
             elapsed = time.perf_counter() - start
-        assert report.sent == len(batch), report
+        assert report.failed == 0, report.failures[:3]
         return elapsed
     finally:
         if ledger is not None:
@@ -60,36 +78,85 @@ def postgres(enabled: bool) -> Iterator[str | None]:
         yield url
 
 
+def measure(
+    label: str,
+    n: int,
+    args: argparse.Namespace,
+    root: Path,
+    pg_url: str | None,
+    entity: Callable[[str, int], tuple[Backend, EntityProfile]],
+) -> None:
+    """Alternating rounds of every variant on ``entity(name)``; print medians and ratios."""
+    times: dict[str, list[float]] = {}
+    for r in range(args.repeats):
+        stores: list[tuple[str, str | None]] = [
+            ("none", None),
+            ("sqlite", f"sqlite://{root / f'{label}-ledger{r}.db'}"),
+        ]
+        if pg_url is not None:
+            stores.append(("postgres", pg_url))
+        if r % 2:
+            stores.reverse()
+        for name, url in stores:
+            backend, profile = entity(name, r)
+            batch = messages(n, args.keys, profile.name)
+            times.setdefault(name, []).append(one_run(backend, profile, batch, url))
+            if url is not None:  # the same messages again: every key is confirmed
+                rerun = one_run(backend, profile, batch, url)
+                times.setdefault(f"{name} re-run", []).append(rerun)
+    base = statistics.median(times["none"])
+    print(f"{label}: {n} messages, {args.keys} keys, partitioned entity (load {load()})")
+    for name, values in times.items():
+        med = statistics.median(values)
+        print(f"  {name:16s} {med:7.3f}s  {n / med:9.0f} msg/s  {med / base:5.2f}x no ledger")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--messages", type=int, default=20_000, help="local broker")
+    parser.add_argument("--network-messages", type=int, default=2_000, help="emulator")
+    parser.add_argument("--keys", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rtt-ms", type=float, nargs="+", default=[0.0, 5.0])
     parser.add_argument("--no-postgres", action="store_true")
+    parser.add_argument("--no-local", action="store_true")
     args = parser.parse_args()
-    n = args.messages
-    times: dict[str, list[float]] = {"none": [], "sqlite": [], "postgres": []}
     with tempfile.TemporaryDirectory() as tmp, postgres(not args.no_postgres) as pg_url:
         root = Path(tmp)
-        with LocalBackend(root / "broker.db") as broker:
-            for r in range(args.repeats):
-                runs: list[tuple[str, str | None]] = [
-                    ("none", None),
-                    ("sqlite", f"sqlite://{root / f'ledger{r}.db'}"),
-                ]
-                if pg_url is not None:
-                    runs.append(("postgres", pg_url))
-                for name, url in runs:
-                    entity = f"{name}{r}"
-                    times[name].append(one_run(broker, entity, messages(n, entity), url))
-                    print(f"round {r} {name:9s} {times[name][-1]:.2f}s", flush=True)
-    base = statistics.median(times["none"])
-    print(f"\n{n} messages in one send_many, local broker, median of {args.repeats}:")
-    for name, values in times.items():
-        if not values:
-            print(f"  {name:9s} (skipped)")
-            continue
-        med = statistics.median(values)
-        print(f"  {name:9s} {med:6.2f}s  {n / med:9.0f} msg/s  ratio {med / base:.2f}")
+        if not args.no_local:
+            with LocalBackend(root / "broker.db") as broker:
+
+                def local(name: str, r: int) -> tuple[Backend, EntityProfile]:
+                    profile = EntityProfile(f"{name}{r}", partitioned=True)
+                    broker.create_entity(profile)
+                    return broker, profile
+
+                measure("local broker", args.messages, args, root, pg_url, local)
+
+        def entity_name(rtt: float, kind: str, r: int) -> str:
+            return f"e{rtt:g}-{kind}{r}".replace(".", "_")
+
+        names = [
+            entity_name(rtt, kind, r)
+            for rtt in args.rtt_ms
+            for kind in ("none", "sqlite", "postgres")
+            for r in range(args.repeats)
+        ]
+        profiles = {name: EntityProfile(name, partitioned=True) for name in names}
+        with (
+            emulator_process(root / "emulator.db", list(profiles.values())) as conn,
+            through_rtts(conn, args.rtt_ms) as urls,
+        ):
+            for rtt, url in urls.items():
+                with AzureServiceBusBackend.from_connection_string(url, profiles=profiles) as sb:
+
+                    def remote(
+                        kind: str, r: int, sb: Backend = sb, rtt: float = rtt
+                    ) -> tuple[Backend, EntityProfile]:
+                        return sb, profiles[entity_name(rtt, kind, r)]
+
+                    label = f"emulator, RTT {rtt:g} ms"
+                    measure(label, args.network_messages, args, root, pg_url, remote)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,10 @@ class AsyncBackend(Protocol):
     ``send`` and ``schedule`` return one :class:`~sendonce.backends.Ack` per
     message, in order, or raise ``TransientSendError`` (in doubt) or
     ``PermanentSendError`` (nothing stored), exactly as a sync backend does.
+
+    As for a sync backend, an optional int ``max_in_flight`` says how many
+    ``send``/``schedule`` calls from concurrent tasks it carries at once (the
+    sender reads ``getattr(backend, "max_in_flight", 1)``).
     """
 
     async def describe(self, entity: str) -> EntityProfile:

@@ -44,6 +44,12 @@ class Backend(Protocol):
 
     ``messages`` is any ``Sequence[Message]``, not always a list: bulk paths (Spark)
     pass one that holds columns and builds each ``Message`` when it is read.
+
+    A backend may have an int attribute ``max_in_flight``: how many transfers it
+    carries at once for concurrent callers (threads). ``send`` and ``schedule``
+    must then be safe to call that many at a time; the sender reads it with
+    ``getattr(backend, "max_in_flight", 1)`` and keeps the order per partition
+    key itself. Without it, the sender calls one at a time.
     """
 
     def describe(self, entity: str) -> EntityProfile:
