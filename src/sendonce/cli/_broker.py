@@ -24,6 +24,7 @@ from ._words import (
     cli_text,
     duration_option,
     format_duration,
+    json_errors,
     parse_duration,
     profile_difference,
     window_error,
@@ -233,7 +234,8 @@ def _describe(profile: EntityProfile) -> str:
 @broker.command()
 @click.argument("file", type=_EXISTING_FILE)
 @click.option("--entity", "name", help="Only this entity (default: all).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (also for an error).")
+@json_errors
 def stats(file: str, name: str | None, as_json: bool) -> None:
     """Counts per entity: available, scheduled, locked, remembered ids."""
     with _open(file, reading_only=True) as backend:

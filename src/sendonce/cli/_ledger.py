@@ -31,6 +31,7 @@ from ._words import (
     command_error,
     duration_option,
     format_duration,
+    json_errors,
 )
 
 __all__ = ["ledger"]
@@ -135,7 +136,8 @@ def _counts_json(counts: EntityCounts, retention: timedelta | None) -> dict[str,
     show_default=True,
     help="The retention the producers use: says when pruning removes the oldest keys.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (also for an error).")
+@json_errors
 def stats(ledger_url: str, entity: str | None, retention: timedelta | None, as_json: bool) -> None:
     """Keys per entity: confirmed, unconfirmed, their ages, and when pruning starts."""
     with _open(ledger_url, reading_only=True) as opened:
@@ -187,7 +189,10 @@ def stats(ledger_url: str, entity: str | None, retention: timedelta | None, as_j
     show_default=True,
     help="At most this many keys, the oldest first.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per key.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON object per key (or for an error)."
+)
+@json_errors
 def in_doubt(
     ledger_url: str, entity: str, window: timedelta | None, max_keys: int, as_json: bool
 ) -> None:
@@ -238,7 +243,8 @@ def _resolve_command(resolution: Literal["sent", "release"], help_text: str) -> 
         default="",
         help="The partition key, on a partitioned entity (the ledger's key includes it).",
     )
-    @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+    @click.option("--json", "as_json", is_flag=True, help="Print JSON (also for an error).")
+    @json_errors
     def command(
         ledger_url: str,
         entity: str,

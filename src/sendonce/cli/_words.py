@@ -7,8 +7,13 @@ translation lives here, in one place, so every command speaks the same way.
 
 from __future__ import annotations
 
+import functools
+import json
 import re
+import sys
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any, TypeVar
 
 import click
 
@@ -32,8 +37,11 @@ __all__ = [
     "format_duration",
     "parse_duration",
     "profile_difference",
+    "json_errors",
     "window_error",
 ]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -261,3 +269,30 @@ def command_error(exc: SendOnceError) -> CommandError:
     if isinstance(exc, ValidationError):
         return InputError(cli_text(exc))
     return CommandError(cli_text(exc))
+
+
+def json_errors(command: F) -> F:
+    """With ``--json``, a refusal or a Ctrl-C is reported as one JSON object too, so a
+    script reading stdout always gets a report (the text still goes to stderr)."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        as_json = bool(kwargs.get("as_json"))
+        try:
+            return command(*args, **kwargs)
+        except click.ClickException as exc:
+            if as_json:
+                _echo_json("error", exc.exit_code, exc.format_message())
+            raise
+        except KeyboardInterrupt:
+            if as_json:
+                _echo_json("interrupted", EXIT_INTERRUPTED, "interrupted")
+            click.echo("\ninterrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _echo_json(status: str, code: int, error: str) -> None:
+    report = {"status": status, "error": error, "exit_status": code}
+    click.echo(json.dumps(report, ensure_ascii=False))

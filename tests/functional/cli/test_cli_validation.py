@@ -252,3 +252,18 @@ def test_broker_help_speaks_of_broker_files_not_records():
     assert "Exit status: 0 done; 1 the broker file could not be read or written" in text
     assert "records" not in text and "re-run" not in text
     assert "delete" in text and "backup" in text
+
+
+def test_json_commands_report_a_refusal_as_json(tmp_path):
+    db = str(tmp_path / "b.db")
+    create(db, "orders")
+    for args in (
+        ["broker", "stats", db, "--entity", "nope", "--json"],
+        ["ledger", "stats", str(tmp_path / "missing.db"), "--json"],
+        ["ledger", "in-doubt", str(tmp_path / "missing.db"), "--entity", "e", "--json"],
+    ):
+        result = run(*args)
+        assert result.exit_code == 2, result.output
+        report = json.loads(result.stdout)
+        assert report["status"] == "error" and report["exit_status"] == 2
+        assert report["error"] in result.stderr
