@@ -34,7 +34,35 @@ __all__ = ["emulator"]
     show_default=True,
     help="IPv4 loopback address to bind (127.0.0.1 or localhost).",
 )
-def emulator(db: str, port: int, host: str) -> None:
+@click.option(
+    "--max-connections",
+    type=click.IntRange(1),
+    default=None,
+    help="Refuse clients beyond this many connections "
+    "[default: what the process's file descriptor limit leaves room for].",
+)
+@click.option(
+    "--handshake-timeout",
+    type=click.FloatRange(0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="Seconds a client has to complete its AMQP open.",
+)
+@click.option(
+    "--idle-timeout",
+    type=click.FloatRange(0, min_open=True),
+    default=240.0,
+    show_default=True,
+    help="Seconds of silence after which a connection is closed (advertised in the open).",
+)
+def emulator(
+    db: str,
+    port: int,
+    host: str,
+    max_connections: int | None,
+    handshake_timeout: float,
+    idle_timeout: float,
+) -> None:
     """Serve a local broker file over AMQP for the azure-servicebus client.
 
     Prints the connection string, then runs in the foreground until Ctrl-C.
@@ -42,7 +70,14 @@ def emulator(db: str, port: int, host: str) -> None:
     from ._server import Emulator
 
     try:
-        server = Emulator(db, host=host, port=port)
+        server = Emulator(
+            db,
+            host=host,
+            port=port,
+            max_connections=max_connections,
+            handshake_timeout=handshake_timeout,
+            idle_timeout=idle_timeout,
+        )
         server.start()
     except ConfigurationError as exc:
         raise click.UsageError(str(exc)) from exc

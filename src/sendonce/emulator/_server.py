@@ -5,18 +5,22 @@ The unmodified ``azure-servicebus`` client talks to it with a
 through ``LocalBackend``, so ``local://`` producers and Service Bus producers
 share one broker file and one duplicate-detection id space.
 
-The proton reactor runs on one background thread that owns its own
-``LocalBackend`` (SQLite connections are per thread). Other threads talk to it
-only through the thread-safe fault script and the stop flag.
+The proton reactor runs on one background thread and never touches the broker
+file: a storage worker thread owns the ``LocalBackend`` and hands results back
+(so a lock another process holds on the file delays only the operations that
+need it). Other threads talk to the server only through the thread-safe fault
+script and the stop flag.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
+import math
 import os
-import socket
+import resource
 import threading
+from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
 from typing import Any
@@ -26,10 +30,41 @@ from proton.reactor import Container
 from ..errors import ConfigurationError
 from ._faults import FaultScript
 from ._handler import EmulatorHandler, Tick
+from ._listener import Listener
+from ._worker import FAST_BUSY_TIMEOUT, StorageWorker
 
-__all__ = ["Emulator"]
+__all__ = ["Emulator", "ServerLimits"]
 
 _log = logging.getLogger("sendonce.emulator")
+
+
+# Frames larger than this are refused by the transport (transfers span frames).
+_MAX_FRAME_SIZE = 1024 * 1024
+# The largest $management or $cbs request (a schedule of many messages).
+_MAX_REQUEST_SIZE = 64 * 1024 * 1024
+# Descriptors kept free for the broker file, the worker's pipe and the process itself.
+_RESERVED_FILES = 32
+# Service Bus: 5,000 AMQP connections per namespace (quotas page).
+_SERVICE_BUS_CONNECTIONS = 5000
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one emulator allows its clients (seconds, bytes, connections)."""
+
+    handshake_timeout: float
+    idle_timeout: float
+    max_connections: int
+    max_frame_size: int
+    max_request_size: int
+
+
+def _default_max_connections() -> int:
+    """As many as the process's descriptor limit leaves room for (Service Bus's at most)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return _SERVICE_BUS_CONNECTIONS
+    return max(1, min(_SERVICE_BUS_CONNECTIONS, soft - _RESERVED_FILES))
 
 
 class Emulator:
@@ -40,6 +75,12 @@ class Emulator:
     loopback addresses may be bound: the emulator accepts any key.
 
     ``emu.faults`` scripts failures for tests (see :class:`Fault`).
+
+    A client must complete its AMQP open within ``handshake_timeout`` seconds (as
+    ActiveMQ requires by default); a connection silent for ``idle_timeout``
+    seconds is closed (the idle timeout the emulator advertises in its open);
+    beyond ``max_connections`` (by default what the descriptor limit leaves room
+    for) a client is refused with ``amqp:resource-limit-exceeded``.
     """
 
     def __init__(
@@ -50,6 +91,9 @@ class Emulator:
         port: int = 0,
         lock_duration: timedelta = timedelta(seconds=60),
         poll_interval: float = 0.05,
+        handshake_timeout: float = 30.0,
+        idle_timeout: float = 240.0,
+        max_connections: int | None = None,
     ) -> None:
         if not _is_loopback(host):
             raise ConfigurationError(
@@ -59,14 +103,43 @@ class Emulator:
             )
         if not isinstance(port, int) or not 0 <= port <= 65535:
             raise ConfigurationError(f"port must be an int in 0..65535, got {port!r}", field="port")
-        if poll_interval <= 0:
-            raise ConfigurationError("poll_interval must be positive", field="poll_interval")
+        for name, value in (
+            ("poll_interval", poll_interval),
+            ("handshake_timeout", handshake_timeout),
+            ("idle_timeout", idle_timeout),
+        ):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or value <= 0
+            ):
+                raise ConfigurationError(
+                    f"{name} must be a positive number of seconds, got {value!r}", field=name
+                )
+        if max_connections is None:
+            max_connections = _default_max_connections()
+        if isinstance(max_connections, bool) or not isinstance(max_connections, int):
+            raise ConfigurationError(
+                f"max_connections must be an int, got {max_connections!r}", field="max_connections"
+            )
+        if max_connections < 1:
+            raise ConfigurationError("max_connections must be at least 1", field="max_connections")
         self.db_path = os.fspath(db_path)
         self.host = "127.0.0.1" if host == "localhost" else host
         self._requested_port = port
         self._port: int | None = None
         self.lock_duration = lock_duration
         self.poll_interval = poll_interval
+        self.limits = ServerLimits(
+            handshake_timeout=float(handshake_timeout),
+            idle_timeout=float(idle_timeout),
+            max_connections=max_connections,
+            max_frame_size=_MAX_FRAME_SIZE,
+            max_request_size=_MAX_REQUEST_SIZE,
+        )
+        self._worker: StorageWorker | None = None
+        self._handler: EmulatorHandler | None = None
         self.faults = FaultScript()
         self._transfers: dict[str, int] = {}
         self._open_connections = 0
@@ -166,27 +239,60 @@ class Emulator:
             self._transfers[entity] = self._transfers.get(entity, 0) + 1
 
     def _open_store(self) -> Any:
+        """The worker's store: writes that find the file locked fail fast and are retried."""
         from ..backends.local import LocalBackend
 
-        return LocalBackend(self.db_path)
+        # Opening waits for a locked file as long as any handle would; the handle
+        # the worker uses then shares the connection with a short busy timeout.
+        with LocalBackend(self.db_path):
+            return LocalBackend(self.db_path, busy_timeout=FAST_BUSY_TIMEOUT)
+
+    @property
+    def held_locks(self) -> int:
+        """Peek-locks the server keeps bookkeeping for: a test's leak detector.
+
+        Entries go when the message is settled, its lock expires, or its link or
+        connection closes.
+        """
+        handler = self._handler
+        if handler is None:
+            return 0
+        held = {id(v) for v in list(handler.tokens.values())}
+        held.update(id(v) for v in list(handler.locked.values()))
+        return len(held)
+
+    @property
+    def storage_backlog(self) -> int:
+        """Broker-file operations queued for the storage worker (0 when idle)."""
+        return self._worker.backlog if self._worker is not None else 0
 
     def _run(self) -> None:
-        store: Any = None
+        worker = StorageWorker(self._open_store)
         try:
-            store = self._open_store()
-            handler = EmulatorHandler(self, store)
+            worker.start(name=f"sendonce-emulator-storage-{self.db_path}")
+        except BaseException as exc:  # reported to the starting thread
+            self._error = exc
+            self._ready.set()
+            return
+        self._worker = worker
+        listener: Listener | None = None
+        try:
+            handler = EmulatorHandler(self, worker)
+            self._handler = handler
             container = Container(handler)
-            acceptor = container.acceptor(self.host, str(self._requested_port))
-            self._port = int(acceptor._selectable.getsockname()[1])
-            handler.acceptor = acceptor
+            listener = Listener(container, self.host, self._requested_port)
+            self._port = listener.port
+            handler.acceptor = listener
+            container.selectable(_Completions(worker))  # type: ignore[arg-type]
             container.timeout = self.poll_interval
             container.start()
             container.schedule(self.poll_interval, Tick(handler))
         except BaseException as exc:  # reported to the starting thread
             self._error = exc
             self._ready.set()
-            if store is not None:
-                store.close()
+            if listener is not None:
+                listener.socket.close()
+            worker.stop()
             return
         self._ready.set()
         try:
@@ -196,10 +302,27 @@ class Emulator:
             _log.exception("emulator reactor failed")
         finally:
             handler.close_all()
-            listener = getattr(acceptor._selectable, "_delegate", None)
-            if isinstance(listener, socket.socket):
-                listener.close()
-            store.close()
+            listener.socket.close()
+            worker.stop()
+
+
+class _Completions:
+    """The storage worker's pipe as a reactor selectable: finished work runs on this thread."""
+
+    def __init__(self, worker: StorageWorker) -> None:
+        self.worker = worker
+        self._transport = None  # proton's I/O handler looks for one on every selectable
+
+    def fileno(self) -> int:
+        return self.worker.fileno()
+
+    def on_selectable_init(self, event: Any) -> None:
+        selectable = event.context
+        selectable.reading = True
+        selectable.update()
+
+    def on_selectable_readable(self, event: Any) -> None:
+        self.worker.run_completions()
 
 
 def _is_loopback(host: str) -> bool:

@@ -1,0 +1,197 @@
+"""What each client operation does to the broker file: run on the storage worker, never the reactor.
+
+These functions take the worker's store and plain values (never proton
+objects, which belong to the reactor thread).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from ..errors import NoSessionAvailableError, SessionCannotBeLockedError, ValidationError
+from . import _codec
+from ._conditions import ARGUMENT_ERROR, NOT_FOUND, SESSION_CANNOT_BE_LOCKED, TIMEOUT, describe
+from ._nodes import SESSION_FILTER, Locked, Node
+
+if TYPE_CHECKING:
+    from ..backends.local import LocalSession
+
+__all__ = [
+    "abandon",
+    "check_entity",
+    "complete",
+    "dead_letter",
+    "defer",
+    "encode_received",
+    "lock_session",
+    "max_size",
+]
+
+DEAD_LETTER_REASON = "DeadLetterReason"
+DEAD_LETTER_DESCRIPTION = "DeadLetterErrorDescription"
+_DEFAULT_MAX_SIZE = 256 * 1024
+
+Refusal = tuple[str, str]
+
+
+def check_entity(store: Any, node: Node, *, receiving: bool) -> Refusal | None:
+    """Why a link to ``node`` is refused (as Service Bus refuses it), or None."""
+    if not node.entity:
+        return NOT_FOUND, "no entity named in the link address"
+    if "$" in node.entity or (node.subscription and "$" in node.subscription):
+        return NOT_FOUND, f"{node.entity!r}: dead-letter and system queues are not emulated"
+    try:
+        profile = store.describe(node.entity)
+    except Exception:
+        return NOT_FOUND, f"the messaging entity {node.entity!r} could not be found"
+    if not receiving and node.subscription is not None:
+        return NOT_FOUND, "cannot send to a subscription"
+    if not receiving and node.sub_queue is not None:
+        return NOT_FOUND, "cannot send to a dead-letter queue"
+    if getattr(profile, "kind", "queue") == "topic" and receiving:
+        if not node.subscription:
+            return NOT_FOUND, (
+                f"{node.entity!r} is a topic: receive from {node.entity}/Subscriptions/<name>"
+            )
+        if node.subscription not in store.subscriptions(node.entity):
+            return NOT_FOUND, (
+                f"the messaging entity {node.entity}/Subscriptions/{node.subscription} "
+                "could not be found"
+            )
+    return None
+
+
+def max_size(store: Any, node: Node) -> int:
+    """The largest message the entity takes (what a sender link advertises)."""
+    try:
+        return int(store.describe(node.entity).max_message_size)
+    except Exception:
+        return _DEFAULT_MAX_SIZE
+
+
+def lock_session(
+    store: Any,
+    node: Node,
+    filters: dict[str, Any],
+    lock_duration: timedelta,
+) -> tuple[Refusal | None, LocalSession | None]:
+    """Give a session receiver its session (the one asked for, or the next available).
+
+    The lock lives in the broker file: local:// session receivers and other
+    emulators on the same file compete for it with this client.
+    """
+    if node.sub_queue is not None:
+        return None, None  # a dead-letter subqueue has no sessions to lock
+    sessionful = bool(getattr(store.describe(node.entity), "sessions", False))
+    if str(SESSION_FILTER) not in filters:
+        if sessionful:
+            refusal = f"{node.entity!r} requires sessions: open a session receiver"
+            return (ARGUMENT_ERROR, refusal), None
+        return None, None
+    wanted = filters[str(SESSION_FILTER)]
+    try:
+        session = store.accept_session(
+            node.entity,
+            _codec._text(wanted) if wanted is not None else None,
+            subscription=node.subscription,
+            max_wait_time=0,
+            lock_duration=lock_duration,
+        )
+    except SessionCannotBeLockedError as exc:
+        return (SESSION_CANNOT_BE_LOCKED, describe(exc)), None
+    except NoSessionAvailableError as exc:
+        return (TIMEOUT, describe(exc)), None
+    except ValidationError as exc:  # no sessions on the entity, a bad session id
+        return (ARGUMENT_ERROR, describe(exc)), None
+    return None, session
+
+
+def complete(store: Any, locked: Locked) -> None:
+    if locked.session is not None:
+        locked.session.complete(locked.lock_token)
+        return
+    store.complete(
+        locked.entity,
+        locked.lock_token,
+        subscription=locked.subscription,
+        sub_queue=locked.sub_queue,
+    )
+
+
+def abandon(store: Any, locked: Locked) -> None:
+    if locked.session is not None:
+        locked.session.abandon(locked.lock_token)
+        return
+    store.abandon(
+        locked.entity,
+        locked.lock_token,
+        subscription=locked.subscription,
+        sub_queue=locked.sub_queue,
+    )
+
+
+def defer(store: Any, locked: Locked) -> None:
+    if locked.sub_queue is not None:
+        abandon(store, locked)  # nothing to defer to on a dead-letter subqueue
+        return
+    if locked.session is not None:
+        locked.session.defer(locked.lock_token)
+        return
+    store.defer(locked.entity, locked.lock_token, subscription=locked.subscription)
+
+
+def dead_letter(store: Any, locked: Locked, reason: str | None, description: str | None) -> None:
+    if locked.sub_queue is not None:
+        # Service Bus: "you can't dead-letter a message from a DLQ"; the message
+        # stays in the dead-letter subqueue, released (the broker decides).
+        store.dead_letter(
+            locked.entity,
+            locked.lock_token,
+            subscription=locked.subscription,
+            sub_queue=locked.sub_queue,
+        )
+        return
+    if locked.session is not None:
+        locked.session.dead_letter(locked.lock_token, reason=reason, error_description=description)
+        return
+    store.dead_letter(
+        locked.entity,
+        locked.lock_token,
+        subscription=locked.subscription,
+        reason=reason,
+        error_description=description,
+    )
+
+
+def encode_received(m: Any, *, peek_lock: bool) -> bytes:
+    """A stored message as the client receives it, with the broker's annotations."""
+    raw = getattr(m, "raw", None)
+    if not raw:
+        raw = _codec.encode_fields(
+            message_id=m.message_id,
+            body=m.body,
+            subject=m.subject,
+            content_type=m.content_type,
+            correlation_id=m.correlation_id,
+            session_id=m.session_id,
+            application_properties=m.application_properties,
+            time_to_live=m.time_to_live,
+        )
+    count = getattr(m, "delivery_count", None)
+    reason = getattr(m, "dead_letter_reason", None)
+    description = getattr(m, "dead_letter_error_description", None)
+    if reason is not None or description is not None:
+        # Service Bus hands the reason out as application properties.
+        extra = {DEAD_LETTER_REASON: reason, DEAD_LETTER_DESCRIPTION: description}
+        raw = _codec.with_application_properties(
+            raw, {k: v for k, v in extra.items() if v is not None}
+        )
+    return _codec.restamp(
+        raw,
+        sequence_number=m.sequence_number,
+        enqueued_time=m.enqueued_time,
+        locked_until=m.locked_until if peek_lock else None,
+        partition_key=m.partition_key,
+        delivery_count=max(0, int(count) - 1) if count else None,
+    )

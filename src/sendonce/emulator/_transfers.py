@@ -1,0 +1,336 @@
+"""Transfers: messages clients send (size-checked while they arrive), messages delivered to
+receivers, and the settlement of peek-locked deliveries."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any, Literal
+
+from proton import Delivery, Endpoint, Link
+
+from ..errors import SessionLockLostError, ValidationError
+from . import _codec, _store_work
+from ._base import HandlerBase, guarded
+from ._conditions import (
+    ARGUMENT_ERROR,
+    DECODE_ERROR,
+    DETACH_FORCED,
+    MESSAGE_SIZE,
+    NOT_FOUND,
+    SERVER_BUSY,
+    UNAUTHORIZED,
+    condition,
+    describe,
+    is_missing_entity,
+    lost,
+    store_condition,
+)
+from ._faults import FaultAction
+from ._nodes import Locked, Node
+from ._worker import FAST_BUSY_TIMEOUT, Outcome, is_busy_failure
+
+__all__ = ["Transfers"]
+
+_log = logging.getLogger("sendonce.emulator")
+
+_STORE_TIMEOUT = 30.0
+_RECEIVE_CREDIT = 200
+# What a transfer may carry beyond the entity's largest message (the batch envelope).
+SIZE_SLACK = 64 * 1024
+# How long a receiver whose poll found the file locked waits before polling again.
+_BUSY_BACKOFF = 0.2
+
+
+class _Incoming:
+    """A transfer still arriving: its bytes so far, or only its size once over the limit."""
+
+    __slots__ = ("data", "size", "too_large")
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.size = 0
+        self.too_large = False
+
+
+class Transfers(HandlerBase):
+    """Messages in (send transfers), messages out (receivers), and settlements."""
+
+    incoming: dict[Any, _Incoming]
+    pumping: set[Any]  # receivers whose poll is with the storage worker
+    resting: dict[Any, float]  # receivers whose last poll found the file locked -> until
+
+    def init_transfers(self) -> None:
+        self.incoming = {}
+        self.pumping = set()
+        self.resting = {}
+
+    # -- incoming ---------------------------------------------------------------------------
+
+    def transfer_limit(self, link: Any, node: Node | None) -> int:
+        """The largest transfer a link takes: the entity's max message size plus slack."""
+        if node is not None and node.kind == "entity" and link.max_message_size:
+            return int(link.max_message_size) + SIZE_SLACK
+        return self.emulator.limits.max_request_size
+
+    def read_delivery(self, link: Any, dlv: Any, node: Node | None) -> bytes | None:
+        """Take what has arrived of a transfer; its bytes once complete and within the limit.
+
+        Oversized transfers are counted, not kept: memory stays bounded whatever a
+        client declares or sends.
+        """
+        pending = self.incoming.get(dlv)
+        if pending is None:
+            if not dlv.partial:
+                data = link.recv(dlv.pending)
+                if len(data or b"") <= self.transfer_limit(link, node):
+                    return bytes(data or b"")
+                pending = _Incoming()
+                pending.too_large = True
+                pending.size = len(data or b"")
+            else:
+                pending = self.incoming[dlv] = _Incoming()
+        chunk = link.recv(dlv.pending) if dlv.pending else b""
+        chunk = chunk or b""
+        pending.size += len(chunk)
+        if not pending.too_large:
+            if pending.size > self.transfer_limit(link, node):
+                pending.too_large = True
+                pending.data = bytearray()
+            else:
+                pending.data += chunk
+        if dlv.partial:
+            return None
+        self.incoming.pop(dlv, None)
+        if pending.too_large:
+            limit = self.transfer_limit(link, node)
+            self.settle(
+                dlv,
+                Delivery.REJECTED,
+                condition(
+                    MESSAGE_SIZE,
+                    f"the transfer ({pending.size} bytes) exceeds the limit ({limit} bytes) "
+                    "allowed on the link",
+                ),
+            )
+            return None
+        return bytes(pending.data)
+
+    def on_transfer(self, link: Any, dlv: Any, node: Node, payload: bytes) -> None:
+        entity = node.entity
+        self.emulator._count(entity)
+        action = self.emulator.faults.take(entity, "send")
+        if action is FaultAction.SERVER_BUSY:
+            self.settle(dlv, Delivery.REJECTED, condition(SERVER_BUSY, "server busy (injected)"))
+            return
+        if action is FaultAction.UNAUTHORIZED:
+            refusal = condition(UNAUTHORIZED, "unauthorized (injected)")
+            self.settle(dlv, Delivery.REJECTED, refusal)
+            return
+        if action is FaultAction.DROP_BEFORE_COMMIT:
+            self.hard_close(link.connection)
+            return
+        try:
+            decoded = [_codec.to_message(raw) for raw in _codec.unbatch(payload)]
+        except ValidationError as exc:  # e.g. a message id over 128 characters
+            self.settle(dlv, Delivery.REJECTED, condition(ARGUMENT_ERROR, describe(exc)))
+            return
+        except (_codec.CodecError, IndexError, ValueError) as exc:
+            self.settle(dlv, Delivery.REJECTED, condition(DECODE_ERROR, describe(exc)))
+            return
+        messages = [d.message for d in decoded]
+        raws = [d.raw for d in decoded]
+
+        def work(store: Any) -> Any:
+            return store.send(entity, messages, timeout=FAST_BUSY_TIMEOUT, raw=raws)
+
+        def done(outcome: Outcome[Any]) -> None:
+            if outcome.error is not None:
+                self.settle(dlv, Delivery.REJECTED, store_condition(outcome.error))
+                return
+            self.after_commit(link, dlv, action)
+            self.wake_receivers(entity)
+
+        self.submit(work, done, writes=True, connection=link.connection, patience=_STORE_TIMEOUT)
+
+    def after_commit(self, link: Any, dlv: Any, action: FaultAction) -> None:
+        if action is FaultAction.WITHHOLD:
+            return  # stored, and the client never hears of it
+        if action is FaultAction.DROP_AFTER_COMMIT:
+            self.hard_close(link.connection)
+            return
+        if action is FaultAction.DETACH_AFTER_COMMIT:
+            self.detach(link, condition(DETACH_FORCED, "link detached (injected)"))
+            return
+        self.settle(dlv, Delivery.ACCEPTED)
+
+    # -- delivering to receivers -------------------------------------------------------------
+
+    @guarded
+    def on_link_flow(self, event: Any) -> None:
+        link = event.link
+        if link.is_sender:
+            self.flush_outbox(link)
+            if link in self.senders:
+                self.pump(link)
+
+    def poll_receivers(self) -> None:
+        now = time.monotonic()
+        for link in list(self.senders):
+            if link.credit > 0 and self.resting.get(link, 0.0) <= now:
+                self.pump(link)
+
+    def wake_receivers(self, entity: str) -> None:
+        """A send committed to ``entity``: its receivers need not wait for the next poll."""
+        for link in list(self.senders):
+            node = self.nodes.get(link)
+            if node is not None and node.entity == entity and link.credit > 0:
+                self.pump(link)
+
+    def pump(self, link: Any) -> None:
+        """Ask the storage worker for messages for a receiver with credit (one ask at a time)."""
+        node = self.nodes.get(link)
+        if node is None or not link.state & Endpoint.LOCAL_ACTIVE or link in self.pumping:
+            return
+        if link.credit <= 0:
+            if link.drain_mode:
+                link.drained()
+            return
+        peek_lock = link.remote_snd_settle_mode != Link.SND_SETTLED
+        mode: Literal["peek_lock", "receive_and_delete"] = (
+            "peek_lock" if peek_lock else "receive_and_delete"
+        )
+        session = self.sessions.get(link)
+        wanted = min(link.credit, 100)
+        lock_duration = self.emulator.lock_duration
+
+        def work(store: Any) -> list[tuple[Any, bytes]]:
+            if session is not None:
+                # Reads first itself; its messages are locked with the session.
+                messages = session.receive(max_messages=wanted, mode=mode)
+            # A read first: an empty poll must not take the broker's write lock.
+            elif (
+                store.count(node.entity, subscription=node.subscription, sub_queue=node.sub_queue)
+                == 0
+            ):
+                return []
+            else:
+                messages = store.receive(
+                    node.entity,
+                    max_messages=wanted,
+                    subscription=node.subscription,
+                    mode=mode,
+                    lock_duration=lock_duration,
+                    sub_queue=node.sub_queue,
+                )
+            return [(m, _store_work.encode_received(m, peek_lock=peek_lock)) for m in messages]
+
+        def done(outcome: Outcome[list[tuple[Any, bytes]]]) -> None:
+            self.pumping.discard(link)
+            self.deliver(link, node, session, peek_lock, outcome)
+
+        self.pumping.add(link)
+        # A read lane job: a poll must not wait behind writes held up by a locked file
+        # (its own receive fails fast then, and the receiver rests a little).
+        self.submit(work, done, writes=False, connection=link.connection, patience=0)
+
+    def deliver(
+        self,
+        link: Any,
+        node: Node,
+        session: Any,
+        peek_lock: bool,
+        outcome: Outcome[list[tuple[Any, bytes]]],
+    ) -> None:
+        error = outcome.error
+        if error is not None:
+            if isinstance(error, SessionLockLostError):
+                self.lose_session(link, describe(error))
+            elif is_missing_entity(error):
+                # Deleted while attached: Service Bus detaches the receiver.
+                self.detach(link, condition(NOT_FOUND, describe(error)))
+            elif is_busy_failure(error):
+                self.resting[link] = time.monotonic() + _BUSY_BACKOFF
+            else:
+                _log.warning("receive from %r failed: %s", node.entity, describe(error))
+                self.resting[link] = time.monotonic() + _BUSY_BACKOFF
+            return
+        items = outcome.get()
+        if not link.state & Endpoint.LOCAL_ACTIVE or link.state & Endpoint.REMOTE_CLOSED:
+            # The receiver went while the worker read: locked messages come back when
+            # their locks run out (as Service Bus does), nothing else was taken.
+            return
+        for m, encoded in items:
+            token = getattr(m, "lock_token", None)
+            tag = _codec.lock_token_tag(token) if peek_lock and token else uuid.uuid4().bytes
+            dlv = link.delivery(tag)
+            link.stream(encoded)
+            link.advance()
+            if peek_lock and token:
+                key = uuid.UUID(bytes_le=tag)
+                until = getattr(m, "locked_until", None)
+                locked = Locked(
+                    node.entity,
+                    node.subscription,
+                    str(token),
+                    key,
+                    link.connection,
+                    until,
+                    node.sub_queue,
+                    session,
+                )
+                self.locked[dlv] = locked
+                self.tokens[key] = locked
+            else:
+                dlv.settle()
+        if items and link.credit > 0:
+            self.pump(link)  # more may be waiting
+        elif link.drain_mode and link.credit > 0:
+            link.drained()
+
+    # -- settlement --------------------------------------------------------------------------
+
+    def on_settlement(self, dlv: Any) -> None:
+        locked = self.locked.pop(dlv, None)
+        state = dlv.remote_state
+        if locked is None:
+            if dlv.settled:
+                dlv.settle()
+            return
+        self.tokens.pop(locked.key, None)
+        reason = description = None
+        if state == Delivery.REJECTED:
+            # The client dead-letters with a rejected outcome whose error
+            # (com.microsoft:dead-letter) carries the reason and description.
+            error = dlv.remote.condition
+            info = {str(k): v for k, v in dict(getattr(error, "info", None) or {}).items()}
+            reason = _codec._text(info.get(_store_work.DEAD_LETTER_REASON))
+            description = _codec._text(info.get(_store_work.DEAD_LETTER_DESCRIPTION))
+        undeliverable = state == Delivery.MODIFIED and bool(dlv.remote.undeliverable)
+
+        def work(store: Any) -> None:
+            if state == Delivery.ACCEPTED:
+                _store_work.complete(store, locked)
+            elif state == Delivery.REJECTED:
+                _store_work.dead_letter(store, locked, reason, description)
+            elif undeliverable:
+                # the client defers with modified, undeliverable-here
+                _store_work.defer(store, locked)
+            else:
+                _store_work.abandon(store, locked)
+
+        def done(outcome: Outcome[None]) -> None:
+            if outcome.error is not None:
+                exc = outcome.error
+                self.settle(dlv, Delivery.REJECTED, condition(lost(exc), describe(exc)))
+                return
+            echo = (
+                state
+                if state
+                in (Delivery.ACCEPTED, Delivery.REJECTED, Delivery.MODIFIED, Delivery.RELEASED)
+                else Delivery.ACCEPTED
+            )
+            self.settle(dlv, echo)
+
+        self.submit(work, done, writes=True, connection=dlv.link.connection)
