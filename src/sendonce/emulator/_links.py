@@ -173,6 +173,9 @@ class LinkLifecycle(HandlerBase):
         else:
             path = strip_address(link.remote_source.address)
         node = parse_node(path)
+        if node.kind == "management" and node.entity:
+            self._attach_management(link, node)
+            return
         if node.kind != "entity":
             self.accept(link, node, 0)
             return
@@ -196,6 +199,25 @@ class LinkLifecycle(HandlerBase):
             writes=wants_session,
             connection=link.connection,
         )
+
+    def _attach_management(self, link: Any, node: Node) -> None:
+        """A ``$management`` link of a missing entity is refused, as Service Bus does."""
+
+        def work(store: Any) -> Any:
+            return _store_work.check_management(store, node)
+
+        def done(outcome: Outcome[Any]) -> None:
+            if link.state & Endpoint.REMOTE_CLOSED:
+                return
+            if outcome.error is not None:
+                error = store_condition(outcome.error)
+                self.refuse(link, (str(error.name), str(error.description)))
+            elif outcome.value is not None:
+                self.refuse(link, outcome.value)
+            else:
+                self.accept(link, node, 0)
+
+        self.submit(work, done, writes=False, connection=link.connection)
 
     def _attached(
         self, link: Any, node: Node, filters: dict[str, Any], outcome: Outcome[Any]

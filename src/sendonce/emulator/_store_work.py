@@ -62,6 +62,20 @@ def check_entity(store: Any, node: Node, *, receiving: bool) -> Refusal | None:
     return None
 
 
+def check_management(store: Any, node: Node) -> Refusal | None:
+    """Why a ``$management`` link to ``node``'s entity is refused (it does not exist), or None."""
+    try:
+        store.describe(node.entity)
+    except Exception:
+        return NOT_FOUND, f"the messaging entity {node.entity!r} could not be found"
+    if node.subscription is not None and node.subscription not in store.subscriptions(node.entity):
+        return NOT_FOUND, (
+            f"the messaging entity {node.entity}/Subscriptions/{node.subscription} "
+            "could not be found"
+        )
+    return None
+
+
 def max_size(store: Any, node: Node) -> int:
     """The largest message the entity takes (what a sender link advertises)."""
     try:

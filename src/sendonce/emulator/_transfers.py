@@ -17,6 +17,7 @@ from ._conditions import (
     ARGUMENT_ERROR,
     DECODE_ERROR,
     DETACH_FORCED,
+    LOCK_LOST,
     MESSAGE_SIZE,
     NOT_FOUND,
     SERVER_BUSY,
@@ -295,8 +296,12 @@ class Transfers(HandlerBase):
         locked = self.locked.pop(dlv, None)
         state = dlv.remote_state
         if locked is None:
-            if dlv.settled:
+            if dlv.settled:  # settled by the client
                 dlv.settle()
+            else:
+                # Its lock expired (or its receiver went): the client waits for an answer.
+                lost_lock = condition(LOCK_LOST, "the lock on the message is lost")
+                self.settle(dlv, Delivery.REJECTED, lost_lock)
             return
         self.tokens.pop(locked.key, None)
         reason = description = None
