@@ -12,38 +12,44 @@ from __future__ import annotations
 
 import copy
 import logging
-import sqlite3
 import threading
 from bisect import bisect_right
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from itertools import accumulate, filterfalse
 from operator import attrgetter
-from typing import Any, Literal, NamedTuple, Protocol, cast
+from typing import Any, cast
 
 from ._entity import EntityProfile
 from ._inflight import KeyGate, Stopped, fly, gate_for, in_flight_limit
+from ._ledger_layer import LEDGER_FAILURES, LedgerLayer, LedgerRun
 from ._message import Message
 from ._message_columns import MessageColumns
+from ._report import (
+    Outcome,
+    Part,
+    SendFailure,
+    SendReport,
+    SendResult,
+    ack_results,
+    per_message,
+)
 from ._retry import Attempted, RetryPolicy
 from .backends._base import Ack, Backend
 from .errors import (
     ConfigurationError,
     InDoubtError,
-    LedgerError,
     MessageSizeError,
     PayloadConflictError,
     PermanentSendError,
     SendError,
     ValidationError,
 )
-from .ledger import Key, Ledger
+from .ledger import Ledger
 from .ledger._ledger import Prepared
-from .ledger._store import Confirmation
 
 __all__ = [
     "DEFAULT_MAX_BATCH_MESSAGES",
@@ -56,45 +62,14 @@ __all__ = [
     "Transaction",
 ]
 
-LEDGER_FAILURES = (LedgerError, sqlite3.Error, OSError)
-"""What a ledger that cannot write an intent raises: nothing may be sent then."""
 
 logger = logging.getLogger("sendonce.sender")
 
-Outcome = Literal["sent", "duplicate", "scheduled"]
 DEFAULT_MEMORY_SIZE = 1_000_000
 """Ids a sender remembers for payload-conflict checks (also bounded by the window)."""
 DEFAULT_MAX_BATCH_MESSAGES = 4500
 """Messages per transfer at most (the Service Bus batch limit)."""
-_OUTCOME = attrgetter("outcome")
 _PER_MESSAGE_OVERHEAD = 64  # bytes a transfer spends per message beyond its own size
-
-
-class SendResult(NamedTuple):
-    """What happened to one message."""
-
-    message_id: str
-    partition_key: str | None
-    outcome: Outcome
-    attempts: int
-    sequence_number: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SendFailure:
-    """A message that was not confirmed, with the reason."""
-
-    message_id: str
-    partition_key: str | None
-    error: SendError
-
-
-class Part(NamedTuple):
-    """What became of (part of) one transfer: acknowledged, or failed with ``error``."""
-
-    messages: Sequence[Message]
-    attempted: Attempted[list[Ack]] | None
-    error: SendError | None
 
 
 def transfer_key(batch: Sequence[Message]) -> tuple[str | None, str | None] | None:
@@ -102,120 +77,6 @@ def transfer_key(batch: Sequence[Message]) -> tuple[str | None, str | None] | No
     first = batch[0]
     pk, sid = first.partition_key, first.session_id
     return None if pk is None and sid is None else (pk, sid)
-
-
-def _results(
-    batch: Sequence[Message],
-    acks: list[Ack],
-    attempts: int,
-    in_doubt: bool,
-    *,
-    scheduled: bool = False,
-) -> list[SendResult]:
-    """Results for an acknowledged transfer.
-
-    A duplicate ack after an in-doubt attempt is our own earlier copy: reported sent.
-    """
-    success: Outcome = "scheduled" if scheduled else "sent"
-    # After an in-doubt schedule, the number returned may belong to a copy the broker dropped
-    # (Azure/azure-service-bus #265): it cannot cancel the copy that was kept, so it is unknown.
-    trust_numbers = not (scheduled and in_doubt)
-    return [
-        SendResult(
-            m.message_id,
-            m.partition_key,
-            "duplicate" if ack.outcome == "duplicate" and not in_doubt else success,
-            attempts,
-            ack.sequence_number if trust_numbers else None,
-        )
-        for m, ack in zip(batch, acks, strict=True)
-    ]
-
-
-class SendReport:
-    """The outcome of every message of a ``send_many`` call.
-
-    ``results`` holds one :class:`SendResult` per message that reached the broker,
-    ``failures`` one :class:`SendFailure` per message that did not (or may not have).
-    """
-
-    __slots__ = ("_chunks", "_results", "failures", "from_ledger")
-
-    def __init__(
-        self,
-        results: Iterable[SendResult] | None = None,
-        failures: Iterable[SendFailure] | None = None,
-    ) -> None:
-        self._results: list[SendResult] = list(results or ())
-        # Acknowledged transfers not yet turned into results: built on first access, so a
-        # caller who only reads the counts never pays for one object per message.
-        # Each chunk carries its count of duplicates, taken once when it is added.
-        self._chunks: list[tuple[Sequence[Message], list[Ack], int, bool, int]] = []
-        self.failures: list[SendFailure] = list(failures or ())
-        self.from_ledger: list[str] = []
-        """Ids reported ``duplicate`` because the ledger says an earlier run sent them."""
-
-    def _add_chunk(
-        self,
-        batch: Sequence[Message],
-        attempted: Attempted[list[Ack]],
-        duplicates: int | None = None,
-    ) -> None:
-        acks, in_doubt = attempted.value, attempted.in_doubt_before
-        if duplicates is None:
-            duplicates = list(map(_OUTCOME, acks)).count("duplicate")
-        chunk = (batch, acks, attempted.attempts, in_doubt, 0 if in_doubt else duplicates)
-        self._chunks.append(chunk)
-
-    @property
-    def results(self) -> list[SendResult]:
-        """One result per message that reached the broker, in the order of the input."""
-        if self._chunks:
-            chunks, self._chunks = self._chunks, []
-            built: list[SendResult] = []
-            for batch, acks, attempts, in_doubt, _ in chunks:
-                built.extend(_results(batch, acks, attempts, in_doubt))
-            self._results[:0] = built  # transfers precede the in-call repeats
-        return self._results
-
-    @property
-    def duplicates(self) -> int:
-        """Messages the broker already had (dropped as duplicates)."""
-        count = sum(1 for r in self._results if r.outcome == "duplicate")
-        return count + sum(chunk[4] for chunk in self._chunks)
-
-    @property
-    def failed(self) -> int:
-        """Messages that failed (not stored, or in doubt): see ``failures``."""
-        return len(self.failures)
-
-    @property
-    def total(self) -> int:
-        """Every message of the call: results plus failures."""
-        return len(self._results) + sum(len(c[1]) for c in self._chunks) + len(self.failures)
-
-    @property
-    def sent(self) -> int:
-        """Messages stored by this call (neither duplicates nor failures)."""
-        return self.total - self.failed - self.duplicates
-
-    @property
-    def in_doubt(self) -> list[str]:
-        """Ids whose outcome is unknown: resend them inside the window."""
-        return [f.message_id for f in self.failures if isinstance(f.error, InDoubtError)]
-
-    def raise_for_failures(self) -> None:
-        """Raise the first failure's error (noting how many others there were)."""
-        if not self.failures:
-            return
-        first = self.failures[0].error
-        if len(self.failures) > 1:
-            others = ", ".join(repr(f.message_id) for f in self.failures[1:6])
-            first.add_note(f"{len(self.failures) - 1} more message(s) failed too, e.g. {others}")
-        raise first
-
-    def __repr__(self) -> str:
-        return f"SendReport(sent={self.sent}, duplicates={self.duplicates}, failed={self.failed})"
 
 
 class _IdMemory:
@@ -301,15 +162,14 @@ class SenderCore:
         if not isinstance(self.retry, RetryPolicy):
             raise ConfigurationError("retry must be a RetryPolicy", field="retry")
         self._ledger = ledger
-        self._ledger_window = timedelta(0)
+        self._ledger_layer: LedgerLayer | None = None
         if ledger is not None:
-            # The ledger decides what may be resent; without duplicate detection the
-            # broker remembers nothing, so any unconfirmed send is in doubt at once.
-            if profile.duplicate_detection and profile.window is not None:
-                self._ledger_window = profile.window
             ledger.check_window(profile.window, profile.name)
             if not profile.duplicate_detection and ledger.in_doubt == "error":
                 self.retry = _single_attempt(self.retry)
+            self._ledger_layer = LedgerLayer(
+                ledger, profile, self.retry.safety_margin, self.retry.clock
+            )
         elif require_duplicate_detection:
             profile.require_duplicate_detection()
         self.retry.check_window(profile.window, entity=profile.name)
@@ -517,7 +377,7 @@ class SenderCore:
     ) -> None:
         """Record an acknowledged transfer; members of an ignored group are failures."""
         acks = attempted.value
-        outcomes = Counter(map(_OUTCOME, acks))
+        outcomes = Counter(map(attrgetter("outcome"), acks))
         if not outcomes["ignored"]:
             report._add_chunk(batch, attempted, outcomes["duplicate"])
             return
@@ -554,7 +414,7 @@ class SenderCore:
         """Record a transfer that failed: one failure per message, each naming its id."""
         for message in batch:
             named = len(batch) == 1 and exc.message_id == message.message_id
-            error = exc if named else _per_message(exc, message)
+            error = exc if named else per_message(exc, message)
             report.failures.append(SendFailure(message.message_id, message.partition_key, error))
             failed[self._key_of(message)] = error
         logger.warning("send of %d message(s) to %r failed: %s", len(batch), self.profile.name, exc)
@@ -590,152 +450,6 @@ class SenderCore:
                 f"{what}() is not supported on a sender with a ledger yet: use a sender "
                 "without one for all-or-nothing groups",
                 field="ledger",
-            )
-
-    def _ledger_keys(self, batch: Sequence[Message]) -> list[Key]:
-        if not self.profile.partitioned:
-            # Plain tuples equal (and hash like) Key: cheaper by the 100k.
-            if isinstance(batch, MessageColumns):
-                return cast(list[Key], [(mid, "") for mid in batch.message_ids])
-            return cast(list[Key], [(m.message_id, "") for m in batch])
-        dedup_key = self.profile.dedup_key
-        return [Key(mid, pk or "") for mid, pk in map(dedup_key, batch)]
-
-    def _account_ledger(
-        self,
-        confirmed: list[tuple[Message, Any]],
-        conflicts: list[tuple[Message, Any]],
-        in_doubt: list[tuple[Message, Any]],
-        report: SendReport,
-    ) -> None:
-        for message, _row in confirmed:
-            report._results.append(
-                SendResult(message.message_id, message.partition_key, "duplicate", 0, None)
-            )
-            report.from_ledger.append(message.message_id)
-        for message, row in conflicts:
-            error: SendError = PayloadConflictError(
-                f"message {message.message_id!r} was sent at {row.first_attempt.isoformat()} "
-                "with a different body (according to the ledger); the broker would silently "
-                "drop this one, so it was not sent. Give distinct business messages distinct ids.",
-                message_id=message.message_id,
-                partition_key=message.partition_key,
-            )
-            report.failures.append(SendFailure(message.message_id, message.partition_key, error))
-        for message, row in in_doubt:
-            window = self._ledger_window
-            why = (
-                "the entity has no duplicate detection"
-                if window == timedelta(0)
-                else f"its duplicate-detection window ({window}) has passed"
-            )
-            error = InDoubtError(
-                f"message {message.message_id!r} is in doubt: a send first attempted at "
-                f"{row.first_attempt.isoformat()} was never confirmed (the sender stopped "
-                f"before the ack was recorded) and {why}, so resending could duplicate it. "
-                "It was not sent. Check the entity, or use Ledger(in_doubt='resend') to "
-                "accept at-least-once.",
-                message_id=message.message_id,
-                partition_key=message.partition_key,
-            )
-            report.failures.append(SendFailure(message.message_id, message.partition_key, error))
-
-    def _ledger_intents(self, batch: Sequence[Message], pending: Confirmation | None) -> Prepared:
-        """Write ``batch``'s intents (with the previous transfer's confirmation)."""
-        assert self._ledger is not None
-        return self._ledger.prepare(
-            self.profile.name,
-            batch,
-            self._ledger_keys(batch),
-            window=self._ledger_window,
-            margin=self.retry.safety_margin,
-            confirm=pending,
-        )
-
-    def _ledger_failed(
-        self,
-        batches: list[Sequence[Message]],
-        index: int,
-        exc: Exception,
-        report: SendReport,
-        failed: dict[object, SendError],
-    ) -> None:
-        """No durable intent, so nothing may be sent: this and every later transfer fail.
-
-        The acknowledged transfers before it stay unconfirmed: decided on a re-run.
-        """
-        cause = exc if isinstance(exc, LedgerError) else f"{type(exc).__name__}: {exc}"
-        for rest in batches[index:]:
-            error = LedgerError(
-                f"the ledger could not record the intent to send ({cause}); not sent",
-                message_id=rest[0].message_id,
-            )
-            self._fail(rest, error, report, failed)
-
-    def _ledger_account(
-        self, prepared: Prepared, report: SendReport, failed: dict[object, SendError]
-    ) -> None:
-        self._account_ledger(prepared.confirmed, prepared.conflicts, prepared.in_doubt, report)
-        for message, _row in prepared.conflicts + prepared.in_doubt:
-            failed[self._key_of(message)] = report.failures[-1].error
-
-    def _ledger_schedule_start(
-        self, message: Message, prepared: Prepared | Exception
-    ) -> Prepared | SendResult:
-        """A schedule's ledger decision: go ahead (Prepared), or its result, or raise."""
-        report = SendReport()
-        if isinstance(prepared, Exception):
-            self._ledger_failed([[message]], 0, prepared, report, {})
-            raise report.failures[0].error from None
-        self._ledger_account(prepared, report, {})
-        if report.failures:
-            raise report.failures[0].error
-        if not prepared.send:
-            return report.results[0]  # confirmed by an earlier run: a duplicate
-        return prepared
-
-    @staticmethod
-    def _ledger_scheduled(prepared: Prepared, result: SendResult) -> Confirmation:
-        outcome = "duplicate" if result.outcome == "duplicate" else "scheduled"
-        return Confirmation((), {prepared.send_keys[0]: outcome})
-
-    def _ledger_resumed(self, prepared: Prepared, started: float | None) -> float | None:
-        """The retry deadline's start: a resumed key keeps its first attempt's deadline."""
-        if prepared.started is None:
-            return started
-        assert self._ledger is not None
-        age = (self._ledger.clock() - prepared.started).total_seconds()
-        earlier = self.retry.clock() - max(age, 0.0)
-        return earlier if started is None else min(started, earlier)
-
-    @staticmethod
-    def _ledger_done(
-        prepared: Prepared,
-        sent: Sequence[Message],
-        attempted: Attempted[list[Ack]] | None,
-        exc: SendError | None,
-    ) -> list[Key]:
-        """Note an acked or refused part of a transfer; the keys to release, if refused."""
-        if attempted is not None:
-            prepared.acknowledged(
-                sent, ["duplicate" if a.outcome == "duplicate" else "sent" for a in attempted.value]
-            )
-        elif isinstance(exc, PermanentSendError):
-            # Refused without an earlier doubtful attempt: nothing was stored.
-            return prepared.refused(sent)
-        return []
-
-    def _ledger_confirm(
-        self, pending: Confirmation, confirm: Callable[[str, Confirmation], object]
-    ) -> None:
-        try:
-            confirm(self.profile.name, pending)
-        except Exception as exc:
-            logger.warning(
-                "ledger: acknowledged message(s) to %r could not be confirmed (%s); "
-                "they stay unconfirmed intents, decided like in-doubt sends on a re-run",
-                self.profile.name,
-                exc,
             )
 
 
@@ -858,11 +572,12 @@ class IdempotentSender(SenderCore):
         atomic: bool = False,
         started: float | None = None,
         stop: threading.Event | None = None,
+        tried: list[int] | None = None,
     ) -> Attempted[list[Ack]]:
         entity = self.profile.name
         backend = self._backend
         first = batch[0]
-        attempts = [0]
+        attempts = tried if tried is not None else [0]
 
         def attempt(timeout: float) -> list[Ack]:
             if stop is not None and stop.is_set():
@@ -934,7 +649,7 @@ class IdempotentSender(SenderCore):
         report = SendReport()
         failed: dict[object, SendError] = {}
         if self._ledger is not None:
-            self._send_through_ledger(plan.batches, report, failed, started)
+            plan.reordered |= self._send_through_ledger(plan.batches, report, failed, started)
         else:
             self._send_transfers(plan.batches, report, failed, started)
         self._account_repeats(items, plan, report, failed)
@@ -980,124 +695,120 @@ class IdempotentSender(SenderCore):
         return None if key is None else (self.profile.name, key)
 
     def _transfer(
-        self, batch: Sequence[Message], started: float | None, stop: threading.Event | None
+        self,
+        batch: Sequence[Message],
+        started: float | None,
+        stop: threading.Event | None,
+        tried: list[int] | None = None,
     ) -> list[Part]:
         """One planned transfer with its retries (split in two if the transport finds it
-        too big); what became of each part. ``Stopped`` leaves if ``stop`` is set."""
+        too big); what became of each part. ``Stopped`` leaves if ``stop`` is set;
+        ``tried`` counts the attempts made."""
         try:
-            attempted = self._attempt_transfer(batch, started=started, stop=stop)
+            attempted = self._attempt_transfer(batch, started=started, stop=stop, tried=tried)
         except MessageSizeError:
             if len(batch) == 1:
                 raise
             half = len(batch) // 2  # the transport's real limit is below our estimate: split
-            first = self._transfer(batch[:half], started, stop)
-            return first + self._transfer(batch[half:], started, stop)
+            first = self._transfer(batch[:half], started, stop, tried)
+            return first + self._transfer(batch[half:], started, stop, tried)
         except (InDoubtError, PermanentSendError) as exc:
             return [Part(batch, None, exc)]
         return [Part(batch, attempted, None)]
 
-    def _send_batch(
-        self,
-        batch: Sequence[Message],
-        report: SendReport,
-        failed: dict[object, SendError],
-        started: float | None = None,
-        done: _Done | None = None,
-    ) -> None:
-        try:
-            attempted = self._attempt_transfer(batch, started=started)
-        except MessageSizeError:
-            if len(batch) == 1:
-                raise
-            half = len(batch) // 2  # the transport's real limit is below our estimate: split
-            self._send_batch(batch[:half], report, failed, started, done)
-            self._send_batch(batch[half:], report, failed, started, done)
-            return
-        except (InDoubtError, PermanentSendError) as exc:
-            self._fail(batch, exc, report, failed)
-            if done is not None:
-                done(batch, None, exc)
-            return
-        self._account(report, batch, attempted, failed)
-        if done is not None:
-            done(batch, attempted, None)
-
-    # -- the ledger ------------------------------------------------------------------
-
     def _send_through_ledger(
         self,
-        batches: list[Sequence[Message]],
+        batches: Sequence[Sequence[Message]],
         report: SendReport,
         failed: dict[object, SendError],
         started: float | None,
-    ) -> None:
-        """Intent before each transfer, confirmation after its ack (with a later intent).
+    ) -> bool:
+        """The transfers with the ledger around them (see ``_ledger_layer``).
 
-        The next transfer's intents are written in a worker thread while this one is
-        sent (SQLite and psycopg release the GIL), so the ledger's round-trip overlaps
-        the broker's: an intent is still durable before its transfer's first attempt.
+        The next window's intents are written in a worker thread while this window's
+        transfers are in flight (SQLite and psycopg release the GIL); a transfer starts
+        only once its window is durable. On the way out, interrupted or not, intents
+        never attempted are released and acknowledged transfers confirmed. Returns
+        whether the report got entries from the ledger (out of the transfers' order).
         """
-        ledger = self._ledger
-        assert ledger is not None
-        entity = self.profile.name
-        pending: Confirmation | None = None
-        carried: Confirmation | None = None  # what the latest intent write also confirms
-        ahead: Future[Prepared] | None = None
+        layer = self._ledger_layer
+        assert layer is not None
+        run = LedgerRun(
+            layer, batches, started, self.max_in_flight, report, failed, self._fail, self._key_of
+        )
+        stop = threading.Event()
+        outcomes: list[list[Part]] = [[] for _ in batches]
         pool = (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="sendonce-ledger")
-            if len(batches) > 1
+            if len(run.windows) > 1
             else None
         )
-        try:
-            for index, batch in enumerate(batches):
+        writing: list[Any] = []  # [window, messages, future, carried] of the write in flight
+
+        def write_next() -> None:
+            request = run.next_write()
+            if request is None:
+                return
+            w, messages, keys, carried = request
+            if pool is None:
                 try:
-                    if ahead is not None:
-                        written, ahead = ahead, None
-                        prepared = written.result()
-                    else:
-                        carried, pending = pending, None
-                        prepared = self._ledger_intents(batch, carried)
+                    run.written(w, messages, layer.intents(messages, keys, carried))
                 except LEDGER_FAILURES as exc:
-                    self._ledger_failed(batches, index, exc, report, failed)
-                    pending = carried.merged(pending) if carried else pending  # retried below
-                    break
-                self._ledger_account(prepared, report, failed)
-                if pool is not None and index + 1 < len(batches):
-                    carried, pending = pending, None
-                    ahead = pool.submit(self._ledger_intents, batches[index + 1], carried)
-                if not prepared.send:
+                    run.write_failed(w, exc, carried)
+                return
+            writing[:] = [w, messages, pool.submit(layer.intents, messages, keys, carried), carried]
+
+        def collect(then_next: bool) -> None:
+            w, messages, future, carried = writing
+            writing.clear()
+            try:
+                run.written(w, messages, future.result())
+            except LEDGER_FAILURES as exc:
+                run.write_failed(w, exc, carried)
+            if then_next:
+                write_next()  # one window ahead of the transfers
+
+        def ready(index: int) -> Future[Prepared] | None:
+            while not run.ready(index):
+                if not writing:
+                    write_next()
                     continue
-                resumed = self._ledger_resumed(prepared, started)
+                if not writing[2].done():
+                    return cast("Future[Prepared]", writing[2])
+                collect(then_next=True)
+            return None
 
-                def done(
-                    sent: Sequence[Message],
-                    attempted: Attempted[list[Ack]] | None,
-                    exc: SendError | None,
-                    prepared: Prepared = prepared,
-                ) -> None:
-                    released = self._ledger_done(prepared, sent, attempted, exc)
-                    if released:
-                        ledger.release(entity, released, prepared.owner)
+        def step(index: int) -> list[Part]:
+            sends, start = run.to_send(index)
+            if not sends:
+                return []
+            with self._gate.hold(self._gate_key(sends)):
+                return self._transfer(sends, start, stop, run.tried[index])
 
-                self._send_batch(prepared.send, report, failed, resumed, done)
-                pending = prepared.confirmation().merged(pending)
+        def finish(index: int, parts: list[Part]) -> None:
+            outcomes[index] = parts
+            released, owner = run.done(index, parts)
+            if released:
+                layer.release_quietly(released, owner)
+
+        try:
+            write_next()
+            keys = [transfer_key(batch) for batch in batches]
+            fly(keys, self.max_in_flight, step, finish, stop, ready=ready)
         finally:
-            if ahead is not None:  # interrupted: the transfer written ahead was never sent
-                self._ledger_unsent(ahead)
+            if writing:  # a window written ahead: learn its owner, to release it below
+                collect(then_next=False)
             if pool is not None:
                 pool.shutdown(wait=True)
-        if pending:
-            self._ledger_confirm(pending, ledger.confirm)
-        ledger.maybe_prune()
-
-    def _ledger_unsent(self, ahead: Future[Prepared]) -> None:
-        """Release the intents of a transfer written ahead and then never attempted."""
-        assert self._ledger is not None
-        try:
-            prepared = ahead.result()
-            self._ledger.release(self.profile.name, prepared.unsent_keys(), prepared.owner)
-        except Exception as exc:  # best effort: they stay intents, decided on a re-run
-            logger.warning("ledger: intents written ahead could not be released (%s)", exc)
+            releases, confirmation = run.closing()
+            for keys_, owner in releases:
+                layer.release_quietly(keys_, owner)
+            if confirmation:
+                layer.confirm_quietly(confirmation)
+        for parts in outcomes:
+            self._account_parts(parts, report, failed)
+        layer.ledger.maybe_prune()
+        return run.reordered
 
     def schedule(
         self, message: Message, at: datetime, *, first_attempt: float | datetime | None = None
@@ -1119,18 +830,20 @@ class IdempotentSender(SenderCore):
         self._plan_remembered((message,), what="message", batch=False)
         entity = self.profile.name
         backend = self._backend
-        ledger = self._ledger
+        layer = self._ledger_layer
         prepared: Prepared | None = None
-        if ledger is not None:
+        if layer is not None:
             try:
-                written: Prepared | Exception = self._ledger_intents([message], None)
+                written: Prepared | Exception = layer.intents(
+                    [message], layer.keys([message]), None
+                )
             except LEDGER_FAILURES as exc:
                 written = exc
-            decided = self._ledger_schedule_start(message, written)
+            decided = layer.schedule_start(message, written)
             if isinstance(decided, SendResult):
                 return decided
             prepared = decided
-            started = self._ledger_resumed(prepared, started)
+            started = layer.resumed(prepared, started)
 
         def attempt(timeout: float) -> list[Ack]:
             return backend.schedule(entity, [message], at, timeout=timeout)
@@ -1145,18 +858,18 @@ class IdempotentSender(SenderCore):
                     started=started,
                 )
         except PermanentSendError:
-            if ledger is not None and prepared is not None:  # refused: nothing was stored
-                ledger.release(entity, prepared.refused([message]), prepared.owner)
+            if layer is not None and prepared is not None:  # refused: nothing was stored
+                layer.release_quietly(prepared.refused([message]), prepared.owner)
             raise
-        result = _results(
+        result = ack_results(
             [message],
             attempted.value,
             attempted.attempts,
             attempted.in_doubt_before,
             scheduled=True,
         )[0]
-        if ledger is not None and prepared is not None:
-            self._ledger_confirm(self._ledger_scheduled(prepared, result), ledger.confirm)
+        if layer is not None and prepared is not None:
+            layer.confirm_quietly(layer.scheduled(prepared, result))
         return result
 
     # -- transactions ----------------------------------------------------------------
@@ -1200,15 +913,6 @@ class IdempotentSender(SenderCore):
             attempted = self._attempt_transfer(messages, atomic=True, started=started)
             self._account(report, messages, attempted, {})
         return report
-
-
-class _Done(Protocol):
-    def __call__(
-        self,
-        sent: Sequence[Message],
-        attempted: Attempted[list[Ack]] | None,
-        exc: SendError | None,
-    ) -> None: ...
 
 
 def _open_ledger(ledger: Ledger | str | None) -> Ledger | None:
@@ -1258,16 +962,6 @@ def _conflict(message: Message, where: str, earlier: str) -> PayloadConflictErro
         message_id=message.message_id,
         partition_key=message.partition_key,
     )
-
-
-def _per_message(error: SendError, message: Message) -> SendError:
-    """A copy of a batch-level error naming one message of the batch."""
-    text = (
-        f"message {message.message_id!r} is in doubt: {error}"
-        if isinstance(error, InDoubtError)
-        else None
-    )
-    return error.for_message(message.message_id, message.partition_key, text=text)
 
 
 class Transaction:

@@ -28,6 +28,8 @@ FLOORS: list[tuple[str, ...]] = [
     # retry policy; one SQLite connection per file; transfers in flight (one per key at a time)
     ("_retry", "_sqlite_share", "_inflight"),
     ("backends", "ledger"),  # where messages go; what was sent, durably
+    ("_report",),  # what a send call reports, per message
+    ("_ledger_layer",),  # the ledger around the transfer step: intents, confirmations
     # The senders and what serves or wraps a backend.
     ("_sender", "emulator", "testing"),
     ("aio", "spark"),  # the asyncio mirror; Spark publishing

@@ -23,19 +23,18 @@ from typing import Any, Literal
 
 from .._entity import EntityProfile
 from .._inflight import gate_for, in_flight_limit
+from .._ledger_layer import LEDGER_FAILURES, LedgerLayer, LedgerRun
 from .._message import Message
 from .._message_columns import MessageColumns
+from .._report import Part, ack_results
 from .._retry import Attempted, RetryPolicy
 from .._sender import (
     DEFAULT_MAX_BATCH_MESSAGES,
     DEFAULT_MEMORY_SIZE,
-    LEDGER_FAILURES,
-    Part,
     SenderCore,
     SendReport,
     SendResult,
     _open_ledger,
-    _results,
     transfer_key,
 )
 from ..backends._base import Ack
@@ -47,7 +46,7 @@ from ..errors import (
     SendError,
     ValidationError,
 )
-from ..ledger import Ledger
+from ..ledger import Key, Ledger
 from ..ledger._ledger import Prepared
 from ..ledger._store import Confirmation
 from ._base import AsyncBackend
@@ -279,7 +278,7 @@ class IdempotentSender(SenderCore):
         report = SendReport()
         failed: dict[object, SendError] = {}
         if self._ledger is not None:
-            await self._send_through_ledger(plan.batches, report, failed, started)
+            plan.reordered |= await self._send_through_ledger(plan.batches, report, failed, started)
         else:
             await self._send_transfers(plan.batches, report, failed, started)
         cancelled_meanwhile(before)
@@ -336,97 +335,87 @@ class IdempotentSender(SenderCore):
             return [Part(batch, None, exc)]
         return [Part(batch, attempted, None)]
 
-    async def _send_batch(
-        self,
-        batch: Sequence[Message],
-        report: SendReport,
-        failed: dict[object, SendError],
-        started: float | None,
-        done: list[tuple[Sequence[Message], Attempted[list[Ack]] | None, SendError | None]]
-        | None = None,
-    ) -> None:
-        try:
-            attempted = await self._attempt_transfer(batch, started=started)
-        except MessageSizeError:
-            if len(batch) == 1:
-                raise
-            half = len(batch) // 2  # the transport's real limit is below our estimate: split
-            await self._send_batch(batch[:half], report, failed, started, done)
-            await self._send_batch(batch[half:], report, failed, started, done)
-            return
-        except (InDoubtError, PermanentSendError) as exc:
-            self._fail(batch, exc, report, failed)
-            if done is not None:
-                done.append((batch, None, exc))
-            return
-        self._account(report, batch, attempted, failed)
-        if done is not None:
-            done.append((batch, attempted, None))
-
     async def _send_through_ledger(
         self,
-        batches: list[Sequence[Message]],
+        batches: Sequence[Sequence[Message]],
         report: SendReport,
         failed: dict[object, SendError],
         started: float | None,
-    ) -> None:
-        """The sync sender's ledger protocol, the store's calls in a worker thread.
+    ) -> bool:
+        """The sync sender's ledger protocol (``_ledger_layer``), the store's calls in a
+        worker thread so the event loop never waits on it.
 
-        As there, the next transfer's intents are written while this one is sent.
+        The next window's intents are written while this window's transfers are in
+        flight. On the way out, cancelled or not, intents never attempted are released
+        and acknowledged transfers confirmed; then the cancellation propagates.
         """
-        ledger = self._ledger
-        assert ledger is not None
-        entity = self.profile.name
-        pending: Confirmation | None = None
-        carried: Confirmation | None = None  # what the latest intent write also confirms
-        ahead: asyncio.Future[Prepared] | None = None
-        try:
-            for index, batch in enumerate(batches):
-                try:
-                    if ahead is not None:
-                        written, ahead = ahead, None
-                        prepared = await written
-                    else:
-                        carried, pending = pending, None
-                        prepared = await asyncio.to_thread(self._ledger_intents, batch, carried)
-                except LEDGER_FAILURES as exc:
-                    self._ledger_failed(batches, index, exc, report, failed)
-                    pending = carried.merged(pending) if carried else pending
-                    break
-                self._ledger_account(prepared, report, failed)
-                if index + 1 < len(batches):
-                    carried, pending = pending, None
-                    ahead = asyncio.ensure_future(
-                        asyncio.to_thread(self._ledger_intents, batches[index + 1], carried)
-                    )
-                if not prepared.send:
-                    continue
-                resumed = self._ledger_resumed(prepared, started)
-                done: list[tuple[Sequence[Message], Attempted[list[Ack]] | None, SendError | None]]
-                done = []
-                await self._send_batch(prepared.send, report, failed, resumed, done)
-                for sent, attempted, refused in done:
-                    released = self._ledger_done(prepared, sent, attempted, refused)
-                    if released:
-                        await asyncio.to_thread(ledger.release, entity, released, prepared.owner)
-                pending = prepared.confirmation().merged(pending)
-        finally:
-            if ahead is not None:  # interrupted: the transfer written ahead was never sent
-                await self._ledger_unsent_async(ahead)
-        if pending:
-            await asyncio.to_thread(self._ledger_confirm, pending, ledger.confirm)
-        await asyncio.to_thread(ledger.maybe_prune)
+        layer = self._ledger_layer
+        assert layer is not None
+        run = LedgerRun(
+            layer, batches, started, self.max_in_flight, report, failed, self._fail, self._key_of
+        )
+        outcomes: list[list[Part]] = [[] for _ in batches]
+        writing: list[Any] = []  # [window, messages, future, carried] of the write in flight
 
-    async def _ledger_unsent_async(self, ahead: asyncio.Future[Prepared]) -> None:
-        """Release the intents of a transfer written ahead and then never attempted."""
-        assert self._ledger is not None
-        try:
-            prepared = await ahead  # its worker thread cannot be stopped: let it finish
-            await asyncio.to_thread(
-                self._ledger.release, self.profile.name, prepared.unsent_keys(), prepared.owner
+        def write_next() -> None:
+            request = run.next_write()
+            if request is None:
+                return
+            w, messages, keys, carried = request
+            future = asyncio.ensure_future(
+                asyncio.to_thread(layer.intents, messages, keys, carried)
             )
-        except Exception as exc:  # best effort: they stay intents, decided on a re-run
-            _logger.warning("ledger: intents written ahead could not be released (%s)", exc)
+            writing[:] = [w, messages, future, carried]
+
+        def collect(then_next: bool) -> None:
+            w, messages, future, carried = writing
+            writing.clear()
+            try:
+                run.written(w, messages, future.result())
+            except LEDGER_FAILURES as exc:
+                run.write_failed(w, exc, carried)
+            if then_next:
+                write_next()  # one window ahead of the transfers
+
+        def ready(index: int) -> asyncio.Future[Any] | None:
+            while not run.ready(index):
+                if not writing:
+                    write_next()
+                    continue
+                future: asyncio.Future[Any] = writing[2]
+                if not future.done():
+                    return future
+                collect(then_next=True)
+            return None
+
+        async def step(index: int) -> list[Part]:
+            sends, start = run.to_send(index)
+            if not sends:
+                return []
+            parts = await self._transfer(sends, start, run.tried[index])
+            refused, owner = run.refused(index, parts)
+            if refused:  # released before its window's confirmation can be written
+                await asyncio.to_thread(layer.release_quietly, refused, owner)
+            return parts
+
+        def finish(index: int, parts: list[Part]) -> None:
+            outcomes[index] = parts
+            run.done(index, parts)
+
+        try:
+            write_next()
+            keys = [transfer_key(batch) for batch in batches]
+            await afly(keys, self.max_in_flight, step, finish, ready=ready)
+        finally:
+            if writing:  # a window written ahead: learn its owner, to release it below
+                await asyncio.wait([writing[2]])
+                collect(then_next=False)
+            left, confirmation = run.closing()
+            await asyncio.to_thread(_settle, layer, left, confirmation)
+        for parts in outcomes:
+            self._account_parts(parts, report, failed)
+        await asyncio.to_thread(layer.ledger.maybe_prune)
+        return run.reordered
 
     async def schedule(
         self, message: Message, at: datetime, *, first_attempt: float | datetime | None = None
@@ -443,20 +432,20 @@ class IdempotentSender(SenderCore):
         self._plan_remembered((message,), what="message", batch=False)
         entity = self.profile.name
         backend = self._backend
-        ledger = self._ledger
+        layer = self._ledger_layer
         prepared: Prepared | None = None
-        if ledger is not None:
+        if layer is not None:
             try:
                 written: Prepared | Exception = await asyncio.to_thread(
-                    self._ledger_intents, [message], None
+                    layer.intents, [message], layer.keys([message]), None
                 )
             except LEDGER_FAILURES as exc:
                 written = exc
-            decided = self._ledger_schedule_start(message, written)
+            decided = layer.schedule_start(message, written)
             if isinstance(decided, SendResult):
                 return decided
             prepared = decided
-            started = self._ledger_resumed(prepared, started)
+            started = layer.resumed(prepared, started)
 
         async def attempt(timeout: float) -> list[Ack]:
             return await backend.schedule(entity, [message], at, timeout=timeout)
@@ -471,22 +460,22 @@ class IdempotentSender(SenderCore):
                     partition_key=message.partition_key,
                     started=started,
                 )
-            cancelled_meanwhile(before)
         except PermanentSendError:
-            if ledger is not None and prepared is not None:  # refused: nothing was stored
+            if layer is not None and prepared is not None:  # refused: nothing was stored
                 keys = prepared.refused([message])
-                await asyncio.to_thread(ledger.release, entity, keys, prepared.owner)
+                await asyncio.to_thread(layer.release_quietly, keys, prepared.owner)
             raise
-        result = _results(
+        result = ack_results(
             [message],
             attempted.value,
             attempted.attempts,
             attempted.in_doubt_before,
             scheduled=True,
         )[0]
-        if ledger is not None and prepared is not None:
-            confirmation = self._ledger_scheduled(prepared, result)
-            await asyncio.to_thread(self._ledger_confirm, confirmation, ledger.confirm)
+        if layer is not None and prepared is not None:
+            confirmation = layer.scheduled(prepared, result)
+            await asyncio.to_thread(layer.confirm_quietly, confirmation)
+        cancelled_meanwhile(before)
         return result
 
     # -- transactions ----------------------------------------------------------------
@@ -544,3 +533,15 @@ class Transaction:
         batch = list(messages)
         self._sender._plan(batch, what="messages", batch=False)
         self.messages.extend(batch)
+
+
+def _settle(
+    layer: LedgerLayer,
+    releases: list[tuple[list[Key], str]],
+    confirmation: Confirmation | None,
+) -> None:
+    """The ledger writes of a call's way out, in one worker-thread hop."""
+    for keys, owner in releases:
+        layer.release_quietly(keys, owner)
+    if confirmation:
+        layer.confirm_quietly(confirmation)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
+from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -44,7 +45,7 @@ PROFILE = EntityProfile("orders", duplicate_detection_window=WINDOW)
 class Watching:
     """A broker that checks, at every send, what the ledger holds for that batch."""
 
-    def __init__(self, inner: LocalBackend, ledger: Ledger) -> None:
+    def __init__(self, inner: LocalBackend, ledger: Ledger | None) -> None:
         self.inner, self.ledger = inner, ledger
         self.missing: list[str] = []
         self.sends = 0
@@ -58,27 +59,35 @@ class Watching:
         if self.sends == self.interrupt_at:
             raise KeyboardInterrupt  # Ctrl-C while this transfer is on its way
         wanted = [Key(m.message_id, "") for m in messages]
-        found = self.ledger.store.lookup(entity, wanted)
+        found = self.ledger.store.lookup(entity, wanted) if self.ledger else wanted
         self.missing += [k.message_id for k in wanted if k not in found]
         return self.inner.send(entity, messages, **kw)
 
 
+@pytest.mark.parametrize("in_flight", [1, 8])
 def test_every_intent_is_durable_before_its_transfers_first_attempt(
-    broker: LocalBackend, clock: Clock, ledger_url: str, retry: RetryPolicy
+    broker: LocalBackend, clock: Clock, ledger_url: str, retry: RetryPolicy, in_flight: int
 ) -> None:
-    """Intents are written ahead, in a worker thread: never later than the attempt."""
+    """Intents are written ahead a window at a time, in a worker thread: never later than
+    the attempt, whether one transfer or eight are in flight."""
     with Ledger(ledger_url, clock=clock) as ledger:
         watching = Watching(broker, ledger)
         with IdempotentSender(
-            watching, PROFILE, retry=retry, ledger=ledger, max_batch_messages=7
+            watching,
+            PROFILE,
+            retry=retry,
+            ledger=ledger,
+            max_batch_messages=7,
+            max_in_flight=in_flight,
         ) as sender:
-            report = sender.send_many([msg(i) for i in range(100)])
-        assert report.sent == 100 and watching.sends == 15
+            report = sender.send_many([msg(i) for i in range(600)])
+        assert report.sent == 600 and watching.sends == 86
         assert watching.missing == []
-        rows = ledger.store.lookup("orders", keys(range(100)))
-    assert len(rows) == 100
+        rows = ledger.store.lookup("orders", keys(range(600)))
+    assert len(rows) == 600
     assert all(r.confirmed_at is not None and r.outcome == "sent" for r in rows.values())
-    assert len({r.owner for r in rows.values()}) == 15  # one transfer per batch
+    # One intent write per window of transfers, not one per transfer.
+    assert len({r.owner for r in rows.values()}) == 3
 
 
 def test_an_interrupted_send_releases_the_intents_written_ahead(
@@ -177,7 +186,7 @@ def test_a_duplicate_acked_by_the_broker_is_recorded_as_duplicate(
 def test_an_unreachable_ledger_mid_call_sends_nothing_unrecorded(
     broker: LocalBackend, clock: Clock, tmp_path: Path, retry: RetryPolicy
 ) -> None:
-    """The file goes away after the first transfer: every later transfer fails, unsent."""
+    """The file goes away after the first transfer: every later window fails, unsent."""
     path = tmp_path / "ledger.db"
     with Ledger(f"sqlite://{path}", clock=clock) as ledger:
 
@@ -196,11 +205,12 @@ def test_an_unreachable_ledger_mid_call_sends_nothing_unrecorded(
                 return acks
 
         with IdempotentSender(
-            Removing(), PROFILE, retry=retry, ledger=ledger, max_batch_messages=10
+            Removing(), PROFILE, retry=retry, ledger=ledger, max_batch_messages=100
         ) as sender:
-            report = sender.send_many([msg(i) for i in range(40)])
-    # Transfer 2's intents may have been written (ahead) before the move: then it is sent.
-    assert report.sent in (10, 20) and report.failed == 40 - report.sent
+            report = sender.send_many([msg(i) for i in range(900)])
+    # Windows of two transfers; the second window's intents may have been written (ahead)
+    # before the move: then it is sent too.
+    assert report.sent in (200, 400) and report.failed == 900 - report.sent
     assert all(isinstance(f.error, LedgerError) for f in report.failures)
     assert broker.count("orders") == report.sent
 
@@ -267,7 +277,7 @@ def test_a_version_1_ledger_file_is_upgraded_in_place(
     check.close()
 
 
-def test_a_confirmed_transfer_costs_one_row_not_one_per_key(
+def test_a_confirmed_window_costs_one_row_not_one_per_key(
     broker: LocalBackend, clock: Clock, tmp_path: Path, retry: RetryPolicy
 ) -> None:
     path = tmp_path / "ledger.db"
@@ -285,7 +295,7 @@ def test_a_confirmed_transfer_costs_one_row_not_one_per_key(
     ).fetchone()
     conn.close()
     assert per_key == (0,)
-    assert transfers == (10, 1000)
+    assert transfers == (5, 1000)  # windows of two transfers (256 messages at most)
 
 
 def test_pruning_drops_a_transfer_with_its_last_key(
@@ -314,3 +324,134 @@ def test_pruning_drops_a_transfer_with_its_last_key(
         assert conn.execute("SELECT keys FROM ledger_transfers").fetchall() == [(5,)]
         conn.close()
         assert sorted(ledger.store.lookup("orders", keys(range(15)))) == keys(range(10, 15))
+
+
+# -- interruptions while intents are written ahead -------------------------------------
+
+
+class Pausing:
+    """A ledger store whose ``record_intents`` call number ``at`` runs ``before`` first
+    (while the sender waits for that window), then writes."""
+
+    def __init__(self, inner: Any, at: int, before: Any) -> None:
+        self.inner, self.at, self.before = inner, at, before
+        self.calls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def record_intents(self, *args: Any, **kw: Any) -> Any:
+        self.calls += 1
+        if self.calls == self.at:
+            self.before()
+        return self.inner.record_intents(*args, **kw)
+
+
+@pytest.mark.parametrize("in_flight", [1, 8])
+def test_ctrl_c_while_a_window_is_written_ahead_releases_it_and_confirms_the_acked(
+    broker: LocalBackend, clock: Clock, tmp_path: Path, retry: RetryPolicy, in_flight: int
+) -> None:
+    """SIGINT lands while the sender waits for window 2's intents (window 1 all acked).
+
+    On the way out window 2's intents are released (never attempted) and window 1 is
+    confirmed, so a re-run past the window finds nothing in doubt and sends the rest.
+    """
+    import signal
+    import threading
+    import time
+
+    main = threading.main_thread().ident
+    assert main == threading.get_ident()
+    counting = Watching(broker, None)  # type: ignore[arg-type]
+
+    def interrupt() -> None:
+        deadline = time.monotonic() + 5
+        while counting.sends < 25 and time.monotonic() < deadline:  # window 1 all sent
+            time.sleep(0.01)
+        time.sleep(0.2)  # the sender is now waiting for this write
+        assert main is not None
+        signal.pthread_kill(main, signal.SIGINT)
+        time.sleep(0.1)
+
+    sqlite_url = f"sqlite://{tmp_path / 'ledger.db'}"
+    with Ledger(sqlite_url, clock=clock) as plain_ledger:
+        store = Pausing(plain_ledger.store, at=2, before=interrupt)
+        ledger = Ledger(store, clock=clock)  # type: ignore[arg-type]
+        counting.ledger = ledger
+        sender = IdempotentSender(
+            counting,
+            PROFILE,
+            retry=retry,
+            ledger=ledger,
+            max_batch_messages=10,
+            max_in_flight=in_flight,
+        )
+        with pytest.raises(KeyboardInterrupt):
+            sender.send_many([msg(i) for i in range(600)])
+        assert counting.sends == 25 and broker.count("orders") == 250
+        rows = plain_ledger.store.lookup("orders", keys(range(600)))
+        assert sorted(rows) == sorted(keys(range(250)))  # window 2's intents are gone
+        assert all(r.confirmed_at is not None for r in rows.values())
+        clock.now += 2 * WINDOW
+        with IdempotentSender(broker, PROFILE, retry=retry, ledger=plain_ledger) as again:
+            rerun = again.send_many([msg(i) for i in range(600)])
+    assert rerun.in_doubt == []
+    assert sorted(rerun.from_ledger) == sorted(f"order-{i}" for i in range(250))
+    assert rerun.sent == 350
+    assert Counter(broker.message_ids("orders")) == Counter(f"order-{i}" for i in range(600))
+
+
+@pytest.mark.parametrize("in_flight", [1, 8])
+def test_a_cancelled_aio_call_releases_the_window_written_ahead_and_confirms_the_acked(
+    broker: LocalBackend, clock: Clock, tmp_path: Path, retry: RetryPolicy, in_flight: int
+) -> None:
+    """task.cancel() while window 2's intents are being written: CancelledError, and the
+    ledger holds window 1 confirmed and nothing of window 2."""
+    import asyncio
+    import threading
+
+    from sendonce.aio import IdempotentSender as AsyncSender
+    from sendonce.aio import ThreadedBackend
+
+    writing = threading.Event()
+    cancelled = threading.Event()
+
+    def hold() -> None:
+        writing.set()
+        assert cancelled.wait(10)
+
+    sqlite_url = f"sqlite://{tmp_path / 'ledger.db'}"
+
+    async def scenario(ledger: Ledger) -> None:
+        async with ThreadedBackend(LocalBackend(broker.path, clock=clock)) as backend:
+            async with AsyncSender(
+                backend,
+                PROFILE,
+                retry=retry,
+                ledger=ledger,
+                max_batch_messages=10,
+                max_in_flight=in_flight,
+            ) as sender:
+                task = asyncio.ensure_future(sender.send_many([msg(i) for i in range(600)]))
+                await asyncio.to_thread(writing.wait, 10)
+                for _ in range(1000):  # until window 1 is acknowledged (10 s at most)
+                    if broker.count("orders") >= 250:
+                        break
+                    await asyncio.sleep(0.01)
+                task.cancel()
+                cancelled.set()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+
+    with Ledger(sqlite_url, clock=clock) as plain_ledger:
+        ledger = Ledger(Pausing(plain_ledger.store, at=2, before=hold), clock=clock)  # type: ignore[arg-type]
+        asyncio.run(scenario(ledger))
+        assert broker.count("orders") == 250
+        rows = plain_ledger.store.lookup("orders", keys(range(600)))
+        assert sorted(rows) == sorted(keys(range(250)))
+        assert all(r.confirmed_at is not None for r in rows.values())
+        clock.now += 2 * WINDOW
+        with IdempotentSender(broker, PROFILE, retry=retry, ledger=plain_ledger) as again:
+            rerun = again.send_many([msg(i) for i in range(600)])
+    assert rerun.in_doubt == [] and rerun.sent == 350
+    assert Counter(broker.message_ids("orders")) == Counter(f"order-{i}" for i in range(600))

@@ -1,0 +1,357 @@
+"""The ledger around the transfer step: intents before, confirmations after.
+
+The sender reads plan -> transfers -> report; this layer reads intents -> confirmations,
+for the sync and the aio sender alike (they do the I/O, in a worker thread; this module
+decides what to write and when):
+
+- the intents of the next several transfers (a *write-ahead window*) are written in one
+  round trip, before the first attempt of any of them, while the previous window's
+  transfers are in flight; a transfer never starts before its window is durable;
+- confirmations of acknowledged transfers travel with the next intent write, and what is
+  left is written once on the way out;
+- on the way out, normal or interrupted (Ctrl-C, task cancellation), the intents of
+  transfers never attempted are released and acknowledged transfers are confirmed, so a
+  re-run finds neither in doubt.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import cast
+
+from ._entity import EntityProfile
+from ._message import Message
+from ._message_columns import MessageColumns
+from ._report import Part, SendFailure, SendReport, SendResult
+from .errors import InDoubtError, LedgerError, PayloadConflictError, PermanentSendError, SendError
+from .ledger import Key, Ledger
+from .ledger._ledger import Prepared
+from .ledger._store import Confirmation
+
+__all__ = ["LEDGER_FAILURES", "LedgerLayer", "LedgerRun"]
+
+logger = logging.getLogger("sendonce.sender")
+
+LEDGER_FAILURES = (LedgerError, sqlite3.Error, OSError)
+"""What a ledger that cannot write an intent raises: nothing may be sent then."""
+
+WRITE_AHEAD_TRANSFERS = 32
+"""Transfers whose intents one write covers at least (more with more in flight)."""
+WRITE_AHEAD_MESSAGES = 256
+"""Messages one write covers at most (a bigger transfer is a window of its own)."""
+
+Fail = Callable[[Sequence[Message], SendError, SendReport, dict[object, SendError]], None]
+KeyOf = Callable[[Message], object]
+
+
+class LedgerLayer:
+    """One sender's ledger protocol: the decisions, the report entries, the confirmations."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        profile: EntityProfile,
+        margin: timedelta,
+        retry_clock: Callable[[], float],
+    ) -> None:
+        self.ledger = ledger
+        self.profile = profile
+        self.entity = profile.name
+        self.margin = margin
+        self.retry_clock = retry_clock
+        # Without duplicate detection the broker remembers nothing: any unconfirmed
+        # send is in doubt at once.
+        self.window = (
+            profile.window
+            if profile.duplicate_detection and profile.window is not None
+            else timedelta(0)
+        )
+
+    def keys(self, batch: Sequence[Message]) -> list[Key]:
+        """The broker key of each message (the ledger's key)."""
+        if not self.profile.partitioned:
+            # Plain tuples equal (and hash like) Key: cheaper by the 100k.
+            if isinstance(batch, MessageColumns):
+                return cast(list[Key], [(mid, "") for mid in batch.message_ids])
+            return cast(list[Key], [(m.message_id, "") for m in batch])
+        dedup_key = self.profile.dedup_key
+        return [Key(mid, pk or "") for mid, pk in map(dedup_key, batch)]
+
+    def intents(
+        self, batch: Sequence[Message], keys: Sequence[Key], confirm: Confirmation | None
+    ) -> Prepared:
+        """Write ``batch``'s intents durably (with earlier confirmations): one round trip."""
+        return self.ledger.prepare(
+            self.entity, batch, keys, window=self.window, margin=self.margin, confirm=confirm
+        )
+
+    def resumed(self, prepared: Prepared, started: float | None) -> float | None:
+        """The retry deadline's start: a resumed key keeps its first attempt's deadline."""
+        if prepared.started is None:
+            return started
+        age = (self.ledger.clock() - prepared.started).total_seconds()
+        earlier = self.retry_clock() - max(age, 0.0)
+        return earlier if started is None else min(started, earlier)
+
+    def confirm_quietly(self, confirmation: Confirmation) -> None:
+        """Record acknowledgements; a failure is logged (they stay intents, decided later)."""
+        try:
+            self.ledger.confirm(self.entity, confirmation)
+        except Exception as exc:
+            logger.warning(
+                "ledger: acknowledged message(s) to %r could not be confirmed (%s); "
+                "they stay unconfirmed intents, decided like in-doubt sends on a re-run",
+                self.entity,
+                exc,
+            )
+
+    def release_quietly(self, keys: Sequence[Key], owner: str) -> None:
+        """Give back intents of messages never sent; a failure leaves them to a re-run."""
+        try:
+            self.ledger.release(self.entity, keys, owner)
+        except Exception as exc:
+            logger.warning("ledger: intents of unsent messages could not be released (%s)", exc)
+
+    def account(
+        self,
+        prepared: Prepared,
+        report: SendReport,
+        failed: dict[object, SendError],
+        key_of: KeyOf,
+    ) -> None:
+        """Report what the ledger decided without a transfer: sent earlier, conflict, in doubt."""
+        for message, _row in prepared.confirmed:
+            report._results.append(
+                SendResult(message.message_id, message.partition_key, "duplicate", 0, None)
+            )
+            report.from_ledger.append(message.message_id)
+        for message, row in prepared.conflicts:
+            error: SendError = PayloadConflictError(
+                f"message {message.message_id!r} was sent at {row.first_attempt.isoformat()} "
+                "with a different body (according to the ledger); the broker would silently "
+                "drop this one, so it was not sent. Give distinct business messages distinct ids.",
+                message_id=message.message_id,
+                partition_key=message.partition_key,
+            )
+            report.failures.append(SendFailure(message.message_id, message.partition_key, error))
+            failed[key_of(message)] = error
+        for message, row in prepared.in_doubt:
+            why = (
+                "the entity has no duplicate detection"
+                if self.window == timedelta(0)
+                else f"its duplicate-detection window ({self.window}) has passed"
+            )
+            error = InDoubtError(
+                f"message {message.message_id!r} is in doubt: a send first attempted at "
+                f"{row.first_attempt.isoformat()} was never confirmed (the sender stopped "
+                f"before the ack was recorded) and {why}, so resending could duplicate it. "
+                "It was not sent. Check the entity, or use Ledger(in_doubt='resend') to "
+                "accept at-least-once.",
+                message_id=message.message_id,
+                partition_key=message.partition_key,
+            )
+            report.failures.append(SendFailure(message.message_id, message.partition_key, error))
+            failed[key_of(message)] = error
+
+    @staticmethod
+    def failure(exc: Exception, message: Message) -> LedgerError:
+        """No durable intent, so nothing may be sent: the error each unsent message gets."""
+        cause = exc if isinstance(exc, LedgerError) else f"{type(exc).__name__}: {exc}"
+        return LedgerError(
+            f"the ledger could not record the intent to send ({cause}); not sent",
+            message_id=message.message_id,
+        )
+
+    def schedule_start(
+        self, message: Message, written: Prepared | Exception
+    ) -> Prepared | SendResult:
+        """A schedule's ledger decision: go ahead (Prepared), or its result, or raise."""
+        if isinstance(written, Exception):
+            raise self.failure(written, message) from None
+        report = SendReport()
+        self.account(written, report, {}, lambda m: m.message_id)
+        if report.failures:
+            raise report.failures[0].error
+        if not written.send:
+            return report.results[0]  # confirmed by an earlier run: a duplicate
+        return written
+
+    @staticmethod
+    def scheduled(prepared: Prepared, result: SendResult) -> Confirmation:
+        """What to confirm once a schedule was acknowledged."""
+        outcome = "duplicate" if result.outcome == "duplicate" else "scheduled"
+        return Confirmation((), {prepared.send_keys[0]: outcome})
+
+
+def _windows(batches: Sequence[Sequence[Message]], limit: int) -> list[tuple[int, int]]:
+    """Consecutive runs of transfers whose intents are written together."""
+    most = max(WRITE_AHEAD_TRANSFERS, 4 * limit)
+    windows: list[tuple[int, int]] = []
+    start, count = 0, 0
+    for index, batch in enumerate(batches):
+        size = len(batch)
+        if index > start and (index - start >= most or count + size > WRITE_AHEAD_MESSAGES):
+            windows.append((start, index))
+            start, count = index, 0
+        count += size
+    if start < len(batches):
+        windows.append((start, len(batches)))
+    return windows
+
+
+class LedgerRun:
+    """One call's ledger protocol over its transfers (sans I/O: the sender does the I/O).
+
+    ``next_write`` says which intents to write next, ``written``/``write_failed`` take the
+    answer, ``ready``/``to_send`` say whether and what a transfer sends, ``done`` takes its
+    outcome, and ``closing`` says what to release and confirm on the way out.
+    """
+
+    def __init__(
+        self,
+        layer: LedgerLayer,
+        batches: Sequence[Sequence[Message]],
+        started: float | None,
+        limit: int,
+        report: SendReport,
+        failed: dict[object, SendError],
+        fail: Fail,
+        key_of: KeyOf,
+    ) -> None:
+        self.layer = layer
+        self.batches = batches
+        self.started = started
+        self.report, self.failed, self.fail, self.key_of = report, failed, fail, key_of
+        self.windows = _windows(batches, limit)
+        self.window_of = [w for w, (a, b) in enumerate(self.windows) for _ in range(a, b)]
+        self.prepared: list[Prepared | None] = [None] * len(self.windows)
+        self.left = [b - a for a, b in self.windows]
+        self.sends: list[Sequence[Message] | None] = [None] * len(batches)
+        self.starts: list[float | None] = [started] * len(batches)
+        self.tried: list[list[int]] = [[0] for _ in batches]
+        """Attempts each transfer made (0: never attempted, its intents may be released)."""
+        self.finished = [False] * len(batches)
+        self.pending: Confirmation | None = None
+        self.next_window = 0
+        self.broken = False
+        self.reordered = False
+        """Whether the report got entries outside the transfers' order (from the ledger)."""
+
+    def next_write(self) -> tuple[int, list[Message], list[Key], Confirmation | None] | None:
+        """The next window's intents to write, with the confirmations they carry (or None)."""
+        if self.broken or self.next_window >= len(self.windows):
+            return None
+        w = self.next_window
+        self.next_window += 1
+        a, b = self.windows[w]
+        messages: list[Message] = []
+        keys: list[Key] = []
+        for batch in self.batches[a:b]:
+            messages.extend(batch)
+            keys.extend(self.layer.keys(batch))
+        carried, self.pending = self.pending, None
+        return w, messages, keys, carried
+
+    def written(self, w: int, messages: list[Message], prepared: Prepared) -> None:
+        """Window ``w``'s intents are durable: decide what each of its transfers sends."""
+        self.prepared[w] = prepared
+        if prepared.confirmed or prepared.conflicts or prepared.in_doubt:
+            self.layer.account(prepared, self.report, self.failed, self.key_of)
+            self.reordered = True
+        a, b = self.windows[w]
+        whole = len(prepared.send) == len(messages)
+        sendable = None if whole else {id(m) for m in prepared.send}
+        offset = 0
+        for index in range(a, b):
+            size = len(self.batches[index])
+            part = messages[offset : offset + size]
+            offset += size
+            if sendable is not None:
+                part = [m for m in part if id(m) in sendable]
+            self.sends[index] = part
+            if prepared.resumed and any(prepared.key_of(m) in prepared.resumed for m in part):
+                self.starts[index] = self.layer.resumed(prepared, self.started)
+
+    def write_failed(self, w: int, exc: Exception, carried: Confirmation | None) -> None:
+        """No durable intent for window ``w``: it and every later window fail, unsent."""
+        self.broken = True
+        self.pending = carried.merged(self.pending) if carried else self.pending
+        for index in range(self.windows[w][0], len(self.batches)):
+            if self.sends[index] is None:
+                batch = self.batches[index]
+                self.fail(batch, self.layer.failure(exc, batch[0]), self.report, self.failed)
+                self.sends[index] = []
+
+    def ready(self, index: int) -> bool:
+        """Whether transfer ``index``'s intents are decided (it may start)."""
+        return self.sends[index] is not None
+
+    def to_send(self, index: int) -> tuple[Sequence[Message], float | None]:
+        """What transfer ``index`` sends, and from when its deadline counts."""
+        sends = self.sends[index]
+        assert sends is not None
+        return sends, self.starts[index]
+
+    def refused(self, index: int, parts: Sequence[Part]) -> tuple[list[Key], str]:
+        """The keys of ``parts`` the broker refused (nothing stored), and their owner.
+
+        They must be released before the window's confirmation is written.
+        """
+        prepared = self.prepared[self.window_of[index]]
+        if prepared is None:
+            return [], ""
+        keys = [
+            prepared.key_of(m)
+            for part in parts
+            if part.attempted is None and isinstance(part.error, PermanentSendError)
+            for m in part.messages
+        ]
+        return keys, prepared.owner
+
+    def done(self, index: int, parts: Sequence[Part]) -> tuple[list[Key], str]:
+        """Transfer ``index`` is over: note its acks; the keys to release (refused) and owner."""
+        self.finished[index] = True
+        w = self.window_of[index]
+        prepared = self.prepared[w]
+        if prepared is None:
+            return [], ""
+        released: list[Key] = []
+        for part in parts:
+            if part.attempted is not None:
+                outcomes = [
+                    "duplicate" if a.outcome == "duplicate" else "sent"
+                    for a in part.attempted.value
+                ]
+                prepared.acknowledged(part.messages, outcomes)
+            elif isinstance(part.error, PermanentSendError):
+                released += prepared.refused(part.messages)  # nothing was stored
+        self.left[w] -= 1
+        if not self.left[w]:
+            self.pending = prepared.confirmation().merged(self.pending)
+        return released, prepared.owner
+
+    def closing(self) -> tuple[list[tuple[list[Key], str]], Confirmation | None]:
+        """On the way out: intents to release (never attempted), and what to confirm."""
+        releases: list[tuple[list[Key], str]] = []
+        confirmation = self.pending
+        self.pending = None
+        for w, prepared in enumerate(self.prepared):
+            if prepared is None or not self.left[w]:
+                continue
+            a, b = self.windows[w]
+            keys = [
+                prepared.key_of(m)
+                for index in range(a, b)
+                if not self.finished[index] and not self.tried[index][0]
+                for m in self.sends[index] or ()
+            ]
+            fresh = [k for k in keys if k not in prepared.resumed]
+            if fresh:
+                releases.append((fresh, prepared.owner))
+            partial = prepared.confirmation()  # the acknowledged part of the window
+            if partial:
+                confirmation = partial.merged(confirmation)
+        return releases, confirmation

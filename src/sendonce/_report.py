@@ -1,0 +1,173 @@
+"""What a send call reports: one result or failure per message, in input order.
+
+Kept apart from the sender so that the ledger layer, which accounts what the ledger
+decided, and the sender, which accounts what the broker acknowledged, write one report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Literal, NamedTuple
+
+from ._message import Message
+from ._retry import Attempted
+from .backends._base import Ack
+from .errors import InDoubtError, SendError
+
+__all__ = ["Outcome", "Part", "SendFailure", "SendReport", "SendResult"]
+
+Outcome = Literal["sent", "duplicate", "scheduled"]
+_OUTCOME = attrgetter("outcome")
+
+
+class SendResult(NamedTuple):
+    """What happened to one message."""
+
+    message_id: str
+    partition_key: str | None
+    outcome: Outcome
+    attempts: int
+    sequence_number: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SendFailure:
+    """A message that was not confirmed, with the reason."""
+
+    message_id: str
+    partition_key: str | None
+    error: SendError
+
+
+class Part(NamedTuple):
+    """What became of (part of) one transfer: acknowledged, or failed with ``error``."""
+
+    messages: Sequence[Message]
+    attempted: Attempted[list[Ack]] | None
+    error: SendError | None
+
+
+def ack_results(
+    batch: Sequence[Message],
+    acks: list[Ack],
+    attempts: int,
+    in_doubt: bool,
+    *,
+    scheduled: bool = False,
+) -> list[SendResult]:
+    """Results for an acknowledged transfer.
+
+    A duplicate ack after an in-doubt attempt is our own earlier copy: reported sent.
+    """
+    success: Outcome = "scheduled" if scheduled else "sent"
+    # After an in-doubt schedule, the number returned may belong to a copy the broker dropped
+    # (Azure/azure-service-bus #265): it cannot cancel the copy that was kept, so it is unknown.
+    trust_numbers = not (scheduled and in_doubt)
+    return [
+        SendResult(
+            m.message_id,
+            m.partition_key,
+            "duplicate" if ack.outcome == "duplicate" and not in_doubt else success,
+            attempts,
+            ack.sequence_number if trust_numbers else None,
+        )
+        for m, ack in zip(batch, acks, strict=True)
+    ]
+
+
+class SendReport:
+    """The outcome of every message of a ``send_many`` call.
+
+    ``results`` holds one :class:`SendResult` per message that reached the broker,
+    ``failures`` one :class:`SendFailure` per message that did not (or may not have).
+    """
+
+    __slots__ = ("_chunks", "_results", "failures", "from_ledger")
+
+    def __init__(
+        self,
+        results: Iterable[SendResult] | None = None,
+        failures: Iterable[SendFailure] | None = None,
+    ) -> None:
+        self._results: list[SendResult] = list(results or ())
+        # Acknowledged transfers not yet turned into results: built on first access, so a
+        # caller who only reads the counts never pays for one object per message.
+        # Each chunk carries its count of duplicates, taken once when it is added.
+        self._chunks: list[tuple[Sequence[Message], list[Ack], int, bool, int]] = []
+        self.failures: list[SendFailure] = list(failures or ())
+        self.from_ledger: list[str] = []
+        """Ids reported ``duplicate`` because the ledger says an earlier run sent them."""
+
+    def _add_chunk(
+        self,
+        batch: Sequence[Message],
+        attempted: Attempted[list[Ack]],
+        duplicates: int | None = None,
+    ) -> None:
+        acks, in_doubt = attempted.value, attempted.in_doubt_before
+        if duplicates is None:
+            duplicates = list(map(_OUTCOME, acks)).count("duplicate")
+        chunk = (batch, acks, attempted.attempts, in_doubt, 0 if in_doubt else duplicates)
+        self._chunks.append(chunk)
+
+    @property
+    def results(self) -> list[SendResult]:
+        """One result per message that reached the broker, in the order of the input."""
+        if self._chunks:
+            chunks, self._chunks = self._chunks, []
+            built: list[SendResult] = []
+            for batch, acks, attempts, in_doubt, _ in chunks:
+                built.extend(ack_results(batch, acks, attempts, in_doubt))
+            self._results[:0] = built  # transfers precede the in-call repeats
+        return self._results
+
+    @property
+    def duplicates(self) -> int:
+        """Messages the broker already had (dropped as duplicates)."""
+        count = sum(1 for r in self._results if r.outcome == "duplicate")
+        return count + sum(chunk[4] for chunk in self._chunks)
+
+    @property
+    def failed(self) -> int:
+        """Messages that failed (not stored, or in doubt): see ``failures``."""
+        return len(self.failures)
+
+    @property
+    def total(self) -> int:
+        """Every message of the call: results plus failures."""
+        return len(self._results) + sum(len(c[1]) for c in self._chunks) + len(self.failures)
+
+    @property
+    def sent(self) -> int:
+        """Messages stored by this call (neither duplicates nor failures)."""
+        return self.total - self.failed - self.duplicates
+
+    @property
+    def in_doubt(self) -> list[str]:
+        """Ids whose outcome is unknown: resend them inside the window."""
+        return [f.message_id for f in self.failures if isinstance(f.error, InDoubtError)]
+
+    def raise_for_failures(self) -> None:
+        """Raise the first failure's error (noting how many others there were)."""
+        if not self.failures:
+            return
+        first = self.failures[0].error
+        if len(self.failures) > 1:
+            others = ", ".join(repr(f.message_id) for f in self.failures[1:6])
+            first.add_note(f"{len(self.failures) - 1} more message(s) failed too, e.g. {others}")
+        raise first
+
+    def __repr__(self) -> str:
+        return f"SendReport(sent={self.sent}, duplicates={self.duplicates}, failed={self.failed})"
+
+
+def per_message(error: SendError, message: Message) -> SendError:
+    """A copy of a batch-level error naming one message of the batch."""
+    text = (
+        f"message {message.message_id!r} is in doubt: {error}"
+        if isinstance(error, InDoubtError)
+        else None
+    )
+    return error.for_message(message.message_id, message.partition_key, text=text)
