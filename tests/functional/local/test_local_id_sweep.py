@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from sendonce import EntityProfile, Message
 from sendonce.backends import Ack
 from sendonce.backends.local import LocalBackend
-from sendonce.backends.local import _backend as local_backend
+from sendonce.backends.local import _sending as local_sending
 
 WINDOW = timedelta(seconds=60)
 
@@ -44,7 +44,7 @@ def stored_ids(db: str) -> int:
 @pytest.fixture
 def small_sweeps(monkeypatch: pytest.MonkeyPatch) -> None:
     """Sweep slices of 2 keys per id sent (not at least 256): partial sweeps in small tests."""
-    monkeypatch.setattr(local_backend, "_HOUSEKEEPING_MIN", 1)
+    monkeypatch.setattr(local_sending, "_HOUSEKEEPING_MIN", 1)
 
 
 def test_an_expired_id_is_accepted_again_before_the_sweep_deletes_it(
@@ -173,7 +173,7 @@ def test_outcomes_follow_the_window_whatever_the_sweep_reached(
     accepted_at: dict[str, float] = {}
     now = 0.0
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(local_backend, "_HOUSEKEEPING_MIN", 1)
+        patch.setattr(local_sending, "_HOUSEKEEPING_MIN", 1)
         with LocalBackend(db, clock=clock) as broker:
             broker.create_entity(EntityProfile("orders", duplicate_detection_window=WINDOW))
             for kind, value in steps:

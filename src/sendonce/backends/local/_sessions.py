@@ -1,4 +1,4 @@
-"""Session locks in the broker file, and ``LocalSession``: a receiver that holds one session.
+"""Sessions: ``LocalSession`` (a receiver that holds one session), its operations, session state.
 
 Service Bus locks a session to one receiver at a time
 (https://learn.microsoft.com/azure/service-bus-messaging/message-sessions): a second
@@ -9,174 +9,41 @@ the messages received in the session are locked as long as the session is (they
 have no lock of their own). When the lock expires the session is free again and
 the old holder's operations fail with *session lock lost*.
 
-The locks live in the broker file (table ``session_locks``), so every process and
-both doors to the broker (``local://`` and the emulator) see them. A holder is
-identified by a random token, not by its process or connection: two handles of one
-process (which share one SQLite connection) compete like two processes do.
+The locks themselves (table ``session_locks``, seen by every process and by the
+emulator) are kept by :mod:`._session_locks`.
 """
 
 from __future__ import annotations
 
+import math
 import sqlite3
+import time
+import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal
+from typing import Any
 
-from ...errors import SessionCannotBeLockedError, SessionLockLostError
+from ..._entity import EntityProfile
+from ...errors import ConfigurationError, NoSessionAvailableError, ValidationError
+from . import _inspection, _session_locks
+from ._entities import lookup, place
 from ._received import ReceivedMessage
-
-if TYPE_CHECKING:
-    from ._backend import LocalBackend
+from ._receiving import (
+    DEAD_LETTER_SUFFIX,
+    ReceiveMode,
+    check_max,
+    check_mode,
+    check_reason,
+    check_sequence_numbers,
+    settle,
+    take,
+    take_deferred,
+)
+from ._session_locks import where
+from ._store import US, Store, from_us
 
 __all__ = ["LocalSession"]
-
-ReceiveMode = Literal["receive_and_delete", "peek_lock"]
-
-
-def _where(entity: str, subscription: str | None, session_id: str) -> str:
-    place = entity if subscription is None else f"{entity}/Subscriptions/{subscription}"
-    return f"session {session_id!r} of {place!r}"
-
-
-def holder(conn: sqlite3.Connection, eid: int, sub: str, session_id: str, now: int) -> str | None:
-    """The token of the live lock on a session, or None when no one holds it."""
-    row = conn.execute(
-        "SELECT token FROM session_locks WHERE eid = ? AND sub = ? AND session_id = ? "
-        "AND locked_until > ?",
-        (eid, sub, session_id, now),
-    ).fetchone()
-    return None if row is None else str(row[0])
-
-
-def acquire(
-    conn: sqlite3.Connection, eid: int, sub: str, session_id: str, token: str, until: int, now: int
-) -> bool:
-    """Lock a session for ``token`` until ``until``; False when another live lock holds it."""
-    cur = conn.execute(
-        "INSERT INTO session_locks (eid, sub, session_id, token, locked_until) "
-        "VALUES (?, ?, ?, ?, ?) ON CONFLICT (eid, sub, session_id) DO UPDATE SET "
-        "token = excluded.token, locked_until = excluded.locked_until "
-        "WHERE session_locks.locked_until <= ? OR session_locks.token = excluded.token",
-        (eid, sub, session_id, token, until, now),
-    )
-    return cur.rowcount > 0
-
-
-def refuse_if_locked(
-    conn: sqlite3.Connection,
-    eid: int,
-    sub: str,
-    session_id: str,
-    now: int,
-    entity: str,
-    subscription: str | None,
-) -> None:
-    """For receivers that hold no session: a session someone holds is not theirs to take."""
-    if holder(conn, eid, sub, session_id, now) is not None:
-        raise cannot_lock(entity, subscription, session_id)
-
-
-def cannot_lock(
-    entity: str, subscription: str | None, session_id: str
-) -> SessionCannotBeLockedError:
-    return SessionCannotBeLockedError(
-        f"{_where(entity, subscription, session_id)} cannot be locked: another receiver holds "
-        "it (until it closes its session or the lock expires)",
-        entity=entity,
-        session_id=session_id,
-    )
-
-
-def check_held(
-    conn: sqlite3.Connection,
-    eid: int,
-    sub: str,
-    session_id: str,
-    token: str,
-    now: int,
-    entity: str,
-    subscription: str | None,
-) -> int:
-    """When ``token``'s live lock on the session expires; :class:`SessionLockLostError` if lost."""
-    row = conn.execute(
-        "SELECT locked_until FROM session_locks WHERE eid = ? AND sub = ? AND session_id = ? "
-        "AND token = ? AND locked_until > ?",
-        (eid, sub, session_id, token, now),
-    ).fetchone()
-    if row is None:
-        raise lock_lost(entity, subscription, session_id)
-    return int(row[0])
-
-
-def lock_lost(entity: str, subscription: str | None, session_id: str) -> SessionLockLostError:
-    return SessionLockLostError(
-        f"the lock on {_where(entity, subscription, session_id)} is lost: it expired (it was "
-        "not renewed within the lock duration) or the session was closed; accept the session "
-        "again",
-        entity=entity,
-        session_id=session_id,
-    )
-
-
-def renew(
-    conn: sqlite3.Connection, eid: int, sub: str, session_id: str, token: str, until: int, now: int
-) -> bool:
-    """Extend a live lock and the locks of the session's locked messages; False if lost."""
-    cur = conn.execute(
-        "UPDATE session_locks SET locked_until = ? WHERE eid = ? AND sub = ? AND session_id = ? "
-        "AND token = ? AND locked_until > ?",
-        (until, eid, sub, session_id, token, now),
-    )
-    if cur.rowcount == 0:
-        return False
-    conn.execute(
-        "UPDATE messages SET locked_until = ? WHERE eid = ? AND sub = ? AND session_id = ? "
-        "AND lock_token IS NOT NULL AND locked_until > ?",
-        (until, eid, sub, session_id, now),
-    )
-    return True
-
-
-def release(
-    conn: sqlite3.Connection, eid: int, sub: str, session_id: str, token: str, now: int
-) -> None:
-    """Drop ``token``'s lock; if it was live, its unsettled messages become available again."""
-    live = conn.execute(
-        "DELETE FROM session_locks WHERE eid = ? AND sub = ? AND session_id = ? AND token = ? "
-        "AND locked_until > ?",
-        (eid, sub, session_id, token, now),
-    ).rowcount
-    conn.execute(
-        "DELETE FROM session_locks WHERE eid = ? AND sub = ? AND session_id = ? AND token = ?",
-        (eid, sub, session_id, token),
-    )
-    if live:
-        # Service Bus: closing a session receiver releases the session and the
-        # messages it received but did not settle (their delivery was counted).
-        conn.execute(
-            "UPDATE messages SET lock_token = NULL, locked_until = NULL WHERE eid = ? AND sub = ? "
-            "AND session_id = ? AND lock_token IS NOT NULL AND locked_until > ?",
-            (eid, sub, session_id, now),
-        )
-
-
-# A session for NEXT_AVAILABLE_SESSION: the one of the oldest available message that
-# no live lock holds. (Only sessionful entities have session locks.)
-NEXT_SESSION = (
-    "SELECT m.session_id FROM messages AS m WHERE m.eid = ?1 AND m.sub = ?2 "
-    "AND m.session_id IS NOT NULL AND m.visible <= ?3 "
-    "AND (m.locked_until IS NULL OR m.locked_until <= ?3) AND m.deferred IS NULL "
-    "AND NOT EXISTS (SELECT 1 FROM session_locks AS l WHERE l.eid = m.eid AND l.sub = m.sub "
-    "AND l.session_id = m.session_id AND l.locked_until > ?3) ORDER BY m.seq LIMIT 1"
-)
-
-# Messages of sessions that someone holds are not for receivers without the session.
-NOT_IN_LOCKED_SESSION = (
-    " AND (session_id IS NULL OR NOT EXISTS (SELECT 1 FROM session_locks AS l "
-    "WHERE l.eid = messages.eid AND l.sub = messages.sub AND l.session_id = messages.session_id "
-    "AND l.locked_until > ?))"
-)
 
 
 class LocalSession:
@@ -196,7 +63,7 @@ class LocalSession:
 
     def __init__(
         self,
-        backend: LocalBackend,
+        store: Store,
         entity: str,
         subscription: str | None,
         session_id: str,
@@ -204,7 +71,7 @@ class LocalSession:
         locked_until: datetime,
         lock_duration: timedelta,
     ) -> None:
-        self._backend = backend
+        self._store = store
         self._entity = entity
         self._subscription = subscription
         self._session_id = session_id
@@ -247,9 +114,7 @@ class LocalSession:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"locked until {self._locked_until.isoformat()}"
-        return (
-            f"LocalSession({_where(self._entity, self._subscription, self._session_id)}, {state})"
-        )
+        return f"LocalSession({where(self._entity, self._subscription, self._session_id)}, {state})"
 
     def __enter__(self) -> LocalSession:
         return self
@@ -273,13 +138,14 @@ class LocalSession:
         the session; ``receive_and_delete`` removes them. Returns at once (an empty
         list when none is available).
         """
-        return self._backend._session_receive(self, max_messages=max_messages, mode=mode)
+        return _receive(self._store, self, max_messages=max_messages, mode=mode)
 
     def peek(
         self, *, max_messages: int = 1, from_sequence_number: int | None = None
     ) -> list[ReceivedMessage]:
         """Look at the session's stored messages without taking them."""
-        return self._backend.peek(
+        return _inspection.peek(
+            self._store,
             self._entity,
             max_messages=max_messages,
             subscription=self._subscription,
@@ -291,19 +157,19 @@ class LocalSession:
         self, sequence_numbers: Sequence[int], *, mode: ReceiveMode = "peek_lock"
     ) -> list[ReceivedMessage]:
         """Receive deferred messages of the session by sequence number."""
-        return self._backend._session_receive_deferred(self, sequence_numbers, mode=mode)
+        return _receive_deferred(self._store, self, sequence_numbers, mode=mode)
 
     def complete(self, message: ReceivedMessage | str) -> None:
         """Remove a message received in this session (by the message or its lock token)."""
-        self._backend._session_settle(self, "complete", message)
+        _settle(self._store, self, "complete", message)
 
     def abandon(self, message: ReceivedMessage | str) -> None:
         """Release a message: it is the session's next message again."""
-        self._backend._session_settle(self, "abandon", message)
+        _settle(self._store, self, "abandon", message)
 
     def defer(self, message: ReceivedMessage | str) -> None:
         """Set a message aside for :meth:`receive_deferred`."""
-        self._backend._session_settle(self, "defer", message)
+        _settle(self._store, self, "defer", message)
 
     def dead_letter(
         self,
@@ -313,19 +179,24 @@ class LocalSession:
         error_description: str | None = None,
     ) -> None:
         """Move a message to the entity's dead-letter subqueue."""
-        self._backend._session_settle(
-            self, "dead_letter", message, reason=reason, error_description=error_description
+        _settle(
+            self._store,
+            self,
+            "dead_letter",
+            message,
+            reason=reason,
+            error_description=error_description,
         )
 
     # -- the session itself -------------------------------------------------------------
 
     def get_state(self) -> bytes | None:
         """The session's state (None when it has none). Needs the lock, as in Service Bus."""
-        return self._backend._session_state(self, get=True)
+        return _state(self._store, self, get=True)
 
     def set_state(self, state: bytes | None) -> None:
         """Store (or with None, clear) the session's state. Needs the lock."""
-        self._backend._session_state(self, get=False, state=state)
+        _state(self._store, self, get=False, state=state)
 
     def renew_lock(self) -> datetime:
         """Extend the session's lock (and its messages' locks) by the lock duration.
@@ -333,7 +204,7 @@ class LocalSession:
         Returns the new expiry; raises :class:`~sendonce.errors.SessionLockLostError`
         when the lock was already lost.
         """
-        self._locked_until = self._backend._session_renew(self)
+        self._locked_until = _renew(self._store, self)
         return self._locked_until
 
     def close(self) -> None:
@@ -341,4 +212,344 @@ class LocalSession:
         if self._closed:
             return
         self._closed = True
-        self._backend._session_release(self)
+        _release(self._store, self)
+
+
+# -- the operations of a session and of session state --------------------
+
+
+def get_session_state(
+    store: Store, entity: str, session_id: str, *, subscription: str | None = None
+) -> bytes | None:
+    """The state an application stored for a session (None when it has none)."""
+    _check_session_id(session_id)
+
+    def work(conn: sqlite3.Connection) -> bytes | None:
+        eid, profile, _, _ = lookup(conn, entity)
+        sub = place(conn, eid, profile, subscription)
+        row = conn.execute(
+            "SELECT state FROM session_states WHERE eid = ? AND sub = ? AND session_id = ?",
+            (eid, sub, session_id),
+        ).fetchone()
+        return None if row is None else bytes(row[0])
+
+    return store.read(work)
+
+
+def set_session_state(
+    store: Store,
+    entity: str,
+    session_id: str,
+    state: bytes | None,
+    *,
+    subscription: str | None = None,
+) -> None:
+    """Store (or with None, clear) the state of a session."""
+    _check_session_id(session_id)
+    if state is not None and not isinstance(state, bytes | bytearray | memoryview):
+        raise ValidationError("state must be bytes or None", field="state")
+
+    def work(conn: sqlite3.Connection) -> None:
+        eid, profile, _, _ = lookup(conn, entity)
+        sub = place(conn, eid, profile, subscription)
+        _put_state(conn, eid, sub, profile, session_id, state)
+
+    store.write(work)
+
+
+def accept_session(
+    store: Store,
+    entity: str,
+    session_id: str | None = None,
+    *,
+    subscription: str | None = None,
+    max_wait_time: float | None = None,
+    lock_duration: timedelta = timedelta(seconds=60),
+) -> LocalSession:
+    """Lock a session of a sessionful queue or subscription to a new receiver."""
+    if session_id is not None:
+        _check_session_id(session_id)
+    if not isinstance(lock_duration, timedelta) or lock_duration <= timedelta(0):
+        raise ValidationError("lock_duration must be a positive timedelta", field="lock_duration")
+    wait = _wait_seconds(max_wait_time)
+    token = uuid.uuid4().hex
+
+    def sessionful(conn: sqlite3.Connection) -> tuple[int, str]:
+        eid, profile, _, _ = lookup(conn, entity)
+        sub = place(conn, eid, profile, subscription)
+        if not profile.sessions:
+            raise ConfigurationError(
+                f"{entity!r} does not require sessions: receive from it without a session "
+                "(a session receiver needs an entity created with sessions=True)",
+                field="entity",
+            )
+        return eid, sub
+
+    def lock(conn: sqlite3.Connection) -> tuple[str, int] | None:
+        eid, sub = sessionful(conn)
+        now = store.now()
+        wanted = session_id
+        if wanted is None:
+            row = conn.execute(_session_locks.NEXT_SESSION, (eid, sub, now)).fetchone()
+            if row is None:
+                return None
+            wanted = str(row[0])
+        until = now + lock_duration // US
+        if _session_locks.acquire(conn, eid, sub, wanted, token, until, now):
+            return wanted, until
+        if session_id is None:
+            return None  # taken meanwhile: look again
+        raise _session_locks.cannot_lock(entity, subscription, wanted)
+
+    def available(conn: sqlite3.Connection) -> bool:
+        eid, sub = sessionful(conn)
+        return (
+            conn.execute(_session_locks.NEXT_SESSION, (eid, sub, store.now())).fetchone()
+            is not None
+        )
+
+    started, started_real = store.now(), time.monotonic()
+    pause = 0.005
+    while True:
+        # A read first: waiting receivers must not take the broker's write lock.
+        got = store.write(lock) if session_id is not None or store.read(available) else None
+        if got is not None:
+            name, until = got
+            return LocalSession(
+                store, entity, subscription, name, token, from_us(until), lock_duration
+            )
+        waited = max((store.now() - started) * 1e-6, time.monotonic() - started_real)
+        if waited >= wait:
+            place_name = (
+                entity if subscription is None else f"{entity}/Subscriptions/{subscription}"
+            )
+            raise NoSessionAvailableError(
+                f"no session of {place_name!r} is free with a message available"
+                + (f" (waited {wait:g} s)" if wait else ""),
+                entity=entity,
+            )
+        time.sleep(min(pause, max(wait - waited, 0.001)))
+        pause = min(pause * 2, 0.1)
+
+
+def _place(conn: sqlite3.Connection, session: LocalSession) -> tuple[int, str]:
+    eid, profile, _, _ = lookup(conn, session.entity)
+    return eid, place(conn, eid, profile, session.subscription)
+
+
+def _held(
+    store: Store, conn: sqlite3.Connection, session: LocalSession
+) -> tuple[int, str, int, int]:
+    """(eid, sub, now, locked_until) of a session this receiver still holds."""
+    if session.closed:
+        raise _session_locks.lock_lost(session.entity, session.subscription, session.session_id)
+    eid, sub = _place(conn, session)
+    now = store.now()
+    until = _session_locks.check_held(
+        conn,
+        eid,
+        sub,
+        session.session_id,
+        session._token,
+        now,
+        session.entity,
+        session.subscription,
+    )
+    return eid, sub, now, until
+
+
+def _receive(
+    store: Store, session: LocalSession, *, max_messages: int, mode: ReceiveMode
+) -> list[ReceivedMessage]:
+    limit = check_max(max_messages)
+    check_mode(mode)
+
+    def anything(conn: sqlite3.Connection) -> bool:
+        eid, sub, now, _ = _held(store, conn, session)
+        return (
+            conn.execute(
+                "SELECT 1 FROM messages WHERE eid = ? AND sub = ? AND session_id = ? "
+                "AND visible <= ? AND (locked_until IS NULL OR locked_until <= ?) "
+                "AND deferred IS NULL LIMIT 1",
+                (eid, sub, session.session_id, now, now),
+            ).fetchone()
+            is not None
+        )
+
+    def work(conn: sqlite3.Connection) -> list[ReceivedMessage]:
+        eid, sub, now, until = _held(store, conn, session)
+        profile = lookup(conn, session.entity)[1]
+        # The session's messages are locked with the session: same expiry, renewed with it.
+        return take(
+            conn,
+            eid,
+            sub,
+            profile,
+            now,
+            limit=limit,
+            mode=mode,
+            until=until,
+            session_id=session.session_id,
+            retire=True,
+        )
+
+    # A read first: an idle receiver polling an empty session takes no write lock.
+    if not store.read(anything):
+        return []
+    return store.write(work)
+
+
+def _receive_deferred(
+    store: Store, session: LocalSession, sequence_numbers: Sequence[int], *, mode: ReceiveMode
+) -> list[ReceivedMessage]:
+    wanted = check_sequence_numbers(sequence_numbers)
+    check_mode(mode)
+
+    def work(conn: sqlite3.Connection) -> list[ReceivedMessage]:
+        eid, sub, now, until = _held(store, conn, session)
+        return take_deferred(
+            conn,
+            eid,
+            sub,
+            now,
+            session.entity,
+            wanted,
+            mode=mode,
+            until=until,
+            session_id=session.session_id,
+            skip_locked_sessions=False,
+        )
+
+    return store.write(work)
+
+
+def _settle(
+    store: Store,
+    session: LocalSession,
+    operation: str,
+    message: ReceivedMessage | str,
+    *,
+    reason: str | None = None,
+    error_description: str | None = None,
+) -> None:
+    token = message.lock_token if isinstance(message, ReceivedMessage) else message
+    if not isinstance(token, str) or not token:
+        raise ValidationError(
+            "settle a message received in peek-lock mode (or its lock token)",
+            field="message",
+        )
+    values: tuple[Any, ...] = ()
+    if operation == "dead_letter":
+        check_reason(reason, error_description)
+        values = (DEAD_LETTER_SUFFIX, reason, error_description)
+    settle(
+        store,
+        session.entity,
+        token,
+        session.subscription,
+        operation,
+        values=values,
+        session=(session.session_id, session._token),
+    )
+
+
+def _state(
+    store: Store, session: LocalSession, *, get: bool, state: bytes | None = None
+) -> bytes | None:
+    if not get and state is not None and not isinstance(state, bytes | bytearray | memoryview):
+        raise ValidationError("state must be bytes or None", field="state")
+
+    def work(conn: sqlite3.Connection) -> bytes | None:
+        eid, sub, _, _ = _held(store, conn, session)
+        if get:
+            row = conn.execute(
+                "SELECT state FROM session_states WHERE eid = ? AND sub = ? AND session_id = ?",
+                (eid, sub, session.session_id),
+            ).fetchone()
+            return None if row is None else bytes(row[0])
+        profile = lookup(conn, session.entity)[1]
+        _put_state(conn, eid, sub, profile, session.session_id, state)
+        return None
+
+    if get:
+        return store.read(work)
+    return store.write(work)
+
+
+def _renew(store: Store, session: LocalSession) -> datetime:
+    def work(conn: sqlite3.Connection) -> int:
+        if session.closed:
+            raise _session_locks.lock_lost(session.entity, session.subscription, session.session_id)
+        eid, sub = _place(conn, session)
+        now = store.now()
+        until = now + session.lock_duration // US
+        if not _session_locks.renew(conn, eid, sub, session.session_id, session._token, until, now):
+            raise _session_locks.lock_lost(session.entity, session.subscription, session.session_id)
+        return until
+
+    return from_us(store.write(work))
+
+
+def _release(store: Store, session: LocalSession) -> None:
+    if store.db.closed:
+        return  # nothing to release through: the lock runs out by itself
+
+    def work(conn: sqlite3.Connection) -> None:
+        try:
+            eid, sub = _place(conn, session)
+        except ConfigurationError:
+            return  # the entity was deleted meanwhile
+        _session_locks.release(conn, eid, sub, session.session_id, session._token, store.now())
+
+    store.write(work)
+
+
+def _wait_seconds(value: object) -> float:
+    if value is None:
+        return 0.0
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ValidationError(
+            f"max_wait_time must be a non-negative number of seconds or None, got {value!r}",
+            field="max_wait_time",
+        )
+    return float(value)
+
+
+def _put_state(
+    conn: sqlite3.Connection,
+    eid: int,
+    sub: str,
+    profile: EntityProfile,
+    session_id: str,
+    state: bytes | bytearray | memoryview | None,
+) -> None:
+    if state is not None and len(state) > profile.max_message_size:
+        raise ValidationError(
+            f"state is larger than the entity's max_message_size "
+            f"({profile.max_message_size} bytes)",
+            field="state",
+        )
+    if state is None:
+        conn.execute(
+            "DELETE FROM session_states WHERE eid = ? AND sub = ? AND session_id = ?",
+            (eid, sub, session_id),
+        )
+    else:
+        conn.execute(
+            "INSERT OR REPLACE INTO session_states VALUES (?, ?, ?, ?)",
+            (eid, sub, session_id, bytes(state)),
+        )
+
+
+def _check_session_id(session_id: object) -> None:
+    if not isinstance(session_id, str) or not session_id or "\x00" in session_id:
+        raise ValidationError(
+            "session_id must be a non-empty str without NUL characters", field="session_id"
+        )

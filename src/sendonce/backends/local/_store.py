@@ -1,36 +1,48 @@
-"""The broker file: its errors, creating, opening and verifying it.
+"""The broker file: its errors, creating, opening and verifying it, and its transactions.
 
 One SQLite file in WAL mode holds everything; many processes may write at once.
 How the file is shared safely (one connection per file per process, fork and
 interruption safety, busy retries) lives in :mod:`sendonce._sqlite_share`; this
 module adds what makes the file a broker: the format check, start-up
-verification, the clean-close marker and the errors users see.
+verification, the clean-close marker and the errors users see; :class:`Store` is
+how the rest of the broker runs its transactions on the file.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sqlite3
 from collections.abc import Callable
-from datetime import UTC, datetime
-from typing import Literal
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from ..._sqlite_share import FileErrors, SharedHandle, creator, is_busy, open_shared
-from ...errors import ConfigurationError, PermanentSendError
+from ...errors import ConfigurationError, NotSentError, PermanentSendError
 from ._schema import FORMAT, SCHEMA, SCHEMA_VERSION, upgrade
+
+if TYPE_CHECKING:
+    from ..._entity import EntityProfile
 
 __all__ = [
     "ERRORS",
+    "US",
     "BrokerFileError",
     "BrokerStorageError",
+    "Clock",
     "Durability",
+    "Store",
     "from_us",
     "mark_clean",
     "open_broker",
+    "positive_seconds",
     "to_us",
 ]
 
+T = TypeVar("T")
 Durability = Literal["normal", "full"]
+Clock = Callable[[], datetime]
+US = timedelta(microseconds=1)
 
 # Files below this size are fully checked on every restart, cleanly closed or not.
 VERIFY_ALWAYS_BELOW = 64 * 1024 * 1024
@@ -251,3 +263,71 @@ def _start(
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+
+
+def positive_seconds(value: object, field: str) -> float:
+    """A positive, finite number of seconds (url options arrive as str)."""
+    try:
+        seconds = float(value)  # type: ignore[arg-type]  # url options arrive as str
+    except (TypeError, ValueError):
+        raise ConfigurationError(
+            f"{field} must be a number of seconds, got {value!r}", field=field
+        ) from None
+    if isinstance(value, bool) or not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigurationError(f"{field} must be positive, got {value!r}", field=field)
+    return seconds
+
+
+def _locked_out(message: str) -> NotSentError:
+    """Another process kept the write lock for the whole timeout: this call stored nothing.
+
+    Every attempt was rolled back before it could commit, so the messages are not
+    in doubt (a :class:`NotSentError`: retried, then reported as not stored).
+    """
+    # No condition of its own: the emulator maps it to Service Bus's server-busy.
+    return NotSentError(f"{message}; nothing of this call was stored, so sending it again is safe")
+
+
+class Store:
+    """One backend's way to the broker file: its transactions, its clock, its known profiles.
+
+    Every concept of the broker (entities, sending, receiving, sessions,
+    inspection) works through this, and this only through the file-safety layer.
+    """
+
+    def __init__(self, db: SharedHandle, clock: Clock, busy_timeout: float, label: str) -> None:
+        self.db = db
+        self.clock = clock
+        self.busy_timeout = busy_timeout
+        self.label = label
+        # Each entity's profile as last read (its stored text, parsed): sends check and
+        # encode their messages against it before taking the file's write lock.
+        self.profiles: dict[str, tuple[str, EntityProfile]] = {}
+
+    def now(self) -> int:
+        """The broker clock's time, in stored microseconds."""
+        moment = self.clock()
+        if not isinstance(moment, datetime) or moment.tzinfo is None:
+            raise ConfigurationError("clock must return a timezone-aware datetime", field="clock")
+        return to_us(moment)
+
+    def write(
+        self,
+        work: Callable[[sqlite3.Connection], T],
+        *,
+        timeout: float | None = None,
+        immediate: bool = True,
+    ) -> T:
+        """Run ``work`` in a write transaction (waiting up to ``timeout``, default the busy one)."""
+        if self.db.closed:
+            raise ConfigurationError(f"{self.label} is closed", field="backend")
+        return self.db.transaction(
+            work,
+            timeout=self.busy_timeout if timeout is None else timeout,
+            on_busy=_locked_out,
+            immediate=immediate,
+        )
+
+    def read(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``work`` in a read transaction: it never waits for writers."""
+        return self.write(work, immediate=False)
