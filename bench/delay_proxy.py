@@ -119,6 +119,8 @@ class _Server:
             tasks.add(task)
             try:
                 await self._pair(reader, writer)
+            except asyncio.CancelledError:
+                pass  # stopping: the pair's sockets are closed by _pair
             finally:
                 tasks.discard(task)
 
