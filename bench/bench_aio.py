@@ -12,7 +12,8 @@ at each ``--rtt-ms`` through a delay proxy (``bench/delay_proxy.py``):
   the raw aio client: one sender with 400 concurrent ``send_messages`` (unsafe,
   azure-sdk-for-python #36334, but what users compare with), and 8 sender links
   worked by 8 tasks; the target is >= the one-sender figure and >= 0.7 x
-  ``max_in_flight`` / RTT;
+  ``max_in_flight`` / RTT; the same sends on backends with ``--lanes`` other
+  ``max_in_flight`` values show how the default was chosen;
 - ``send_many`` of ``--many`` messages over ``--keys`` partition keys to a
   partitioned entity with duplicate detection (one message per transfer), sync and
   aio, vs the sequential line: raw single sends one at a time (1/RTT).
@@ -135,6 +136,25 @@ class Network:
             await asyncio.to_thread(sync_parts.send_many, keyed(warm, args.keys, "warm-sp"))
             for i, link in enumerate([raw, *links]):
                 await link.send_messages(ServiceBusMessage(b"w", message_id=f"warm-raw-{i}"))
+            # the same 400 sends on backends with other lane counts: how to size the default
+            sized: dict[int, aio.IdempotentSender] = {}
+            others: list[aio.AzureServiceBusBackend] = []
+            for lanes in args.lanes:
+                other = aio.AzureServiceBusBackend.from_connection_string(
+                    self.conn, profiles=profiles, max_in_flight=lanes
+                )
+                others.append(other)
+                sized[lanes] = aio.IdempotentSender(other, PROFILE)
+                await sized[lanes].open()
+                warmed = messages(lanes * 2, f"warm-{lanes}")
+                await asyncio.gather(*(sized[lanes].send(x) for x in warmed))
+
+            def so_gather_on(lanes: int) -> Callable[[str], Awaitable[None]]:
+                async def run(tag: str) -> None:
+                    chosen = sized[lanes]
+                    await asyncio.gather(*(chosen.send(x) for x in messages(n, tag)))
+
+                return run
 
             async def so_gather(tag: str) -> None:
                 await asyncio.gather(*(sender.send(x) for x in messages(n, tag)))
@@ -180,6 +200,7 @@ class Network:
                 "raw sequential (1/RTT)": (args.sequential, raw_sequential),
                 "aio send_many, keyed": (m, so_many),
                 "sync send_many, keyed": (m, sync_many),
+                **{f"aio send(), {k} lanes": (n, so_gather_on(k)) for k in args.lanes},
             }
             times: dict[str, list[float]] = {k: [] for k in variants}
             for r in range(repeats):
@@ -192,6 +213,10 @@ class Network:
                 await link.close()
             await asyncio.to_thread(sync_parts.close)
             await asyncio.to_thread(sync_backend.close)
+            for chosen in sized.values():
+                await chosen.close()
+            for other in others:
+                await other.close()
             self.max_in_flight = b.max_in_flight
         return {k: (variants[k][0], statistics.median(v)) for k, v in times.items()}
 
@@ -224,6 +249,9 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=16)
     parser.add_argument("--sequential", type=int, default=100)
     parser.add_argument("--no-local", action="store_true")
+    parser.add_argument(
+        "--lanes", type=int, nargs="*", default=[4, 8, 32], help="other max_in_flight to time"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
