@@ -53,7 +53,12 @@ def to_servicebus_message(
             f"message {message.message_id!r} cannot be converted for Service Bus: {exc}",
             field="message",
         ) from None
-    carried = converted.message_id  # a decoding property: read it once
+    # What goes on the wire, read from the AMQP properties: the ``message_id`` property
+    # tries ``.decode`` first and costs a caught exception per str id.
+    properties = converted.raw_amqp_message.properties
+    carried = properties.message_id if properties is not None else None
+    if isinstance(carried, bytes):
+        carried = carried.decode("utf-8", "replace")
     if not carried or carried != message.message_id:
         # Never let the client's random UUID stand in for the deterministic id.
         raise MessageIdError(
