@@ -36,6 +36,7 @@ import sqlite3
 import stat
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -146,6 +147,24 @@ def _identity(path: str) -> tuple[Identity, int] | None:
     return (st.st_dev, st.st_ino), st.st_nlink
 
 
+def _not_writable(path: str, lock: str, exc: OSError) -> ConfigurationError:
+    """Opening for writing needs the ``.lock`` beside the file: say which file, and what to do."""
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        where = (
+            f"the file system of {path!r} is read-only"
+            if exc.errno == errno.EROFS
+            else f"this user may not write {lock!r} (or create it in its directory)"
+        )
+        return ConfigurationError(
+            f"cannot open {path!r} for writing: {where}. To look at it without writing, "
+            "open it read-only (read_only=True); to write, fix the permissions",
+            field="path",
+        )
+    return ConfigurationError(
+        f"cannot open {path!r}: {lock!r} cannot be used ({exc.strerror})", field="path"
+    )
+
+
 class _OpenerLock:
     """A shared/exclusive ``flock`` on ``<file>.lock``: one per file per process.
 
@@ -167,8 +186,14 @@ class _OpenerLock:
                 self._fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, 0o644)
                 self.created = True
             except FileExistsError:
-                with contextlib.suppress(FileNotFoundError):
+                try:
                     self._fd = os.open(self.path, flags)
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    raise _not_writable(path, self.path, exc) from None
+            except OSError as exc:
+                raise _not_writable(path, self.path, exc) from None
         self.first = False
         try:
             self.first = self._acquire(timeout)
@@ -249,7 +274,7 @@ class _SharedFile:
         self,
         real_path: str,
         identity: Identity,
-        opener: _OpenerLock,
+        opener: _OpenerLock | None,
         setup: Setup,
         configure: Configure,
         errors: FileErrors,
@@ -274,13 +299,19 @@ class _SharedFile:
         self.wal_identity: Identity | None = None  # of the -wal, once it exists
         self.suspended = False  # closed around a fork, to be reopened in the parent
         self.fork_locked = False  # its mutex is held across a fork
+        # Read-only: the SQLite URI options the file opened with (None: read-write).
+        self.read_only: str | None = None
 
     def connect(self) -> sqlite3.Connection:
+        target, uri = self.real_path, False
+        if self.read_only is not None:
+            target, uri = f"file:{urllib.parse.quote(self.real_path)}?{self.read_only}", True
         conn = sqlite3.connect(
-            self.real_path,
+            target,
             timeout=self.busy_timeout,
             isolation_level=None,
             check_same_thread=False,
+            uri=uri,
         )
         try:
             self.configure(conn)
@@ -308,7 +339,8 @@ class _SharedFile:
                 "nothing more is written to it"
             )
             raise self.errors.damaged(self.real_path, self.broken)
-        self._check_wal()
+        if self.read_only is None:  # a reader's writes cannot be lost with the WAL: it has none
+            self._check_wal()
 
     def _check_wal(self) -> None:
         """Refuse to go on once the write-ahead log was deleted or replaced under us.
@@ -396,7 +428,8 @@ def _after_fork_in_child() -> None:
                 "transaction on it"
             )
         shared.suspended = False
-        shared.opener.forget_inherited()
+        if shared.opener is not None:
+            shared.opener.forget_inherited()
         shared.refs = 0
 
 
@@ -440,6 +473,7 @@ def open_shared(
     on_last_close: Callable[[sqlite3.Connection], None] | None = None,
     synchronous: Synchronous = "NORMAL",
     busy_timeout: float = 60.0,
+    read_only: bool = False,
 ) -> SharedHandle:
     """A handle on the process's shared connection to the database file at ``path``.
 
@@ -448,6 +482,13 @@ def open_shared(
     ``setup(conn, first)`` runs once per process when its connection first opens;
     ``first`` is True when no other process had the file open (a restart).
     ``on_last_close(conn)`` runs when the last handle of the last process closes.
+
+    ``read_only`` opens a file this user may not write (a read-only file, directory
+    or file system; another user's ``.lock``) without writing anything beside it:
+    no opener lock, a ``mode=ro`` connection (``immutable=1`` where the WAL index
+    cannot be created and no write-ahead log holds pages), and write transactions
+    refused. In a process that has the file open for writing, it shares that
+    connection.
     """
     real = os.path.realpath(path)
     with _registry_lock:
@@ -464,6 +505,12 @@ def open_shared(
                         f"cannot also be used as a {errors.kind}: give each its own file",
                         field=errors.field,
                     )
+                if shared.read_only is not None and not read_only:
+                    raise ConfigurationError(
+                        f"{real!r} is open read-only in this process: close those handles "
+                        "before opening it for writing",
+                        field="path",
+                    )
                 shared.refs += 1
                 return SharedHandle(shared, synchronous)
             reason = _unsafe_after_fork.get(found[0])
@@ -478,7 +525,10 @@ def open_shared(
             raise ConfigurationError(
                 f"there is no file {real!r} (and this open creates none)", field="path"
             )
-        shared = _open_new(real, create, setup, configure, errors, on_last_close, busy_timeout)
+        if read_only:
+            shared = _open_read_only(real, setup, configure, errors, busy_timeout)
+        else:
+            shared = _open_new(real, create, setup, configure, errors, on_last_close, busy_timeout)
         _registry[shared.identity] = shared
         shared.refs = 1
         return SharedHandle(shared, synchronous)
@@ -518,12 +568,74 @@ def _open_new(
         raise
 
 
+def _open_read_only(
+    real: str, setup: Setup, configure: Configure, errors: FileErrors, busy_timeout: float
+) -> _SharedFile:
+    """Open ``real`` with a read-only connection, writing nothing beside it."""
+    if not os.access(real, os.R_OK):
+        raise ConfigurationError(
+            f"cannot read {real!r}: this user may not read it (check its permissions)",
+            field="path",
+        )
+    identity = _wait_single_link(real, errors)
+    try:
+        wal_size = os.path.getsize(real + "-wal")
+    except OSError:
+        wal_size = 0
+    # immutable=1 reads the file alone: only right when no write-ahead log holds pages.
+    choices = ["mode=ro"] if wal_size else ["mode=ro", "mode=ro&immutable=1"]
+    failure: sqlite3.DatabaseError | None = None
+    for options in choices:
+        shared = _SharedFile(real, identity, None, setup, configure, errors, None, busy_timeout)
+        shared.read_only = options
+        try:
+            shared.conn = shared.connect()
+            setup(shared.conn, False)
+            shared.check_identity()
+            return shared
+        except sqlite3.DatabaseError as exc:
+            shared.close_connection()
+            failure = exc
+            if not _cannot_write(exc):
+                break
+        except BaseException:
+            shared.close_connection()
+            raise
+    assert failure is not None
+    if _cannot_write(failure):
+        raise ConfigurationError(
+            f"cannot read {real!r} read-only: its write-ahead log {real + '-wal'!r} holds "
+            "pages, and its index (-shm) cannot be created beside it. Open it once where it "
+            "may be written (that folds the log into the file), or copy the three files "
+            "somewhere writable",
+            field="path",
+        ) from None
+    raise _open_error(failure, real, errors, busy_timeout) from None
+
+
+def _cannot_write(exc: BaseException) -> bool:
+    """SQLite could not write or create a file it needs: permissions, not damage."""
+    return _sqlite_error_in(
+        exc,
+        (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PERM),
+        ("readonly database", "unable to open"),
+    )
+
+
 def _open_error(
     exc: sqlite3.DatabaseError, real: str, errors: FileErrors, busy_timeout: float
 ) -> Exception:
     if is_busy(exc):
         return ConfigurationError(
             f"{real!r} stayed locked by another process for {busy_timeout} s", field="path"
+        )
+    if _cannot_write(exc):
+        return ConfigurationError(
+            f"cannot open {real!r} for writing: this user may not write it or its directory "
+            f"{os.path.dirname(real)!r}, or its file system is read-only (SQLite: {exc}). To "
+            "look at it without writing, "
+            "open it read-only (read_only=True); to write, fix the permissions",
+            field="path",
         )
     code = getattr(exc, "sqlite_errorcode", None)
     if (code is not None and code & 0xFF == sqlite3.SQLITE_NOTADB) or "not a database" in str(exc):
@@ -596,6 +708,7 @@ class SharedHandle:
                 on_last_close=inherited.on_last_close,
                 synchronous=self._synchronous,
                 busy_timeout=inherited.busy_timeout,
+                read_only=inherited.read_only is not None,
             )
             shared = handle._shared
             assert shared is not None
@@ -619,6 +732,11 @@ class SharedHandle:
         ``on_busy(message)`` builds the caller's error.
         """
         shared = self._current()
+        if immediate and shared.read_only is not None:
+            raise ConfigurationError(
+                f"{shared.real_path!r} is open read-only here: this call would write to it",
+                field="read_only",
+            )
         deadline = time.monotonic() + max(timeout, 0.0)
         begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
         synchronous = self._synchronous
@@ -683,6 +801,7 @@ class SharedHandle:
                         conn is not None
                         and shared.broken is None
                         and shared.on_last_close is not None
+                        and shared.opener is not None
                         and shared.opener.last_out()
                     ):
                         with contextlib.suppress(Exception):
@@ -696,7 +815,8 @@ class SharedHandle:
                             )
                 finally:
                     shared.close_connection()
-                    shared.opener.close()
+                    if shared.opener is not None:
+                        shared.opener.close()
 
 
 def open_files() -> list[str]:

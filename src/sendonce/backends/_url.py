@@ -19,7 +19,7 @@ __all__ = ["connect", "connect_local", "describe_url", "local_path"]
 LOCAL_SCHEME = "local:"
 
 
-LOCAL_OPTIONS = ("busy_timeout", "create", "durability")
+LOCAL_OPTIONS = ("busy_timeout", "create", "durability", "read_only")
 """The query options a ``local:`` url may carry; anything else is refused, not ignored."""
 _MAX_BUSY_TIMEOUT = 2_147_483  # seconds: SQLite takes a 32-bit count of milliseconds
 

@@ -78,6 +78,10 @@ class LocalBackend:
     a backend open (the child opens its own connection, even through a backend it
     inherited). ``create=False`` refuses a missing file instead of creating an
     empty broker (for tools where a typo must not start a new broker).
+    ``read_only=True`` inspects a broker this user may not write (a read-only
+    file, directory or file system, another user's ``.lock``): nothing is written
+    in or beside the file, reads see what writers committed, and every call that
+    would write raises :class:`~sendonce.errors.ConfigurationError` naming the file.
     """
 
     def __init__(
@@ -88,6 +92,7 @@ class LocalBackend:
         durability: Literal["normal", "full"] = "normal",
         busy_timeout: float = 60.0,
         create: bool | str = True,
+        read_only: bool | str = False,
         **options: object,
     ) -> None:
         if options:
@@ -109,14 +114,18 @@ class LocalBackend:
         self._durability = _durability(durability)
         busy = positive_seconds(busy_timeout, "busy_timeout")
         create = _flag(create, "create")
+        self._read_only = _flag(read_only, "read_only")
         self._db = open_broker(
             self._path,
             durability=self._durability,
             busy_timeout=busy,
-            create=create,
+            create=create and not self._read_only,
             on_restart=_entities.forget_volatile_caches,
+            read_only=self._read_only,
         )
-        self._store = Store(self._db, clock or _utc_now, busy, repr(self))
+        self._store = Store(
+            self._db, clock or _utc_now, busy, repr(self), read_only=self._read_only
+        )
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -135,8 +144,14 @@ class LocalBackend:
         """``"normal"`` (survives process crashes) or ``"full"`` (also power loss)."""
         return self._durability
 
+    @property
+    def read_only(self) -> bool:
+        """Whether this handle only reads (``read_only=True``): every write is refused."""
+        return self._read_only
+
     def __repr__(self) -> str:
-        return f"LocalBackend({self._path!r}, durability={self._durability!r})"
+        ro = ", read_only=True" if self._read_only else ""
+        return f"LocalBackend({self._path!r}, durability={self._durability!r}{ro})"
 
     def __enter__(self) -> LocalBackend:
         return self

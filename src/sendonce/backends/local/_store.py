@@ -191,6 +191,7 @@ def open_broker(
     busy_timeout: float,
     create: bool,
     on_restart: Callable[[sqlite3.Connection], None],
+    read_only: bool = False,
 ) -> SharedHandle:
     """A handle on this process's shared connection to the broker file at ``path``.
 
@@ -210,6 +211,20 @@ def open_broker(
 
     def setup(conn: sqlite3.Connection, first: bool) -> None:
         _start(conn, os.path.realpath(path), first, on_restart, busy_timeout)
+
+    def check(conn: sqlite3.Connection, first: bool) -> None:
+        _check_meta(conn, os.path.realpath(path), may_upgrade=False)
+
+    if read_only:  # nothing written, nothing beside the file: no start-up, no clean mark
+        return open_shared(
+            path,
+            create=None,
+            setup=check,
+            configure=configure(durability),
+            errors=ERRORS,
+            busy_timeout=busy_timeout,
+            read_only=True,
+        )
 
     return open_shared(
         path,
@@ -295,8 +310,17 @@ class Store:
     inspection) works through this, and this only through the file-safety layer.
     """
 
-    def __init__(self, db: SharedHandle, clock: Clock, busy_timeout: float, label: str) -> None:
+    def __init__(
+        self,
+        db: SharedHandle,
+        clock: Clock,
+        busy_timeout: float,
+        label: str,
+        *,
+        read_only: bool = False,
+    ) -> None:
         self.db = db
+        self.read_only = read_only
         self.clock = clock
         self.busy_timeout = busy_timeout
         self.label = label
@@ -321,6 +345,12 @@ class Store:
         """Run ``work`` in a write transaction (waiting up to ``timeout``, default the busy one)."""
         if self.db.closed:
             raise ConfigurationError(f"{self.label} is closed", field="backend")
+        if immediate and self.read_only:
+            raise ConfigurationError(
+                f"broker file {self.db.real_path!r} is open read-only (read_only=True): this "
+                "call would write to it. Open it without read_only to change it",
+                field="read_only",
+            )
         return self.db.transaction(
             work,
             timeout=self.busy_timeout if timeout is None else timeout,
