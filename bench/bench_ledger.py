@@ -14,7 +14,10 @@ medians, and the ratios to the run without a ledger, measured in this run.
 Targets: SQLite <= 1.3x, PostgreSQL <= 1.5x, a confirmed re-run <= 1.0x.
 
     python bench/bench_ledger.py [--messages 20000] [--network-messages 2000]
-        [--rtt-ms 0 5] [--repeats 3] [--no-postgres] [--no-local]
+        [--rtt-ms 0 5] [--repeats 3] [--no-postgres] [--no-local] [--plain]
+
+``--plain`` sends to an unpartitioned entity instead (the sender batches); ``--rtt-ms``
+with no value skips the emulator.
 """
 
 from __future__ import annotations
@@ -105,7 +108,8 @@ def measure(
                 rerun = one_run(backend, profile, batch, url)
                 times.setdefault(f"{name} re-run", []).append(rerun)
     base = statistics.median(times["none"])
-    print(f"{label}: {n} messages, {args.keys} keys, partitioned entity (load {load()})")
+    kind = "unpartitioned" if args.plain else "partitioned"
+    print(f"{label}: {n} messages, {args.keys} keys, {kind} entity (load {load()})")
     for name, values in times.items():
         med = statistics.median(values)
         print(f"  {name:16s} {med:7.3f}s  {n / med:9.0f} msg/s  {med / base:5.2f}x no ledger")
@@ -117,7 +121,10 @@ def main() -> None:
     parser.add_argument("--network-messages", type=int, default=2_000, help="emulator")
     parser.add_argument("--keys", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--rtt-ms", type=float, nargs="+", default=[0.0, 5.0])
+    parser.add_argument(
+        "--rtt-ms", type=float, nargs="*", default=[0.0, 5.0], help="none: no emulator runs"
+    )
+    parser.add_argument("--plain", action="store_true", help="an unpartitioned entity")
     parser.add_argument("--no-postgres", action="store_true")
     parser.add_argument("--no-local", action="store_true")
     args = parser.parse_args()
@@ -127,7 +134,7 @@ def main() -> None:
             with LocalBackend(root / "broker.db") as broker:
 
                 def local(name: str, r: int) -> tuple[Backend, EntityProfile]:
-                    profile = EntityProfile(f"{name}{r}", partitioned=True)
+                    profile = EntityProfile(f"{name}{r}", partitioned=not args.plain)
                     broker.create_entity(profile)
                     return broker, profile
 
@@ -142,7 +149,9 @@ def main() -> None:
             for kind in ("none", "sqlite", "postgres")
             for r in range(args.repeats)
         ]
-        profiles = {name: EntityProfile(name, partitioned=True) for name in names}
+        profiles = {name: EntityProfile(name, partitioned=not args.plain) for name in names}
+        if not names:
+            return
         with (
             emulator_process(root / "emulator.db", list(profiles.values())) as conn,
             through_rtts(conn, args.rtt_ms) as urls,

@@ -508,9 +508,11 @@ class AzureServiceBusBackend:
         self._closed = True
         every, self._lanes = self._lanes, {}
         deadline = time.monotonic() + self._link_timeout
+        closing = []
         for entity, lanes in every.items():
             idle = await lanes.close(max(deadline - time.monotonic(), 0.0))
-            await _close_lanes(idle, entity)
+            closing.append(_close_lanes(idle, entity))
+        await asyncio.gather(*closing)
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
         for name, closable in (("client", self._client), ("admin client", self._admin)):
@@ -551,8 +553,8 @@ def _needs_profile(entity: str, why: str) -> ConfigurationError:
 
 
 async def _close_lanes(lanes: list[Lane[ServiceBusSender]], entity: str) -> None:
-    for lane in lanes:
-        await _close_quietly(lane.sender, entity)
+    """Close side by side: each close waits for the peer's answer."""
+    await asyncio.gather(*(_close_quietly(lane.sender, entity) for lane in lanes))
 
 
 async def _close_quietly(sender: ServiceBusSender, entity: str) -> None:

@@ -60,6 +60,7 @@ DEFAULT_LINK_TIMEOUT = 60.0
 DEFAULT_ADMIN_TIMEOUT = 30.0
 _STANDARD_MAX_MESSAGE_KB = 256
 _MIN_TRANSFER_TIME = 0.001
+_CLOSE_BOUND = 10.0
 
 
 def _check_entity(entity: object) -> str:
@@ -430,8 +431,7 @@ class AzureServiceBusBackend:
         if lanes is None:
             return
         logger.info("closing the senders for %s (%s)", entity, reason)
-        for lane in lanes.close(0.0):
-            _close_quietly(lane.sender, entity)
+        _close_together([(entity, lane.sender) for lane in lanes.close(0.0)], _CLOSE_BOUND)
 
     @staticmethod
     def _failure_reason(exc: BaseException) -> str:
@@ -609,9 +609,12 @@ class AzureServiceBusBackend:
             self._lanes.clear()
         # Transfers in flight end within their timeouts; wait for them (bounded), then close.
         deadline = time.monotonic() + self._link_timeout
-        for entity, lanes in every:
-            for lane in lanes.close(max(deadline - time.monotonic(), 0.0)):
-                _close_quietly(lane.sender, entity)
+        closing = [
+            (entity, lane.sender)
+            for entity, lanes in every
+            for lane in lanes.close(max(deadline - time.monotonic(), 0.0))
+        ]
+        _close_together(closing, max(deadline - time.monotonic(), _CLOSE_BOUND))
         with self._lock:
             for name, closable in (("client", self._client), ("admin client", self._admin)):
                 if closable is None:
@@ -653,6 +656,29 @@ def _close_quietly(sender: ServiceBusSender, entity: str) -> None:
         sender.close()
     except Exception as exc:  # a dead link may fail to close; it is dropped either way
         logger.debug("closing the sender for %s failed: %s", entity, redact(repr(exc)))
+
+
+def _close_together(closing: list[tuple[str, ServiceBusSender]], bound: float) -> None:
+    """Close senders side by side, waiting at most ``bound`` seconds.
+
+    Each close waits for the peer's answer and the client's keep-alive thread (about
+    half a second), so closing 16 lanes one after another took 8 s.
+    """
+    if len(closing) <= 1:
+        for entity, sender in closing:
+            _close_quietly(sender, entity)
+        return
+    threads = [
+        threading.Thread(
+            target=_close_quietly, args=(sender, entity), name="sendonce-close", daemon=True
+        )
+        for entity, sender in closing
+    ]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + bound
+    for thread in threads:
+        thread.join(max(deadline - time.monotonic(), 0.0))
 
 
 def _shut_socket(sender: Any) -> None:
