@@ -15,6 +15,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ PROBE = textwrap.dedent(
         attempt("dead_letters", lambda: [m.dead_letter_reason
                                          for m in broker.peek("orders", sub_queue="dead_letter")])
         attempt("entities", lambda: [p.name for p in broker.entities()])
+        attempt("backup", lambda: broker.backup(sys.argv[2]))
         attempt("send", lambda: broker.send("orders", [Message("x", message_id="new")],
                                             timeout=5))
         attempt("receive", lambda: broker.receive("orders"))
@@ -71,11 +73,16 @@ def _as_a_user() -> list[str]:
 
 def probe(path: Path, *, prefix: list[str] | None = None) -> dict[str, Any]:
     command = [*(_as_a_user() if prefix is None else prefix), sys.executable, "-c", PROBE]
+    copy = path.parent.parent / f"copy-{uuid.uuid4().hex[:8]}.db"  # a writable place
     result = subprocess.run(
-        [*command, str(path)], capture_output=True, text=True, timeout=120, check=False
+        [*command, str(path), str(copy)], capture_output=True, text=True, timeout=120, check=False
     )
     assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)  # type: ignore[no-any-return]
+    seen: dict[str, Any] = json.loads(result.stdout)
+    assert seen["backup"] == {"ok": None}, seen["backup"]
+    with LocalBackend(copy) as backup:  # a consistent copy, a broker like any other
+        assert backup.message_ids("orders") == seen["message_ids"]["ok"]
+    return seen
 
 
 @pytest.fixture
