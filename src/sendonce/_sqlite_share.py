@@ -24,6 +24,12 @@ opens its own connections (lazily, even through handles it inherited) with real
 locks of its own. Every transaction begins and ends inside one block that rolls
 back whatever an interruption (``KeyboardInterrupt``) left open, and checks that
 the file on disk is still the one it wrote to.
+
+Why one module of ~850 lines: the registry, the opener lock, the fork hooks, the
+read-only opening and the transactions keep one invariant together (one
+connection and one opener lock per file per process, taken in one lock order:
+the registry's lock, then a file's mutex). Each part reads and changes the others'
+state under those locks; split apart, the invariant would have no single place.
 """
 
 from __future__ import annotations
