@@ -176,11 +176,18 @@ class Management(HandlerBase):
 
             def cancel(store: Any) -> None:
                 try:
-                    store.cancel_scheduled(node.entity, seqs)
+                    missing = _store_work.cancel_scheduled(store, node.entity, seqs)
                 except Exception as exc:
                     if is_busy_failure(exc):
                         raise
                     raise ManagementError(404, NOT_FOUND, describe(exc)) from exc
+                if missing:
+                    raise ManagementError(
+                        404,
+                        MESSAGE_NOT_FOUND,
+                        f"Messages not found: no scheduled message has sequence number "
+                        f"{', '.join(str(s) for s in missing)}",
+                    )
 
             return cancel, lambda _: ((200, None), {}), True
         if operation == "com.microsoft:update-disposition":
@@ -361,16 +368,19 @@ class Management(HandlerBase):
     def _peek(self, node: Node, body: dict[str, Any]) -> Operation:
         count = int(body.get("message-count") or 1)
         start = body.get("from-sequence-number")
+        # A session receiver's peek carries its session: it browses that session only.
+        session_id = _codec._text(body.get("session-id"))
 
         def work(store: Any) -> list[bytes]:
             messages = store.peek(
                 node.entity,
                 max_messages=count,
                 subscription=node.subscription,
+                session_id=session_id,
                 from_sequence_number=int(start) if start is not None else None,
                 sub_queue=node.sub_queue,
             )
-            return [_store_work.encode_received(m, peek_lock=False) for m in messages]
+            return [_store_work.encode_received(m, peek_lock=False, peeked=True) for m in messages]
 
         def finish(encoded: list[bytes]) -> tuple[Status, Any]:
             if not encoded:

@@ -76,6 +76,38 @@ def check_management(store: Any, node: Node) -> Refusal | None:
     return None
 
 
+def cancel_scheduled(store: Any, entity: str, seqs: list[int]) -> list[int]:
+    """Cancel scheduled messages; the sequence numbers that name none (nothing cancelled then).
+
+    Service Bus answers "Messages not found" for an unknown or already cancelled one.
+    """
+    places: list[str | None] = [None]
+    if getattr(store.describe(entity), "kind", "queue") == "topic":
+        places = list(store.subscriptions(entity))
+        if not places:
+            store.cancel_scheduled(entity, seqs)  # no copy anywhere to look for
+            return []
+    missing = []
+    for seq in seqs:
+        found = False
+        for place in places:
+            (first, *_) = store.peek(
+                entity, subscription=place, from_sequence_number=seq, max_messages=1
+            ) or [None]
+            if (
+                first is not None
+                and first.sequence_number == seq
+                and first.scheduled_enqueue_time is not None
+            ):
+                found = True
+                break
+        if not found:
+            missing.append(seq)
+    if not missing:
+        store.cancel_scheduled(entity, seqs)
+    return missing
+
+
 def max_size(store: Any, node: Node) -> int:
     """The largest message the entity takes (what a sender link advertises)."""
     try:
@@ -178,8 +210,13 @@ def dead_letter(store: Any, locked: Locked, reason: str | None, description: str
     )
 
 
-def encode_received(m: Any, *, peek_lock: bool) -> bytes:
-    """A stored message as the client receives it, with the broker's annotations."""
+def encode_received(m: Any, *, peek_lock: bool, peeked: bool = False) -> bytes:
+    """A stored message as the client receives it, with the broker's annotations.
+
+    The header's delivery-count counts earlier deliveries: a received message's
+    own delivery is not one of them, while a peek reports every delivery so far
+    (0 for a message never received), as Service Bus does.
+    """
     raw = getattr(m, "raw", None)
     if not raw:
         raw = _codec.encode_fields(
@@ -207,5 +244,5 @@ def encode_received(m: Any, *, peek_lock: bool) -> bytes:
         enqueued_time=m.enqueued_time,
         locked_until=m.locked_until if peek_lock else None,
         partition_key=m.partition_key,
-        delivery_count=max(0, int(count) - 1) if count else None,
+        delivery_count=int(count or 0) if peeked else max(0, int(count) - 1) if count else None,
     )
