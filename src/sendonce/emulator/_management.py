@@ -419,7 +419,10 @@ class Management(HandlerBase):
                 if is_busy_failure(exc):
                     raise
                 raise ManagementError(404, MESSAGE_NOT_FOUND, describe(exc)) from exc
-            return [(m, _store_work.encode_received(m, peek_lock=peek_lock)) for m in messages]
+            return [
+                (m, _store_work.encode_received(m, peek_lock=peek_lock, state=_store_work.DEFERRED))
+                for m in messages
+            ]
 
         def finish(received: list[tuple[Any, bytes]]) -> tuple[Status, Any]:
             out = []

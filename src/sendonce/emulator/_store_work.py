@@ -6,7 +6,7 @@ objects, which belong to the reactor thread).
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from ..errors import NoSessionAvailableError, SessionCannotBeLockedError, ValidationError
@@ -210,12 +210,20 @@ def dead_letter(store: Any, locked: Locked, reason: str | None, description: str
     )
 
 
-def encode_received(m: Any, *, peek_lock: bool, peeked: bool = False) -> bytes:
+# x-opt-message-state values, as Service Bus sets them (ServiceBusMessageState).
+DEFERRED = 1
+SCHEDULED = 2
+
+
+def encode_received(
+    m: Any, *, peek_lock: bool, peeked: bool = False, state: int | None = None
+) -> bytes:
     """A stored message as the client receives it, with the broker's annotations.
 
     The header's delivery-count counts earlier deliveries: a received message's
     own delivery is not one of them, while a peek reports every delivery so far
-    (0 for a message never received), as Service Bus does.
+    (0 for a message never received), as Service Bus does. ``state`` marks a
+    deferred message; a peeked message not yet due is marked scheduled.
     """
     raw = getattr(m, "raw", None)
     if not raw:
@@ -238,8 +246,12 @@ def encode_received(m: Any, *, peek_lock: bool, peeked: bool = False) -> bytes:
         raw = _codec.with_application_properties(
             raw, {k: v for k, v in extra.items() if v is not None}
         )
+    scheduled = getattr(m, "scheduled_enqueue_time", None)
+    if state is None and peeked and scheduled is not None and scheduled > datetime.now(UTC):
+        state = SCHEDULED
     return _codec.restamp(
         raw,
+        extra_annotations={"x-opt-message-state": state} if state is not None else None,
         sequence_number=m.sequence_number,
         enqueued_time=m.enqueued_time,
         locked_until=m.locked_until if peek_lock else None,

@@ -76,3 +76,23 @@ def test_cancelling_a_sequence_number_that_names_no_scheduled_message_fails(
             assert [
                 m.sequence_number for m in store.peek(entity, subscription=sub, max_messages=5)
             ] == [kept]
+
+
+def test_scheduled_and_deferred_messages_carry_their_state(emulator: Emulator) -> None:
+    from azure.servicebus import ServiceBusMessageState
+
+    at = datetime.now(UTC) + timedelta(minutes=10)
+    client = ServiceBusClient.from_connection_string(emulator.connection_string, retry_total=0)
+    with client:
+        with client.get_queue_sender("orders") as sender:
+            sender.send_messages(ServiceBusMessage("defer me", message_id="d"))
+            sender.schedule_messages(ServiceBusMessage("later", message_id="s"), at)
+        with client.get_queue_receiver("orders", max_wait_time=5) as receiver:
+            (to_defer,) = receiver.receive_messages(max_wait_time=5)
+            assert to_defer.state == ServiceBusMessageState.ACTIVE
+            receiver.defer_message(to_defer)
+            states = {m.message_id: m.state for m in receiver.peek_messages(max_message_count=5)}
+            assert states["s"] == ServiceBusMessageState.SCHEDULED
+            (deferred,) = receiver.receive_deferred_messages([to_defer.sequence_number])
+            assert deferred.state == ServiceBusMessageState.DEFERRED
+            receiver.complete_message(deferred)
