@@ -341,7 +341,13 @@ class AzureServiceBusBackend:
                 "timeout (max_in_flight); nothing was sent",
                 **_ids(messages),
             )
-        lane = taken if taken is not None else Lane(self._new_sender(entity))
+        if taken is None:
+            try:
+                taken = Lane(self._new_sender(entity))
+            except BaseException:
+                lanes.cancel()  # the permit goes back: no lane was made
+                raise
+        lane = taken
         failed: str | None = f"{operation} was interrupted"
         opened = lane.opened
         try:

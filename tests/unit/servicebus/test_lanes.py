@@ -246,3 +246,24 @@ def test_closing_the_backend_closes_its_links_side_by_side(mocker: Any, make_bac
     backend.close()
     assert not together.broken
     assert all(s.close.call_count == 1 for s in link.senders)
+
+
+def test_aio_a_lane_that_cannot_be_made_gives_its_place_back(mocker: Any) -> None:
+    from azure.servicebus.aio import ServiceBusClient as AsyncClient
+
+    from sendonce.aio import AzureServiceBusBackend as AsyncBackend
+
+    mocker.patch.object(
+        AsyncClient,
+        "get_queue_sender",
+        side_effect=[RuntimeError("first"), RuntimeError("second")],
+    )
+
+    async def main() -> None:
+        backend = AsyncBackend.from_connection_string(CONN_STR, max_in_flight=1)
+        for expected in ("first", "second"):  # the only lane's place was not kept by the first
+            with pytest.raises(RuntimeError, match=expected):
+                await backend.send("orders", one(0), timeout=0.5)
+        await backend.close()
+
+    asyncio.run(main())
