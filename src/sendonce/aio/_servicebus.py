@@ -311,12 +311,20 @@ class AzureServiceBusBackend:
             self._closing_task(_close_lanes([lane], entity), entity)
 
     def _closing_task(self, closing: Any, entity: str) -> None:
+        """Close in the background (a dead link may hang); the client's ``close`` closes
+        whatever is left when no loop runs (``declare`` called outside one)."""
+
         async def run() -> None:
             lanes = await closing
             if isinstance(lanes, list):
                 await _close_lanes(lanes, entity)
 
-        task = asyncio.get_running_loop().create_task(run())
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            closing.close()
+            return
+        task = loop.create_task(run())
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 

@@ -267,3 +267,14 @@ def test_aio_a_lane_that_cannot_be_made_gives_its_place_back(mocker: Any) -> Non
         await backend.close()
 
     asyncio.run(main())
+
+
+def test_aio_declare_outside_a_loop_drops_the_lanes_of_a_changed_kind() -> None:
+    from sendonce import EntityProfile
+    from sendonce.aio import AzureServiceBusBackend as AsyncBackend
+
+    backend = AsyncBackend.from_connection_string(CONN_STR)
+    backend._entity_lanes("events")  # lanes for a queue named events, nothing opened yet
+    backend.declare(EntityProfile("events", kind="topic"))  # no event loop runs here
+    assert "events" not in backend._lanes
+    asyncio.run(backend.close())
