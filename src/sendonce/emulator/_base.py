@@ -88,7 +88,7 @@ class HandlerBase(Handler):
         connection: Any = None,
         patience: float = 30.0,
     ) -> None:
-        """Run ``work(store)`` on the storage worker, then ``done`` here.
+        """Run ``work(store)`` (here if the worker is idle, else on it), then ``done`` here.
 
         ``done`` is skipped when ``connection`` has gone meanwhile (nothing to answer).
         """
@@ -103,7 +103,11 @@ class HandlerBase(Handler):
                 if connection is not None:
                     self.hard_close(connection)
 
-        self.worker.submit(work, finish, writes=writes, patience=patience)
+        outcome = self.worker.run_inline(work)
+        if outcome is not None:
+            finish(outcome)
+        else:
+            self.worker.submit(work, finish, writes=writes, patience=patience)
 
     # -- sessions ---------------------------------------------------------------------------
 

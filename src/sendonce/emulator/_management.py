@@ -34,7 +34,7 @@ from ._conditions import (
 )
 from ._faults import FaultAction
 from ._nodes import Locked, Node, strip_address
-from ._worker import FAST_BUSY_TIMEOUT, Outcome, is_busy_failure
+from ._worker import Outcome, attempt_timeout, is_busy_failure
 
 __all__ = ["Management"]
 
@@ -231,7 +231,7 @@ class Management(HandlerBase):
 
         def work(store: Any) -> list[int]:
             try:
-                acks = store.schedule(entity, messages, at, timeout=FAST_BUSY_TIMEOUT, raw=raws)
+                acks = store.schedule(entity, messages, at, timeout=attempt_timeout(), raw=raws)
             except Exception as exc:
                 if is_busy_failure(exc):
                     raise

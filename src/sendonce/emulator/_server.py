@@ -31,7 +31,7 @@ from ..errors import ConfigurationError
 from ._faults import FaultScript
 from ._handler import EmulatorHandler, Tick
 from ._listener import Listener
-from ._worker import FAST_BUSY_TIMEOUT, StorageWorker
+from ._worker import StorageWorker
 
 __all__ = ["Emulator", "ServerLimits"]
 
@@ -238,14 +238,14 @@ class Emulator:
         with self._stats_lock:
             self._transfers[entity] = self._transfers.get(entity, 0) + 1
 
-    def _open_store(self) -> Any:
-        """The worker's store: writes that find the file locked fail fast and are retried."""
+    def _open_store(self, busy_timeout: float) -> Any:
+        """A store whose writes fail fast when the file is locked (and are retried)."""
         from ..backends.local import LocalBackend
 
         # Opening waits for a locked file as long as any handle would; the handle
-        # the worker uses then shares the connection with a short busy timeout.
+        # used then shares the connection with a short busy timeout.
         with LocalBackend(self.db_path):
-            return LocalBackend(self.db_path, busy_timeout=FAST_BUSY_TIMEOUT)
+            return LocalBackend(self.db_path, busy_timeout=busy_timeout)
 
     @property
     def held_locks(self) -> int:

@@ -30,7 +30,7 @@ from ._conditions import (
 )
 from ._faults import FaultAction
 from ._nodes import Locked, Node
-from ._worker import FAST_BUSY_TIMEOUT, Outcome, is_busy_failure
+from ._worker import Outcome, attempt_timeout, is_busy_failure
 
 __all__ = ["Transfers"]
 
@@ -144,7 +144,7 @@ class Transfers(HandlerBase):
         raws = [d.raw for d in decoded]
 
         def work(store: Any) -> Any:
-            return store.send(entity, messages, timeout=FAST_BUSY_TIMEOUT, raw=raws)
+            return store.send(entity, messages, timeout=attempt_timeout(), raw=raws)
 
         def done(outcome: Outcome[Any]) -> None:
             if outcome.error is not None:

@@ -11,6 +11,12 @@ The store is opened with a short busy timeout: a write that finds the file
 locked fails fast and is tried again later (until its own patience runs out),
 so work queued behind it (reads, which WAL mode never blocks, and writes to
 other entities once the lock is free) is not held up by it.
+
+When the worker is idle and the file has not been found locked lately, work
+runs at once on the reactor thread with a busier-still timeout (a few
+milliseconds): handing it to another thread and back costs more than the work
+itself (8 senders in flight: 0.13 ms from transfer to disposition inline,
+1.3 ms through the worker). Found locked, it goes to the worker after all.
 """
 
 from __future__ import annotations
@@ -36,6 +42,19 @@ T = TypeVar("T")
 
 # How long one attempt may wait on SQLite's busy handler before yielding the worker.
 FAST_BUSY_TIMEOUT = 0.05
+# The same on the reactor thread (work run inline), which must never wait long.
+INLINE_BUSY_TIMEOUT = 0.005
+# After the file was found locked inline, how long work goes to the worker only.
+_INLINE_PAUSE = 1.0
+
+_thread_state = threading.local()
+
+
+def attempt_timeout() -> float:
+    """The busy timeout for one store attempt on this thread (worker or reactor)."""
+    return float(getattr(_thread_state, "attempt_timeout", INLINE_BUSY_TIMEOUT))
+
+
 # Pause between attempts of a write that found the file locked.
 _RETRY_PAUSE = 0.02
 
@@ -80,8 +99,11 @@ class StorageWorker:
     seconds have passed since submission; ``patience=0`` gives up at once.
     """
 
-    def __init__(self, open_store: Callable[[], Any]) -> None:
+    def __init__(self, open_store: Callable[[float], Any]) -> None:
         self._open_store = open_store
+        self._running = False
+        self._inline_off_until = 0.0
+        self.inline_store: Any = None
         self._reads: collections.deque[_Job] = collections.deque()
         self._writes: collections.deque[_Job] = collections.deque()
         self._order = itertools.count()
@@ -145,6 +167,25 @@ class StorageWorker:
 
     # -- reactor thread --------------------------------------------------------------------
 
+    def run_inline(self, work: Callable[[Any], T]) -> Outcome[T] | None:
+        """Run ``work`` here and now if the worker is idle and the file has been free lately.
+
+        None when it cannot (then submit it): the worker has work (which must keep
+        its order), or the file is locked (found so now or a moment ago).
+        """
+        if self.inline_store is None or time.monotonic() < self._inline_off_until:
+            return None
+        with self._cond:
+            if self._running or self._reads or self._writes or self._stopping:
+                return None
+        try:
+            return Outcome(value=work(self.inline_store))
+        except Exception as exc:
+            if is_busy_failure(exc):
+                self._inline_off_until = time.monotonic() + _INLINE_PAUSE
+                return None  # nothing was stored: the worker tries again
+            return Outcome(error=exc)
+
     def run_completions(self) -> None:
         """Run the callbacks of finished work (call on the reactor thread)."""
         with self._signal_lock:
@@ -162,7 +203,9 @@ class StorageWorker:
 
     def _run(self) -> None:
         try:
-            self.store = self._open_store()
+            _thread_state.attempt_timeout = FAST_BUSY_TIMEOUT
+            self.store = self._open_store(FAST_BUSY_TIMEOUT)
+            self.inline_store = self._open_store(INLINE_BUSY_TIMEOUT)
         except BaseException as exc:  # reported to the starting thread
             self._open_error = exc
             self._opened.set()
@@ -175,10 +218,12 @@ class StorageWorker:
                     break
                 self._execute(*picked)
         finally:
-            try:
-                self.store.close()
-            except Exception:
-                _log.exception("closing the emulator's broker store failed")
+            for store in (self.inline_store, self.store):
+                try:
+                    if store is not None:
+                        store.close()
+                except Exception:
+                    _log.exception("closing the emulator's broker store failed")
 
     def _next(self) -> tuple[_Job, bool] | None:
         """The oldest job that can run now: a read, or the first write once its pause is over."""
@@ -190,14 +235,23 @@ class StorageWorker:
                 if self._reads and (
                     write is None or not write_ready or self._reads[0].order < write.order
                 ):
+                    self._running = True
                     return self._reads.popleft(), False
                 if write_ready:
+                    self._running = True
                     return self._writes.popleft(), True
                 if self._stopping:
                     return None
                 self._cond.wait(None if write is None else write.not_before - now)
 
     def _execute(self, job: _Job, writes: bool) -> None:
+        try:
+            self._run_job(job, writes)
+        finally:
+            with self._cond:
+                self._running = False
+
+    def _run_job(self, job: _Job, writes: bool) -> None:
         try:
             outcome: Outcome[Any] = Outcome(value=job.work(self.store))
         except BaseException as exc:
