@@ -193,3 +193,34 @@ def test_threads_share_one_sync_backend_and_land_once(
     assert [r.message_id for r in results] == [m.message_id for m in sent]
     assert emulator.faults.pending == 0
     assert Counter(store.message_ids("orders")) == {m.message_id: 1 for m in sent}
+
+
+def test_concurrent_schedules_use_the_lanes_and_are_stored_once(
+    broker: tuple[Emulator, LocalBackend],
+) -> None:
+    from datetime import UTC, datetime
+
+    emulator, store = broker
+    at = datetime.now(UTC) + timedelta(hours=1)
+    sent = [Message(f"later {i}", message_id=f"s-{i}") for i in range(24)]
+    emulator.faults.add(
+        *[Fault(FaultAction.NONE, entity="orders", operation="schedule")] * 6,
+        Fault(FaultAction.DROP_AFTER_COMMIT, entity="orders", operation="schedule"),
+    )
+
+    async def main() -> list[Any]:
+        async with (
+            aio.AzureServiceBusBackend.from_connection_string(
+                emulator.connection_string, profiles={"orders": ORDERS}, max_in_flight=LANES
+            ) as backend,
+            aio.IdempotentSender(backend, ORDERS, retry=policy()) as sender,
+        ):
+            results = await asyncio.gather(*(sender.schedule(m, at) for m in sent))
+            assert lanes_were_open_at_once(emulator)
+            return results
+
+    results = asyncio.run(main())
+    assert all(r.outcome == "scheduled" for r in results)
+    assert emulator.faults.pending == 0
+    assert Counter(store.message_ids("orders")) == {m.message_id: 1 for m in sent}
+    assert store.count("orders") == 0  # all scheduled for later
