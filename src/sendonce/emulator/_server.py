@@ -5,11 +5,11 @@ The unmodified ``azure-servicebus`` client talks to it with a
 through ``LocalBackend``, so ``local://`` producers and Service Bus producers
 share one broker file and one duplicate-detection id space.
 
-The proton reactor runs on one background thread and never touches the broker
-file: a storage worker thread owns the ``LocalBackend`` and hands results back
-(so a lock another process holds on the file delays only the operations that
-need it). Other threads talk to the server only through the thread-safe fault
-script and the stop flag.
+The proton reactor runs on one background thread; broker-file work that may
+wait (the file was found locked, or other work is queued) goes to a storage
+worker thread that hands results back, so a lock another process holds on the
+file delays only the operations that need it. Other threads talk to the server
+only through the thread-safe fault script and the stop flag.
 """
 
 from __future__ import annotations

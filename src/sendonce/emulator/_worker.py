@@ -175,9 +175,10 @@ class StorageWorker:
         """
         if self.inline_store is None or time.monotonic() < self._inline_off_until:
             return None
-        with self._cond:
-            if self._running or self._reads or self._writes or self._stopping:
-                return None
+        # No lock needed: only this thread queues work, so with both queues empty
+        # the worker cannot start anything before this work is done.
+        if self._running or self._reads or self._writes or self._stopping:
+            return None
         try:
             return Outcome(value=work(self.inline_store))
         except Exception as exc:
