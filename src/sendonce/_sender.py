@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import threading
 from bisect import bisect_right
 from collections import Counter, deque
@@ -48,8 +49,9 @@ from .errors import (
     SendError,
     ValidationError,
 )
-from .ledger import Ledger
+from .ledger import Key, Ledger
 from .ledger._ledger import Prepared
+from .ledger._store import Confirmation
 
 __all__ = [
     "DEFAULT_MAX_BATCH_MESSAGES",
@@ -514,6 +516,8 @@ class IdempotentSender(SenderCore):
         self._transaction: Transaction | None = None
         self._closed = False
         self._gate: KeyGate = gate_for(backend, KeyGate)
+        self._ledger_pool: ThreadPoolExecutor | None = None
+        self._ledger_pid = os.getpid()
 
     @staticmethod
     def _resolve(backend: Backend, entity: EntityProfile | str) -> EntityProfile:
@@ -542,6 +546,8 @@ class IdempotentSender(SenderCore):
         """Close the backend (and ledger) if this sender opened it from a url. Idempotent."""
         if not self._closed:
             self._closed = True
+            if self._ledger_pool is not None and self._ledger_pid == os.getpid():
+                self._ledger_pool.shutdown(wait=True)
             try:
                 if self._owns_backend:
                     self._backend.close()
@@ -716,6 +722,17 @@ class IdempotentSender(SenderCore):
             return [Part(batch, None, exc)]
         return [Part(batch, attempted, None)]
 
+    def _ledger_writer(self) -> ThreadPoolExecutor:
+        """The worker thread intents are written in (one per sender, made on first use)."""
+        with self._state_lock:
+            # A forked child inherits the executor but not its thread: it makes its own.
+            if self._ledger_pool is None or self._ledger_pid != os.getpid():
+                self._ledger_pool = ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix="sendonce-ledger"
+                )
+                self._ledger_pid = os.getpid()
+            return self._ledger_pool
+
     def _send_through_ledger(
         self,
         batches: Sequence[Sequence[Message]],
@@ -738,25 +755,27 @@ class IdempotentSender(SenderCore):
         )
         stop = threading.Event()
         outcomes: list[list[Part]] = [[] for _ in batches]
-        pool = (
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="sendonce-ledger")
-            if len(run.windows) > 1
-            else None
-        )
+        pool = self._ledger_writer()
         writing: list[Any] = []  # [window, messages, future, carried] of the write in flight
+        landed: dict[int, tuple[list[Message], Prepared]] = {}  # every write that completed
+
+        def write(
+            w: int, messages: list[Message], keys: list[Key], carried: Confirmation | None
+        ) -> Prepared:
+            prepared = layer.intents(messages, keys, carried)
+            landed[w] = (messages, prepared)
+            return prepared
 
         def write_next() -> None:
+            # Always in the worker thread, even for one window: Ctrl-C reaches only the
+            # main thread, so a write that completes is recorded in `landed` whatever
+            # the main thread was doing, and can be released on the way out.
             request = run.next_write()
             if request is None:
                 return
             w, messages, keys, carried = request
-            if pool is None:
-                try:
-                    run.written(w, messages, layer.intents(messages, keys, carried))
-                except LEDGER_FAILURES as exc:
-                    run.write_failed(w, exc, carried)
-                return
-            writing[:] = [w, messages, pool.submit(layer.intents, messages, keys, carried), carried]
+            writing[:] = [w, messages, None, carried]
+            writing[2] = pool.submit(write, w, messages, keys, carried)
 
         def collect(then_next: bool) -> None:
             w, messages, future, carried = writing
@@ -796,10 +815,12 @@ class IdempotentSender(SenderCore):
             keys = [transfer_key(batch) for batch in batches]
             fly(keys, self.max_in_flight, step, finish, stop, ready=ready)
         finally:
-            if writing:  # a window written ahead: learn its owner, to release it below
+            if writing and writing[2] is not None:  # a window written ahead: learn its owner
                 collect(then_next=False)
-            if pool is not None:
-                pool.shutdown(wait=True)
+            pool.submit(int).result()  # every write queued has ended
+            for w, (messages, prepared) in landed.items():
+                if run.prepared[w] is None:  # written, then the call was interrupted
+                    run.written(w, messages, prepared)
             releases, confirmation = run.closing()
             for keys_, owner in releases:
                 layer.release_quietly(keys_, owner)
