@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from _raw_amqp import SASL_HEADER, RawClient, frame, server_closed
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from proton import Delivery, Endpoint
 
+from sendonce import Message
 from sendonce.backends.local import LocalBackend
 from sendonce.emulator import Emulator
 
@@ -56,20 +56,22 @@ def _answers_header(port: int, timeout: float) -> bool:
             return False
 
 
-@pytest.fixture
-def lock_holder(broker_path: Path) -> Iterator[subprocess.Popen[str]]:
-    """Another process holding the broker file's write lock until its stdin closes."""
-    proc = subprocess.Popen(
+def _hold_lock(broker_path: Path) -> subprocess.Popen[str]:
+    """Another process holding the broker file's write lock until :func:`_release`."""
+    holder = subprocess.Popen(
         [sys.executable, "-c", _HOLD_LOCK, str(broker_path)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
-    yield proc
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait(10)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def _release(holder: subprocess.Popen[str]) -> None:
+    assert holder.stdin is not None
+    holder.stdin.close()
+    holder.wait(10)
 
 
 def test_a_write_lock_held_by_another_process_delays_only_writes(
@@ -78,14 +80,8 @@ def test_a_write_lock_held_by_another_process_delays_only_writes(
     client = ServiceBusClient.from_connection_string(emulator.connection_string, retry_total=0)
     with client, client.get_queue_sender("orders") as sender:
         sender.send_messages(ServiceBusMessage("before", message_id="before"), timeout=30)
-        holder = subprocess.Popen(
-            [sys.executable, "-c", _HOLD_LOCK, str(broker_path)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        holder = _hold_lock(broker_path)
         try:
-            assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
             sent: list[BaseException | None] = []
 
             def send_during() -> None:
@@ -113,9 +109,7 @@ def test_a_write_lock_held_by_another_process_delays_only_writes(
             assert [str(m) for m in peeked] == ["before"]
             assert not sent and blocked.is_alive()
         finally:
-            assert holder.stdin is not None
-            holder.stdin.close()
-            holder.wait(10)
+            _release(holder)
         blocked.join(30)
         assert sent == [None]  # the delayed send went through once the lock was free
         with client.get_queue_receiver("orders", max_wait_time=2) as receiver:
@@ -131,23 +125,34 @@ def test_a_write_lock_held_by_another_process_delays_only_writes(
 
 
 def test_a_consumer_waiting_on_a_locked_file_does_not_freeze_the_server(
-    emulator: Emulator, store: LocalBackend, lock_holder: subprocess.Popen[str]
+    emulator: Emulator, store: LocalBackend, broker_path: Path
 ) -> None:
-    # A message is available (stored before the lock); its receive needs the write lock.
+    # A message is available; handing it out needs the write lock another process holds.
+    store.send("orders", [Message("waiting", message_id="waiting")], timeout=10)
     client = ServiceBusClient.from_connection_string(emulator.connection_string, retry_total=0)
     with client, client.get_queue_receiver("orders") as receiver:
-        box: list[list[str]] = []
-        waiting = threading.Thread(
-            target=lambda: box.append(
-                [str(m) for m in receiver.receive_messages(max_message_count=1, max_wait_time=4)]
+        holder = _hold_lock(broker_path)
+        try:
+            box: list[list[str]] = []
+            waiting = threading.Thread(
+                target=lambda: box.append(
+                    [
+                        str(m)
+                        for m in receiver.receive_messages(max_message_count=1, max_wait_time=4)
+                    ]
+                )
             )
-        )
-        waiting.start()
-        for _ in range(3):
-            time.sleep(0.5)
-            assert _answers_header(emulator.port, timeout=2)
-        waiting.join(30)
-    assert box == [[]]  # nothing could be handed out under the lock, and nothing was lost
+            waiting.start()
+            for _ in range(3):
+                time.sleep(0.5)
+                assert _answers_header(emulator.port, timeout=2)
+            waiting.join(30)
+            assert box == [[]]  # nothing could be handed out under the lock
+        finally:
+            _release(holder)
+        got = receiver.receive_messages(max_message_count=1, max_wait_time=10)
+        assert [str(m) for m in got] == ["waiting"]  # and nothing was lost
+        receiver.complete_message(got[0])
 
 
 def test_a_connection_that_never_opens_is_closed(broker_path: Path) -> None:
