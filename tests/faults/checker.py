@@ -162,7 +162,10 @@ def check(
             if Counter(ids) != topic:
                 bad.append(f"fan-out: subscription {name!r} does not hold the topic's messages")
 
+    ordered = _check_key_order(schedule, journals, stored, copies, bad, sequences)
+
     verdict.stats = {
+        "ordered_keys": ordered,
         "ids": len(owners),
         "stored": sum(copies.values()),
         "confirmed": len(confirmed),
@@ -173,6 +176,81 @@ def check(
         "window_expired_duplicates": excused,
     }
     return verdict
+
+
+def _key_of(n: int, entity: dict[str, Any]) -> str | None:
+    """The key a message keeps its order by (session, else partition key), as the producer
+    builds it (``producer.message``)."""
+    if entity.get("sessions"):
+        return f"s{n % 3}"
+    if entity.get("partitioned") and entity.get("explicit_pk"):
+        return f"pk{n % 5}"
+    return None
+
+
+def _check_key_order(
+    schedule: dict[str, Any],
+    journals: dict[int, list[dict[str, Any]]],
+    stored: list[tuple[str, bytes, float]],
+    copies: Counter[int],
+    bad: list[str],
+    sequences: dict[str, set[int]] | None = None,
+) -> int:
+    """Within one call, the ids it reported ``sent`` that share a key are stored in the
+    order of the call's input (transfers of one key never overlap and start in order).
+
+    Ids stored more than once are left out (their position is ambiguous). Returns how
+    many (call, key) sequences of two or more ids were checked.
+    """
+    entity = schedule["entity"]
+    if _key_of(0, entity) is None:
+        return 0
+    # The broker's order: sequence numbers where known, else enqueue times (ties allowed).
+    # Not the listing's order: a session entity is listed session by session.
+    position: dict[int, float] = {}
+    for mid, _data, when in stored:
+        try:
+            n = id_number(mid)
+        except (ValueError, IndexError):
+            continue
+        held = sequences.get(mid) if sequences is not None else None
+        position.setdefault(n, float(min(held)) if held else when)
+    owners: Counter[int] = Counter(n for spec in schedule["producers"] for n in set(spec["ids"]))
+    checked = 0
+    for p, events in journals.items():
+        order = {e["call"]: e["ids"] for e in events if e["ev"] == "attempt"}
+        # A copy is this call's own only if no one sent the id before: one producer owns it
+        # and this is its first attempt (a "sent" after an in-doubt attempt may otherwise
+        # be an earlier copy, stored at another time).
+        first_call: dict[int, str] = {}
+        for e in events:
+            if e["ev"] == "attempt":
+                for n in e["ids"]:
+                    first_call.setdefault(n, e["call"])
+        for e in events:
+            if e["ev"] != "done" or e["call"] not in order:
+                continue
+            sent = set(e["sent"])
+            lanes: dict[str, list[int]] = defaultdict(list)
+            every = schedule.get("scheduled_every", 0)
+            for n in order[e["call"]]:
+                if every and n % every == 0:
+                    continue  # scheduled: stored for later, after the call's other messages
+                key = _key_of(n, entity)
+                own = owners[n] == 1 and first_call.get(n) == e["call"]
+                if own and n in sent and key is not None and copies[n] == 1 and n in position:
+                    lanes[key].append(n)
+            for key, ids in lanes.items():
+                if len(ids) < 2:
+                    continue
+                checked += 1
+                where = [position[n] for n in ids]
+                if where != sorted(where):
+                    bad.append(
+                        f"key-order: producer {p} call {e['call']} sent key {key!r} as "
+                        f"{[message_id(n) for n in ids][:8]}, stored in another order"
+                    )
+    return checked
 
 
 def _apart(spans: list[tuple[int, float, float]], times: list[float], window: float) -> bool:

@@ -411,6 +411,11 @@ class Producer:
             flush=True,
         )
 
+    @property
+    def max_in_flight(self) -> int:
+        """Transfers a sender keeps in flight (the schedule's ``max_in_flight``)."""
+        return int(self.schedule.get("max_in_flight", 1))
+
     def policy(self, extra_margin: float = 0.0) -> RetryPolicy:
         r = self.schedule["retry"]
         self._retry_seed += 1
@@ -678,7 +683,12 @@ class Producer:
         with (
             contextlib.nullcontext(url_sender)
             if url_sender is not None
-            else IdempotentSender(backend, self.profile, retry=self.policy(extra))
+            else IdempotentSender(
+                backend,
+                self.profile,
+                retry=self.policy(extra),
+                max_in_flight=self.max_in_flight,
+            )
         ) as sender:
             first = None if api == "transaction" else origin  # resumes keep their deadline
             if api == "send_many":
@@ -723,7 +733,9 @@ class Producer:
                 report.failures.append(SendFailure(m.message_id, m.partition_key, exc))
 
         at = datetime.fromtimestamp(SCHEDULED_AT, UTC)
-        async with AsyncSender(self.aio_backend, self.profile, retry=policy) as sender:
+        async with AsyncSender(
+            self.aio_backend, self.profile, retry=policy, max_in_flight=self.max_in_flight
+        ) as sender:
             if api == "aio_send_many":
                 if now_:
                     part = await sender.send_many(now_, first_attempt=first)

@@ -199,7 +199,24 @@ def generate(seed: int, *, emulator: bool = True) -> dict[str, Any]:
         "redrive_in_doubt": rng.random() < 0.6,
     }
     add_sharing(schedule)
+    add_in_flight(schedule)
     return schedule
+
+
+def add_in_flight(schedule: dict[str, Any]) -> None:
+    """How many transfers a producer's sender keeps in flight, drawn from its own rng.
+
+    Drawn last and apart, so each seed's other choices stay what they were. With more
+    than one: faults (ack lost, drops, detach) strike one transfer while others are in
+    flight, and a self-kill or the nemesis kills the process with transfers in flight.
+    Schedules that SIGINT a producer waiting for the write lock keep one at a time.
+    """
+    rng = random.Random(f"in-flight:{schedule['seed']}")
+    interrupts = any(
+        plan.get("interrupts") for p in schedule["producers"] for plan in p["incarnations"]
+    )
+    choice = rng.choice([1, 1, 4, 8])
+    schedule["max_in_flight"] = 1 if interrupts else choice
 
 
 def add_sharing(schedule: dict[str, Any]) -> None:
@@ -356,6 +373,8 @@ def summary(schedule: dict[str, Any]) -> str:
     if schedule["redrive_in_doubt"]:
         traits.append("redrive-in-doubt")
     traits.extend(sharing_traits(schedule))
+    if schedule.get("max_in_flight", 1) > 1:
+        traits.append(f"in-flight={schedule['max_in_flight']}")
     return " ".join(traits)
 
 

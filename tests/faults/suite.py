@@ -29,7 +29,9 @@ children whose parent closes its backend first (8, 13, 24) or after its own shar
 child closing the backend it inherited (8, 29), SIGINT while waiting for the write lock,
 resumed (5, 8) or exiting and restarted (6, 22, 24, 30), and ``sendonce broker`` commands
 beside the producers (6, 12, 22, 24, 25, 36, 37, 44). On the broker before issue 10's fix,
-seeds 5, 8, 12, 13, 24, 25 and 29 fail."""
+seeds 5, 8, 12, 13, 24, 25 and 29 fail. Transfers in flight (``schedule.add_in_flight``):
+4 (2, 17, 21, 29) or 8 (9, 36, 55), over the emulator (21 aio, 55 sync), with session keys
+whose order the checker verifies (2, 17, 29, 55)."""
 
 OPEN_BUGS: dict[str, str] = {}
 """Core bugs found by the suite and not fixed yet; remove an entry with its fix."""

@@ -210,3 +210,16 @@ def test_messages_acknowledged_through_several_handles_must_all_be_stored() -> N
     # the WAL was checkpointed and deleted under one handle: its later commits are gone
     lost = check(schedule([1, 2, 3], [2, 3, 4]), journals, copies(1, 2))
     assert kinds(lost) == ["missing", "missing"]
+
+
+def test_a_key_stored_out_of_input_order_is_a_violation() -> None:
+    """Sessions s0..s2 (id % 3): ids 0, 3, 6 share s0; a call sent them in that order."""
+    keyed = schedule([0, 1, 3, 6])
+    keyed["entity"]["sessions"] = True
+    journal = [attempt("0.0", [0, 1, 3, 6]), done("0.0", sent=[0, 1, 3, 6])]
+    stored = copies(1, at=0.5) + copies(0, at=0.1) + copies(3, at=0.2) + copies(6, at=0.3)
+    in_order = check(keyed, {0: journal}, stored)  # listed in another order: times count
+    assert in_order.ok, in_order.violations
+    assert in_order.stats["ordered_keys"] == 1
+    swapped = copies(0, at=0.1) + copies(6, at=0.2) + copies(1, at=0.3) + copies(3, at=0.4)
+    assert kinds(check(keyed, {0: journal}, swapped)) == ["key-order"]
