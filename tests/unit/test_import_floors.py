@@ -30,6 +30,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("backends", "ledger"),  # where messages go; what was sent, durably
     ("_report",),  # what a send call reports, per message
     ("_ledger_layer",),  # the ledger around the transfer step: intents, confirmations
+    ("_sender_core",),  # what every sender does: validation, batching, memory, accounting
     # The senders and what serves or wraps a backend.
     ("_sender", "emulator", "testing"),
     ("aio", "spark"),  # the asyncio mirror; Spark publishing

@@ -28,13 +28,11 @@ from .._message import Message
 from .._message_columns import MessageColumns
 from .._report import Part, ack_results
 from .._retry import Attempted, RetryPolicy
-from .._sender import (
+from .._sender import SendReport, SendResult, _open_ledger
+from .._sender_core import (
     DEFAULT_MAX_BATCH_MESSAGES,
     DEFAULT_MEMORY_SIZE,
     SenderCore,
-    SendReport,
-    SendResult,
-    _open_ledger,
     transfer_key,
 )
 from ..backends._base import Ack

@@ -1,0 +1,472 @@
+"""What every sender does whatever its transport: validation, batching by the key rules,
+the payload-conflict memory, and accounting (``SenderCore``).
+
+The sync ``IdempotentSender`` (``_sender``) and ``sendonce.aio.IdempotentSender`` build on
+it; they own the transfers, and ``_ledger_layer`` the ledger around them.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+from bisect import bisect_right
+from collections import Counter, deque
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from itertools import accumulate, filterfalse
+from operator import attrgetter
+from typing import Any
+
+from ._entity import EntityProfile
+from ._ledger_layer import LedgerLayer
+from ._message import Message
+from ._message_columns import MessageColumns
+from ._report import Part, SendFailure, SendReport, SendResult, per_message
+from ._retry import Attempted, RetryPolicy
+from .backends._base import Ack
+from .errors import (
+    ConfigurationError,
+    PayloadConflictError,
+    PermanentSendError,
+    SendError,
+    ValidationError,
+)
+from .ledger import Ledger
+
+__all__ = [
+    "DEFAULT_MAX_BATCH_MESSAGES",
+    "DEFAULT_MEMORY_SIZE",
+    "SenderCore",
+    "transfer_key",
+]
+
+logger = logging.getLogger("sendonce.sender")
+
+DEFAULT_MEMORY_SIZE = 1_000_000
+"""Ids a sender remembers for payload-conflict checks (also bounded by the window)."""
+DEFAULT_MAX_BATCH_MESSAGES = 4500
+"""Messages per transfer at most (the Service Bus batch limit)."""
+_PER_MESSAGE_OVERHEAD = 64  # bytes a transfer spends per message beyond its own size
+
+
+def transfer_key(batch: Sequence[Message]) -> tuple[str | None, str | None] | None:
+    """The key a transfer keeps order by (partition key, session id), or None: unordered."""
+    first = batch[0]
+    pk, sid = first.partition_key, first.session_id
+    return None if pk is None and sid is None else (pk, sid)
+
+
+class _IdMemory:
+    """Ids this sender has attempted, with their body hash; bounded by window and size.
+
+    Ids are added a call at a time, so expiry drops whole generations, oldest first.
+    """
+
+    __slots__ = ("entries", "generations", "max_size", "window")
+
+    def __init__(self, window: timedelta | None, max_size: int) -> None:
+        self.window = None if window is None else window.total_seconds()
+        self.max_size = max_size
+        self.entries: dict[object, int] = {}
+        self.generations: deque[tuple[float, list[object]]] = deque()
+
+    def add(self, seen: dict[object, int], now: float) -> None:
+        entries = self.entries
+        fresh = list(filterfalse(entries.__contains__, seen)) if entries else list(seen)
+        entries.update(seen)
+        if fresh:
+            self.generations.append((now, fresh))
+        self.expire(now)
+
+    def expire(self, now: float) -> None:
+        entries, generations = self.entries, self.generations
+        horizon = None if self.window is None else now - self.window
+        while generations:
+            born, keys = generations[0]
+            if horizon is not None and born < horizon:
+                generations.popleft()  # the broker has forgotten these ids too
+                for key in keys:
+                    entries.pop(key, None)
+                continue
+            excess = len(entries) - self.max_size
+            if excess <= 0:
+                break
+            dropped = keys[:excess]
+            del keys[:excess]
+            if not keys:
+                generations.popleft()
+            for key in dropped:
+                entries.pop(key, None)
+
+
+class _Plan:
+    """A validated call: the transfers to make, and the in-call repeats."""
+
+    __slots__ = ("batches", "reordered", "repeated_results", "repeats", "seen")
+
+    def __init__(self) -> None:
+        self.batches: list[Sequence[Message]] = []
+        self.repeats: list[int] = []
+        self.seen: dict[object, int] = {}
+        self.reordered = False  # a batch took a message after a later batch had started
+        self.repeated_results: list[int] = []  # input index of each repeat reported as a result
+
+
+class SenderCore:
+    """What every sender does whatever its transport (sync or ``aio``): validation,
+    batching by the key rules, the payload-conflict memory, and accounting.
+
+    Not public API; ``IdempotentSender`` and ``sendonce.aio.IdempotentSender`` build on it.
+    """
+
+    profile: EntityProfile
+    retry: RetryPolicy
+    max_batch_messages: int
+    _memory: _IdMemory
+
+    def _configure(
+        self,
+        profile: EntityProfile,
+        *,
+        retry: RetryPolicy | None,
+        require_duplicate_detection: bool,
+        memory_size: int,
+        max_batch_messages: int,
+        ledger: Ledger | None = None,
+    ) -> None:
+        self.profile = profile
+        self.retry = retry if retry is not None else RetryPolicy()
+        if not isinstance(self.retry, RetryPolicy):
+            raise ConfigurationError("retry must be a RetryPolicy", field="retry")
+        self._ledger = ledger
+        self._ledger_layer: LedgerLayer | None = None
+        if ledger is not None:
+            ledger.check_window(profile.window, profile.name)
+            if not profile.duplicate_detection and ledger.in_doubt == "error":
+                self.retry = _single_attempt(self.retry)
+            self._ledger_layer = LedgerLayer(
+                ledger, profile, self.retry.safety_margin, self.retry.clock
+            )
+        elif require_duplicate_detection:
+            profile.require_duplicate_detection()
+        self.retry.check_window(profile.window, entity=profile.name)
+        if not isinstance(memory_size, int) or memory_size < 1:
+            raise ConfigurationError("memory_size must be an int >= 1", field="memory_size")
+        if not isinstance(max_batch_messages, int) or max_batch_messages < 1:
+            raise ConfigurationError(
+                "max_batch_messages must be an int >= 1", field="max_batch_messages"
+            )
+        self.max_batch_messages = max_batch_messages
+        self._memory = _IdMemory(profile.window, memory_size)
+        # Calls from many threads share the id memory: planning reads it and
+        # remembering writes it, so a call does both under this lock (never a transfer).
+        self._state_lock = threading.Lock()
+
+    @property
+    def entity(self) -> str:
+        return self.profile.name
+
+    # -- validation and batching -----------------------------------------------------
+
+    def _key_of(self, message: Message) -> object:
+        if not self.profile.partitioned:
+            return message.message_id
+        return self.profile.dedup_key(message)
+
+    def _plan(self, messages: Sequence[Message], *, what: str, batch: bool = True) -> _Plan:
+        """Validate every message and group them into transfers, in one pass.
+
+        Raises a ``ValidationError`` or ``PayloadConflictError`` naming the message
+        before any of ``messages`` has been sent.
+        """
+        if batch and len(messages) > 64:
+            fast = self._plan_unkeyed(messages)
+            if fast is not None:
+                return fast
+        profile = self.profile
+        sessions, limit = profile.sessions, profile.max_message_size
+        partitioned = profile.partitioned
+        one_per_transfer = partitioned and profile.duplicate_detection
+        cap = self.max_batch_messages
+        memory = self._memory.entries
+        plan = _Plan()
+        seen, repeats, batches = plan.seen, plan.repeats, plan.batches
+        open_batches: dict[object, list[Any]] = {}  # group -> [messages, bytes]
+        for index, message in enumerate(messages):
+            if message.__class__ is not Message and not isinstance(message, Message):
+                raise ValidationError(
+                    f"{what}[{index}] is a {type(message).__name__}, not a sendonce.Message; "
+                    "nothing was sent",
+                    field="message",
+                )
+            size = message._size
+            if size > limit or (sessions and message.session_id is None):
+                try:
+                    profile.check(message)
+                except ValidationError as exc:
+                    raise type(exc)(
+                        f"{exc} ({what}[{index}]; nothing of this call was sent)", field=exc.field
+                    ) from None
+            key: object = message.message_id if not partitioned else profile.dedup_key(message)
+            digest = message._body_hash
+            earlier = seen.get(key)
+            if earlier is not None:
+                if earlier != digest:
+                    raise _conflict(message, f"{what}[{index}]", "the same call")
+                repeats.append(index)
+                continue
+            remembered = memory.get(key)
+            if remembered is not None and remembered != digest:
+                raise _conflict(message, f"{what}[{index}]", "an earlier call")
+            seen[key] = digest
+            if not batch:
+                continue
+            if one_per_transfer:
+                # The service rejects batches mixing ids on partitioned entities with dedup.
+                batches.append([message])
+                continue
+            pk, sid = message.partition_key, message.session_id
+            group = None if pk is None and sid is None else (pk, sid)
+            size += _PER_MESSAGE_OVERHEAD
+            entry = open_batches.get(group)
+            if entry is None or entry[1] + size > limit or len(entry[0]) >= cap:
+                entry = [[message], size]
+                open_batches[group] = entry
+                batches.append(entry[0])
+            else:
+                if entry[0] is not batches[-1]:
+                    plan.reordered = True
+                entry[0].append(message)
+                entry[1] += size
+        return plan
+
+    def _plan_unkeyed(self, messages: Sequence[Message]) -> _Plan | None:
+        """The common case in bulk operations: no keys, no repeats, nothing over the limit.
+
+        Returns None whenever the general per-message path is needed (it reports errors).
+        """
+        profile = self.profile
+        if profile.partitioned or profile.sessions:
+            return None
+        if isinstance(messages, MessageColumns):
+            return self._plan_columns(messages)
+        if not all(m.__class__ is Message for m in messages):
+            return None
+        if any(m.partition_key is not None or m.session_id is not None for m in messages):
+            return None
+        sizes = [m._size + _PER_MESSAGE_OVERHEAD for m in messages]
+        limit = profile.max_message_size
+        if max(sizes) > limit:
+            return None
+        seen: dict[object, int] = dict(
+            zip([m.message_id for m in messages], [m._body_hash for m in messages], strict=True)
+        )
+        if len(seen) != len(messages):
+            return None
+        return self._planned(messages, sizes, seen)
+
+    def _plan_columns(self, columns: MessageColumns) -> _Plan | None:
+        """``_plan_unkeyed`` read off the columns: transfers are slices of them."""
+        if columns.partition_keys is not None or columns.session_ids is not None:
+            return None
+        sizes = [size + _PER_MESSAGE_OVERHEAD for size in columns.sizes]
+        seen: dict[object, int] = dict(zip(columns.message_ids, columns.hashes, strict=True))
+        if len(seen) != len(columns) or max(sizes) > self.profile.max_message_size:
+            return None
+        return self._planned(columns, sizes, seen)
+
+    def _planned(
+        self, messages: Sequence[Message], sizes: list[int], seen: dict[object, int]
+    ) -> _Plan | None:
+        """Transfers of consecutive messages within the size and count limits."""
+        memory = self._memory.entries
+        if memory:
+            common = memory.keys() & seen.keys()
+            if any(memory[k] != seen[k] for k in common):
+                return None
+        plan = _Plan()
+        plan.seen = seen
+        cap, limit = self.max_batch_messages, self.profile.max_message_size
+        ends = list(accumulate(sizes))
+        start, offset, total = 0, 0, len(messages)
+        while start < total:
+            end = min(bisect_right(ends, offset + limit, lo=start), start + cap)
+            end = max(end, start + 1)
+            chunk = messages[start:end]
+            plan.batches.append(chunk if isinstance(chunk, MessageColumns | list) else list(chunk))
+            offset = ends[end - 1]
+            start = end
+        return plan
+
+    def plan_batches(self, messages: Sequence[Message]) -> list[list[Message]]:
+        """The transfers ``send_many`` would make for ``messages``, without sending.
+
+        Validates like ``send_many`` (raising on a bad message). For tools and benchmarks.
+        """
+        return [list(batch) for batch in self._plan(messages, what="messages").batches]
+
+    def _remember(self, plan: _Plan) -> None:
+        self._memory.add(plan.seen, self.retry.clock())
+
+    def _plan_remembered(
+        self, messages: Sequence[Message], *, what: str, batch: bool = True
+    ) -> _Plan:
+        """Plan a call and remember its ids as one step, whatever other threads do."""
+        with self._state_lock:
+            plan = self._plan(messages, what=what, batch=batch)
+            self._remember(plan)
+        return plan
+
+    def _account_parts(
+        self, parts: Sequence[Part], report: SendReport, failed: dict[object, SendError]
+    ) -> None:
+        """Record what became of one transfer (its parts, if the transport split it)."""
+        for part in parts:
+            if part.attempted is not None:
+                self._account(report, part.messages, part.attempted, failed)
+            elif part.error is not None:
+                self._fail(part.messages, part.error, report, failed)
+
+    def _started(self, first_attempt: float | datetime | None) -> float | None:
+        """A resumed call's first attempt on the policy's clock (a datetime is wall time)."""
+        if first_attempt is None:
+            return None
+        if isinstance(first_attempt, datetime):
+            if first_attempt.tzinfo is None:
+                raise ValidationError(
+                    "first_attempt must be a timezone-aware datetime", field="first_attempt"
+                )
+            age = (datetime.now(UTC) - first_attempt).total_seconds()
+            return self.retry.clock() - max(age, 0.0)
+        if isinstance(first_attempt, int | float) and not isinstance(first_attempt, bool):
+            return float(first_attempt)
+        raise ValidationError(
+            "first_attempt must be a datetime or a time on the retry policy's clock",
+            field="first_attempt",
+        )
+
+    def _account(
+        self,
+        report: SendReport,
+        batch: Sequence[Message],
+        attempted: Attempted[list[Ack]],
+        failed: dict[object, SendError],
+    ) -> None:
+        """Record an acknowledged transfer; members of an ignored group are failures."""
+        acks = attempted.value
+        outcomes = Counter(map(attrgetter("outcome"), acks))
+        if not outcomes["ignored"]:
+            report._add_chunk(batch, attempted, outcomes["duplicate"])
+            return
+        culprits = [
+            m.message_id for m, a in zip(batch, acks, strict=True) if a.outcome == "duplicate"
+        ]
+        kept = [(m, a) for m, a in zip(batch, acks, strict=True) if a.outcome != "ignored"]
+        if kept:
+            report._add_chunk(
+                [m for m, _ in kept],
+                Attempted([a for _, a in kept], attempted.attempts, attempted.in_doubt_before),
+            )
+        for message, ack in zip(batch, acks, strict=True):
+            if ack.outcome != "ignored":
+                continue
+            error = PermanentSendError(
+                f"message {message.message_id!r} was not stored: the broker ignored its whole "
+                f"all-or-nothing group because member(s) {culprits[:5]!r} are duplicates. Resend "
+                "it in a group without them.",
+                message_id=message.message_id,
+                partition_key=message.partition_key,
+                condition="sendonce:group-ignored",
+            )
+            report.failures.append(SendFailure(message.message_id, message.partition_key, error))
+            failed[self._key_of(message)] = error
+
+    def _fail(
+        self,
+        batch: Sequence[Message],
+        exc: SendError,
+        report: SendReport,
+        failed: dict[object, SendError],
+    ) -> None:
+        """Record a transfer that failed: one failure per message, each naming its id."""
+        for message in batch:
+            named = len(batch) == 1 and exc.message_id == message.message_id
+            error = exc if named else per_message(exc, message)
+            report.failures.append(SendFailure(message.message_id, message.partition_key, error))
+            failed[self._key_of(message)] = error
+        logger.warning("send of %d message(s) to %r failed: %s", len(batch), self.profile.name, exc)
+
+    def _account_repeats(
+        self,
+        items: Sequence[Message],
+        plan: _Plan,
+        report: SendReport,
+        failed: dict[object, SendError],
+    ) -> None:
+        """A repeat inside one call shares the fate of its first copy."""
+        for index in plan.repeats:
+            message = items[index]
+            error = failed.get(self._key_of(message)) if failed else None
+            if error is not None:
+                report.failures.append(
+                    SendFailure(message.message_id, message.partition_key, error)
+                )
+            else:
+                report._results.append(
+                    SendResult(message.message_id, message.partition_key, "duplicate", 0, None)
+                )
+                plan.repeated_results.append(index)
+        if plan.reordered or plan.repeats:
+            _in_input_order(items, plan, report)
+
+    # -- the ledger (shared by the sync and aio senders) ----------------------------
+
+    def _refuse_with_ledger(self, what: str) -> None:
+        if self._ledger is not None:
+            raise ConfigurationError(
+                f"{what}() is not supported on a sender with a ledger yet: use a sender "
+                "without one for all-or-nothing groups",
+                field="ledger",
+            )
+
+
+def _single_attempt(policy: RetryPolicy) -> RetryPolicy:
+    """The policy without retries: without duplicate detection a retry could duplicate."""
+    clone = copy.copy(policy)
+    object.__setattr__(clone, "max_attempts", 1)
+    return clone
+
+
+def _in_input_order(items: Sequence[Message], plan: _Plan, report: SendReport) -> None:
+    """Put ``report.results`` (and ``failures``) in the order of ``items``.
+
+    Transfers group messages by partition key and repeats are settled last; a
+    caller zipping results with its input needs them back in input order.
+    """
+    position: dict[int, int] = {}
+    first: dict[tuple[str, str | None], int] = {}
+    for index, message in enumerate(items):
+        position.setdefault(id(message), index)
+        first.setdefault((message.message_id, message.partition_key), index)
+    keys = [position[id(m)] for batch, *_ in report._chunks for m in batch]
+    results = report.results  # transfers, then results known without one (ledger), repeats
+    known = len(results) - len(keys) - len(plan.repeated_results)
+    keys.extend(first.get((r.message_id, r.partition_key), 0) for r in results[len(keys) :][:known])
+    keys.extend(plan.repeated_results)
+    if len(keys) != len(results):  # pragma: no cover - a safety net: keep the order as is
+        return
+    order = sorted(range(len(results)), key=keys.__getitem__)
+    report._results = [results[i] for i in order]
+    if report.failures:
+        report.failures.sort(key=lambda f: first.get((f.message_id, f.partition_key), 0))
+
+
+def _conflict(message: Message, where: str, earlier: str) -> PayloadConflictError:
+    return PayloadConflictError(
+        f"message {message.message_id!r} ({where}) was already sent by this sender, in "
+        f"{earlier}, with a different body; the broker would silently drop this one. Give "
+        "distinct business messages distinct ids. Nothing of this call was sent.",
+        message_id=message.message_id,
+        partition_key=message.partition_key,
+    )
