@@ -123,8 +123,9 @@ def main() -> None:
         return Fault.NONE
 
     broker = LocalBackend(cfg["broker"], clock=wall)
-    attempts = Attempts(KillAfterCommit(broker, cfg["kill_at"]))
-    backend = FaultyBackend(attempts, script)
+    # Attempts outside the faults: an attempt the script fails is an attempt all the same
+    attempts = Attempts(FaultyBackend(KillAfterCommit(broker, cfg["kill_at"]), script))
+    backend = attempts
     began = wall()
     with Ledger(cfg["ledger"], clock=wall, in_doubt=cfg["in_doubt"]) as plain:
         store = InterruptAfterWrite(plain.store, cfg.get("sigint_at_write"))
