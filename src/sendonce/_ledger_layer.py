@@ -139,17 +139,8 @@ class LedgerLayer:
             report.failures.append(SendFailure(message.message_id, message.partition_key, error))
             failed[key_of(message)] = error
         for message, row in prepared.in_doubt:
-            why = (
-                "the entity has no duplicate detection"
-                if self.window == timedelta(0)
-                else f"its duplicate-detection window ({self.window}) has passed"
-            )
             error = InDoubtError(
-                f"message {message.message_id!r} is in doubt: a send first attempted at "
-                f"{row.first_attempt.isoformat()} was never confirmed (the sender stopped "
-                f"before the ack was recorded) and {why}, so resending could duplicate it. "
-                "It was not sent. Check the entity, or use Ledger(in_doubt='resend') to "
-                "accept at-least-once.",
+                self.ledger.in_doubt_message(message.message_id, row, window=self.window),
                 message_id=message.message_id,
                 partition_key=message.partition_key,
             )

@@ -100,6 +100,11 @@ class IdempotentSender(SenderCore):
 
             backend = connect(backend)
             self._owns_backend = True
+        elif not callable(getattr(backend, "send", None)):
+            raise ConfigurationError(
+                f"backend must be a Backend or a url string, not {type(backend).__name__}",
+                field="backend",
+            )
         else:
             self._owns_backend = False
         self._backend = backend

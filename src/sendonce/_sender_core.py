@@ -142,7 +142,7 @@ class SenderCore:
         self._ledger = ledger
         self._ledger_layer: LedgerLayer | None = None
         if ledger is not None:
-            ledger.check_window(profile.window, profile.name)
+            ledger.check_entity(profile)
             if not profile.duplicate_detection and ledger.in_doubt == "error":
                 self.retry = _single_attempt(self.retry)
             self._ledger_layer = LedgerLayer(

@@ -294,3 +294,14 @@ def test_aio_batch_to_an_unreachable_namespace_is_reported_not_crashed() -> None
                 await sender.send(Message("single", message_id="single-1"))
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("backend", [None, 42, object()], ids=["None", "int", "object"])
+def test_a_sender_without_a_backend_names_the_field(backend: Any) -> None:
+    from sendonce import ConfigurationError
+    from sendonce.aio import IdempotentSender as AsyncSender
+
+    for cls in (IdempotentSender, AsyncSender):
+        with pytest.raises(ConfigurationError) as raised:
+            cls(backend, ORDERS)
+        assert raised.value.field == "backend"

@@ -117,6 +117,13 @@ class IdempotentSender(SenderCore):
 
             self._backend: AsyncBackend = connect(backend)
             self._owns_backend = True
+        elif not callable(getattr(backend, "send", None)):
+            if resolved is not None and self._owns_ledger:
+                resolved.close()
+            raise ConfigurationError(
+                f"backend must be an AsyncBackend or a url string, not {type(backend).__name__}",
+                field="backend",
+            )
         else:
             if callable(getattr(backend, "__enter__", None)) and not inspect.iscoroutinefunction(
                 getattr(backend, "send", None)

@@ -217,3 +217,40 @@ def test_a_ledgers_options_travel_whole_and_reopen_the_same_ledger(tmp_path: Pat
         assert options == LedgerOptions("resend", timedelta(days=2), 7, timedelta(minutes=3))
         with options.open(chosen.url) as reopened:
             assert reopened.options == chosen.options and reopened.url == chosen.url
+
+
+# -- the same rules through the sender ---------------------------------------------------------
+
+
+def test_a_sender_on_an_entity_without_dedup_accepts_a_short_retention(
+    tmp_path: Path, broker: LocalBackend, clock: Clock
+) -> None:
+    """The entity's unused default window (10 min) puts no bound on the retention."""
+    url = f"sqlite://{tmp_path / 'ledger.db'}"
+    with (
+        Ledger(url, retention=timedelta(minutes=5), clock=clock) as ledger,
+        IdempotentSender(broker, NO_DEDUP, ledger=ledger) as sender,
+    ):
+        assert sender.send_many([msg(1), msg(2)]).sent == 2
+    assert on_broker(broker) == Counter({"order-1": 1, "order-2": 1})
+
+
+def test_the_sender_says_another_live_producer_holds_the_intent(
+    tmp_path: Path, broker: LocalBackend, clock: Clock
+) -> None:
+    url = f"sqlite://{tmp_path / 'ledger.db'}"
+    with Ledger(url, clock=clock) as first, Ledger(url, clock=clock) as second:
+        first.prepare(
+            "orders",
+            [msg(1)],
+            [Key("order-1", "")],
+            window=timedelta(0),
+            margin=timedelta(seconds=5),
+        )  # the first producer's send of order-1 is in flight
+        clock.now += timedelta(seconds=2)
+        with IdempotentSender(broker, NO_DEDUP, ledger=second) as sender:
+            report = sender.send_many([msg(1), msg(2)])
+    assert report.sent == 1 and [f.message_id for f in report.failures] == ["order-1"]
+    text = str(report.failures[0].error)
+    assert "another producer wrote its intent 2.0s ago" in text and "stopped" not in text
+    assert on_broker(broker) == Counter({"order-2": 1})  # order-1 is the first producer's
