@@ -17,8 +17,11 @@ from sendonce.cli import main
     ("tail", "expected"),
     [
         ("run#3.db", "contains '#', which would end the file name there"),
-        ("what?.db", "unknown option '.db' (the options are busy_timeout, create, durability); "
-                     "a '?' in a file name must be written %3F"),
+        (
+            "what?.db",
+            "unknown option '.db' (the options are busy_timeout, create, durability, "
+            "read_only); a '?' in a file name must be written %3F",
+        ),
         ("b.db?path=x", "unknown option 'path'"),
         ("b.db?busy_timeout=1e308", "option 'busy_timeout' must be a number of seconds"),
         ("b.db?busy_timeout=nan", "option 'busy_timeout' must be a number of seconds"),
