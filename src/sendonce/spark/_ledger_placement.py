@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigurationError
 from ..ledger import Ledger
-from ._placement import _file_id, this_machine
+from ._placement import _file_id, check_driver_file, this_machine
 from ._schema import is_local_master
 
 __all__ = ["LedgerPlacement", "check_ledger_fits"]
@@ -56,22 +56,21 @@ class LedgerPlacement:
 
     def check(self) -> None:
         """Raise :class:`ConfigurationError` when this task cannot share the driver's ledger."""
-        machine = this_machine()
-        if machine != self.machine:
-            raise ConfigurationError(
-                f"this Spark task runs on host {machine.split('/')[0]!r}, not on the driver's "
-                f"machine ({self.machine.split('/')[0]!r}), but the ledger {self.path!r} is one "
-                "SQLite file there that this executor cannot share. Refusing to send anything. "
-                "Use a postgresql:// ledger on clusters.",
-                field="ledger",
-            )
-        found = _file_id(self.path)
-        if self.file_id is not None and found != self.file_id:
-            seen = "does not exist" if found is None else "is another file"
-            raise ConfigurationError(
-                f"the ledger {self.path!r}, as this Spark task sees it, {seen}: not the file "
-                "the driver opened (it was moved or replaced, or this executor sees another "
+        check_driver_file(
+            self.path,
+            self.machine,
+            self.file_id,
+            field="ledger",
+            other_host=(
+                "this Spark task runs on host {host!r}, not on the driver's machine "
+                "({driver!r}), but the ledger {path!r} is one SQLite file there that this "
+                "executor cannot share. Refusing to send anything. Use a postgresql:// ledger "
+                "on clusters."
+            ),
+            other_file=(
+                "the ledger {path!r}, as this Spark task sees it, {seen}: not the file the "
+                "driver opened (it was moved or replaced, or this executor sees another "
                 "filesystem). Refusing to send anything: a ledger the driver does not read "
-                "cannot keep a re-run from sending rows again.",
-                field="ledger",
-            )
+                "cannot keep a re-run from sending rows again."
+            ),
+        )

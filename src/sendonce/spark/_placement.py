@@ -19,7 +19,7 @@ from pathlib import Path
 from ..backends._url import LOCAL_SCHEME, local_path
 from ..errors import ConfigurationError
 
-__all__ = ["Placement", "this_machine"]
+__all__ = ["Placement", "check_driver_file", "this_machine"]
 
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
@@ -59,23 +59,48 @@ class Placement:
 
     def check(self) -> None:
         """Raise :class:`ConfigurationError` when this task cannot share the driver's file."""
-        machine = this_machine()
-        if machine != self.machine:
-            raise ConfigurationError(
-                f"this Spark task runs on host {machine.split('/')[0]!r}, not on the driver's "
-                f"machine ({self.machine.split('/')[0]!r}), but the url is a local:// broker: "
-                "one SQLite file on the driver's machine that this executor cannot share. "
-                "Refusing to send anything. Use an Azure Service Bus connection string "
-                "(Endpoint=sb://...) on clusters; local:// is for local[...] sessions.",
-                field="url",
-            )
-        found = _file_id(self.path)
-        if self.file_id is not None and found != self.file_id:
-            seen = "does not exist" if found is None else "is another file"
-            raise ConfigurationError(
-                f"the local:// broker {self.path!r}, as this Spark task sees it, {seen}: not "
-                "the file the driver opened (it was moved or replaced, or this executor sees "
+        check_driver_file(
+            self.path,
+            self.machine,
+            self.file_id,
+            field="url",
+            other_host=(
+                "this Spark task runs on host {host!r}, not on the driver's machine "
+                "({driver!r}), but the url is a local:// broker: one SQLite file on the "
+                "driver's machine that this executor cannot share. Refusing to send anything. "
+                "Use an Azure Service Bus connection string (Endpoint=sb://...) on clusters; "
+                "local:// is for local[...] sessions."
+            ),
+            other_file=(
+                "the local:// broker {path!r}, as this Spark task sees it, {seen}: not the "
+                "file the driver opened (it was moved or replaced, or this executor sees "
                 "another filesystem). Refusing to send anything: rows would land in a broker "
-                "the driver does not read.",
-                field="url",
-            )
+                "the driver does not read."
+            ),
+        )
+
+
+def check_driver_file(
+    path: str,
+    machine: str,
+    file_id: tuple[int, int] | None,
+    *,
+    field: str,
+    other_host: str,
+    other_file: str,
+) -> None:
+    """Refuse unless this process runs on the driver's machine and sees the driver's file.
+
+    The texts are formatted with ``path``, ``host`` and ``driver`` (host names), and
+    ``seen`` ("does not exist" or "is another file").
+    """
+    here = this_machine()
+    if here != machine:
+        raise ConfigurationError(
+            other_host.format(path=path, host=here.split("/")[0], driver=machine.split("/")[0]),
+            field=field,
+        )
+    found = _file_id(path)
+    if file_id is not None and found != file_id:
+        seen = "does not exist" if found is None else "is another file"
+        raise ConfigurationError(other_file.format(path=path, seen=seen), field=field)
