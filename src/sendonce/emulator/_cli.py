@@ -1,8 +1,14 @@
-"""``sendonce emulator``: serve a broker file to Service Bus clients until Ctrl-C."""
+"""``sendonce emulator``: serve a broker file to Service Bus clients until Ctrl-C.
+
+A start that fails says which of its two resources failed, each with its own exit
+status, so a script (or a person) knows whether to pick another port or fix the file.
+"""
 
 from __future__ import annotations
 
+import errno
 import signal
+import sqlite3
 import threading
 from types import FrameType
 
@@ -10,10 +16,72 @@ import click
 
 from ..errors import ConfigurationError
 
-__all__ = ["emulator"]
+__all__ = [
+    "EXIT_BROKER_FILE",
+    "EXIT_FAILED",
+    "EXIT_PORT_IN_USE",
+    "EXIT_USAGE",
+    "emulator",
+]
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_PORT_IN_USE = 3
+EXIT_BROKER_FILE = 4
+
+EXIT_HELP = (
+    "Exit status: 0 stopped by Ctrl-C or SIGTERM; 1 could not start for another reason "
+    "(the system's error is printed) or stopped unexpectedly; 2 invalid command line; "
+    "3 the port is already in use; 4 the broker file cannot be used (its directory is "
+    "missing, it may not be written, it is not a sendonce broker or it is damaged)."
+)
 
 
-@click.command("emulator")
+class _PortInUse(click.ClickException):
+    """Another process listens on the port: pick another one."""
+
+    exit_code = EXIT_PORT_IN_USE
+
+
+class _BrokerFileUnusable(click.ClickException):
+    """The broker file (or its directory, or its ``.lock``) is what must be fixed."""
+
+    exit_code = EXIT_BROKER_FILE
+
+
+class _CannotStart(click.ClickException):
+    """Any other system error: its reason is printed as the system gave it."""
+
+    exit_code = EXIT_FAILED
+
+
+def _start_failure(exc: BaseException, db: str, host: str, port: int) -> click.ClickException:
+    """Tell a broker file that cannot be used from a busy port from any other failure."""
+    if isinstance(exc, ConfigurationError):
+        if exc.field in ("path", "db_path"):
+            return _BrokerFileUnusable(f"cannot serve {db!r}: {exc}")
+        return click.UsageError(str(exc))
+    if isinstance(exc, sqlite3.Error):  # opening the file failed below sendonce's checks
+        return _BrokerFileUnusable(f"cannot serve {db!r}: the broker file: {exc}")
+    if isinstance(exc, OSError):
+        reason = exc.strerror or str(exc)
+        if exc.errno == errno.EADDRINUSE:
+            return _PortInUse(
+                f"port {port} on {host} is already in use (another emulator?): stop what "
+                "listens there, or pick another port with --port (0 picks a free one)"
+            )
+        if exc.filename is not None and _names_broker_file(str(exc.filename), db):
+            return _BrokerFileUnusable(f"cannot serve {db!r}: {exc.filename!r}: {reason}")
+        return _CannotStart(f"cannot start the emulator on {host}:{port}: {reason}")
+    raise exc
+
+
+def _names_broker_file(filename: str, db: str) -> bool:
+    """The broker file or one beside it (``-wal``, ``-shm``, ``.lock``)."""
+    return filename.startswith(db)
+
+
+@click.command("emulator", epilog=EXIT_HELP)
 @click.option(
     "--db",
     "db",
@@ -79,11 +147,8 @@ def emulator(
             idle_timeout=idle_timeout,
         )
         server.start()
-    except ConfigurationError as exc:
-        raise click.UsageError(str(exc)) from exc
-    except OSError as exc:
-        reason = exc.strerror or exc
-        raise click.ClickException(f"cannot listen on {host}:{port}: {reason}") from exc
+    except (ConfigurationError, OSError, sqlite3.Error) as exc:
+        raise _start_failure(exc, db, host, port) from exc
     stopped = threading.Event()
 
     def _stop(signum: int, frame: FrameType | None) -> None:

@@ -70,8 +70,10 @@ class BrokerFileError(ConfigurationError):
 
 def _advice(reason: str) -> str:
     if "not a SQLite database" in reason or "not a sendonce broker" in reason or "empty" in reason:
-        return "; sendonce leaves it untouched: check the path (a broker file is created by "
-        "`sendonce broker create` or the first LocalBackend that opens a missing path)"
+        return (
+            "; sendonce leaves it untouched: check the path (a broker file is created by "
+            "`sendonce broker create` or the first LocalBackend that opens a missing path)"
+        )
     if "damaged" in reason or "truncated" in reason:
         return (
             "; refusing to open it, because duplicate-detection history could be lost. "
