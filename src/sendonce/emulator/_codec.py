@@ -489,6 +489,10 @@ def _annotation(value: Any) -> bytes:
     ) + data
 
 
+_MAX_UINT = 0xFFFFFFFF
+# Positions in the properties list (AMQP 1.0, section 3.2.4).
+_ABSOLUTE_EXPIRY_TIME = 8
+_CREATION_TIME = 9
 _OWNED = frozenset(
     {"x-opt-sequence-number", "x-opt-enqueued-time", "x-opt-locked-until", "x-opt-lock-token"}
 )
@@ -503,9 +507,13 @@ def restamp(
     lock_token: str | None = None,
     partition_key: str | None = None,
     delivery_count: int | None = None,
+    time_to_live: timedelta | None = None,
     extra_annotations: Mapping[str, Any] | None = None,
 ) -> bytes:
-    """``raw`` with the broker-owned annotations and header delivery count replaced.
+    """``raw`` with the broker-owned annotations and header fields replaced.
+
+    The header's delivery count, and its time to live when ``time_to_live`` is given (the
+    one the message has on its entity: the entity's default when it came without one).
 
     Everything else is copied byte for byte: every other section, every other
     header field, and each of the sender's own message annotations (key and
@@ -518,8 +526,13 @@ def restamp(
     header: list[bytes] | None = None
     entries: list[tuple[Any, bytes, bytes]] = []
     rest: list[bytes] = []
+    ttl_ms = None if time_to_live is None else time_to_live // timedelta(milliseconds=1)
+    if ttl_ms is not None and not 0 < ttl_ms <= _MAX_UINT:
+        ttl_ms = None  # the header's uint cannot carry it: the sender's header stays
     for s in sections:
-        if s.code == HEADER:
+        if s.code == PROPERTIES and ttl_ms is not None:
+            rest.append(_with_expiry(raw, s, ttl_ms))
+        elif s.code == HEADER:
             header = [bytes(raw[a:b]) for a, b in _items(raw, s.value_start)]
         elif s.code == DELIVERY_ANNOTATIONS:
             continue  # per hop: not forwarded
@@ -548,8 +561,11 @@ def restamp(
     for name, value in owned.items():
         chunks += [_symbol(name), _annotation(value)]
     out = bytearray()
-    if header is not None or delivery_count is not None:
+    if header is not None or delivery_count is not None or ttl_ms is not None:
         fields = list(header or [])
+        if ttl_ms is not None:
+            fields += [b"\x40"] * (3 - len(fields))
+            fields[2] = b"\x70" + struct.pack(">I", ttl_ms)
         if delivery_count is not None:
             fields += [b"\x40"] * (5 - len(fields))
             fields[4] = b"\x70" + struct.pack(">I", max(0, delivery_count))
@@ -558,6 +574,24 @@ def restamp(
     for chunk in rest:
         out += chunk
     return bytes(out)
+
+
+def _with_expiry(raw: bytes, section: Section, ttl_ms: int) -> bytes:
+    """The properties section with absolute-expiry-time = creation-time + ``ttl_ms``.
+
+    Clients that set both (the JavaScript one does, with a time to live) read the time to
+    live back as their difference, so it must tell the one the message has on its entity.
+    A section without both timestamps is kept as it is.
+    """
+    items = _items(raw, section.value_start)
+    if len(items) <= _CREATION_TIME or any(
+        raw[items[i][0]] != 0x83 for i in (_ABSOLUTE_EXPIRY_TIME, _CREATION_TIME)
+    ):
+        return bytes(raw[section.start : section.end])
+    created = struct.unpack_from(">q", raw, items[_CREATION_TIME][0] + 1)[0]
+    fields = [bytes(raw[a:b]) for a, b in items]
+    fields[_ABSOLUTE_EXPIRY_TIME] = b"\x83" + struct.pack(">q", created + ttl_ms)
+    return b"\x00\x53\x73" + _compound(0xD0, fields)
 
 
 def _is_uuid(text: str) -> bool:

@@ -21,6 +21,7 @@ SESSION_FILTER = symbol("com.microsoft:session-filter")
 SESSION_LOCKED_UNTIL = symbol("com.microsoft:locked-until-utc")
 _SUBSCRIPTIONS = "/subscriptions/"
 _DEAD_LETTER_QUEUE = "/$deadletterqueue"
+_TRANSFER_DEAD_LETTER_QUEUE = "/$transfer/$deadletterqueue"
 # How long a NEXT_AVAILABLE_SESSION attach waits for a session before the broker
 # answers com.microsoft:timeout (the service's default operation timeout is 60 s).
 _SESSION_WAIT = timedelta(seconds=60)
@@ -34,7 +35,9 @@ class Node:
     entity: str = ""
     subscription: str | None = None
     session_id: str | None = None  # a session receiver's locked session
-    sub_queue: Any = None  # "dead_letter" for <entity>/$DeadLetterQueue
+    # "dead_letter" for <entity>/$DeadLetterQueue,
+    # "transfer_dead_letter" for <entity>/$Transfer/$DeadLetterQueue
+    sub_queue: Any = None
 
 
 @dataclass(eq=False)
@@ -68,6 +71,10 @@ def parse_node(path: str) -> Node:
         entity = path[: -len("$management")].rstrip("/")
         base = parse_node(entity) if entity else Node("entity")
         return Node("management", base.entity, base.subscription, sub_queue=base.sub_queue)
+    if path.lower().endswith(_TRANSFER_DEAD_LETTER_QUEUE):
+        base = parse_node(path[: -len(_TRANSFER_DEAD_LETTER_QUEUE)])
+        base.sub_queue = "transfer_dead_letter"
+        return base
     if path.lower().endswith(_DEAD_LETTER_QUEUE):
         base = parse_node(path[: -len(_DEAD_LETTER_QUEUE)])
         base.sub_queue = "dead_letter"

@@ -213,6 +213,7 @@ def dead_letter(store: Any, locked: Locked, reason: str | None, description: str
 # x-opt-message-state values, as Service Bus sets them (ServiceBusMessageState).
 DEFERRED = 1
 SCHEDULED = 2
+_STATES = {"deferred": DEFERRED, "scheduled": SCHEDULED}
 
 
 def encode_received(
@@ -223,7 +224,8 @@ def encode_received(
     The header's delivery-count counts earlier deliveries: a received message's
     own delivery is not one of them, while a peek reports every delivery so far
     (0 for a message never received), as Service Bus does. ``state`` marks a
-    deferred message; a peeked message not yet due is marked scheduled.
+    deferred message (else the stored message's own state does); a peeked message not yet
+    due is marked scheduled. The time to live is the one the message has on its entity.
     """
     raw = getattr(m, "raw", None)
     if not raw:
@@ -246,6 +248,8 @@ def encode_received(
         raw = _codec.with_application_properties(
             raw, {k: v for k, v in extra.items() if v is not None}
         )
+    if state is None:
+        state = _STATES.get(getattr(m, "state", "active"))
     scheduled = getattr(m, "scheduled_enqueue_time", None)
     if state is None and peeked and scheduled is not None and scheduled > datetime.now(UTC):
         state = SCHEDULED
@@ -256,5 +260,6 @@ def encode_received(
         enqueued_time=m.enqueued_time,
         locked_until=m.locked_until if peek_lock else None,
         partition_key=m.partition_key,
+        time_to_live=getattr(m, "time_to_live", None),
         delivery_count=int(count or 0) if peeked else max(0, int(count) - 1) if count else None,
     )

@@ -35,20 +35,22 @@ def peek(
         sub = in_sub_queue(place(conn, eid, profile, subscription), sub_queue)
         query = f"SELECT {ROW_COLUMNS} FROM messages WHERE eid = ? AND sub = ? AND seq >= ?"
         params: list[Any] = [eid, sub, from_sequence_number or 0]
+        now = store.now()
         if sub_queue is None:  # expired messages are gone (or dead-lettered) for a peek too
             expiry, ttl_params = expiry_sql(profile)
             query += (  # NULL expiry: never expires
                 f" AND NOT COALESCE({expiry} <= ? "
                 "AND (locked_until IS NULL OR locked_until <= ?), 0)"
             )
-            now = store.now()
             params += [*ttl_params, now, now]
         if session_id is not None:
             query += " AND session_id = ?"
             params.append(session_id)
         query += " ORDER BY seq LIMIT ?"
         params.append(limit)
-        return [received_from_row(r) for r in conn.execute(query, params).fetchall()]
+        ttl = profile.default_message_time_to_live
+        rows = conn.execute(query, params).fetchall()
+        return [received_from_row(r, default_ttl=ttl, now=now) for r in rows]
 
     return store.read(work)
 

@@ -7,12 +7,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 
 from ..._message import Message, PropertyValue
 from ._store import from_us
 
-__all__ = ["ReceivedMessage", "decode_extra", "encode_extra"]
+__all__ = ["MessageState", "ReceivedMessage", "decode_extra", "effective_ttl", "encode_extra"]
+
+# Service Bus's ServiceBusReceivedMessage.State: deferred messages and scheduled ones not yet
+# due read differently from active ones, in a peek too.
+MessageState = Literal["active", "deferred", "scheduled"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +43,14 @@ class ReceivedMessage:
     # and DeadLetterErrorDescription application properties).
     dead_letter_reason: str | None = None
     dead_letter_error_description: str | None = None
+    state: MessageState = "active"
+
+    @property
+    def expires_at(self) -> datetime | None:
+        """When the message expires (None: never): its time to live after it became due."""
+        if self.time_to_live is None:
+            return None
+        return (self.scheduled_enqueue_time or self.enqueued_time) + self.time_to_live
 
 
 def _tag(value: PropertyValue) -> list[Any]:
@@ -100,8 +112,25 @@ def decode_extra(text: str | None) -> dict[str, Any]:
     return extra
 
 
-def received_from_row(row: tuple[Any, ...]) -> ReceivedMessage:
-    """Build from a ``messages`` row selected with :data:`ROW_COLUMNS`."""
+def effective_ttl(own: timedelta | None, default: timedelta | None) -> timedelta | None:
+    """The time to live a message has on its entity, as Service Bus reports it.
+
+    Without its own it takes the entity's default, and one longer than the default is
+    cut to it ("the message's TTL is silently adjusted", message expiration doc).
+    """
+    if default is None:
+        return own
+    return default if own is None else min(own, default)
+
+
+def received_from_row(
+    row: tuple[Any, ...], *, default_ttl: timedelta | None = None, now: int | None = None
+) -> ReceivedMessage:
+    """Build from a ``messages`` row selected with :data:`ROW_COLUMNS`.
+
+    ``default_ttl`` is the entity's default time to live; ``now`` (µs) is given by a peek,
+    whose messages may be scheduled ones not due yet.
+    """
     (
         seq,
         message_id,
@@ -117,8 +146,14 @@ def received_from_row(row: tuple[Any, ...]) -> ReceivedMessage:
         raw,
         dl_reason,
         dl_description,
+        deferred,
     ) = row
     fields = decode_extra(extra)
+    state: MessageState = "active"
+    if deferred:
+        state = "deferred"
+    elif now is not None and scheduled is not None and scheduled > now:
+        state = "scheduled"
     return ReceivedMessage(
         message_id=message_id,
         body=bytes(body),
@@ -131,17 +166,18 @@ def received_from_row(row: tuple[Any, ...]) -> ReceivedMessage:
         content_type=fields.get("content_type"),
         correlation_id=fields.get("correlation_id"),
         application_properties=fields.get("application_properties"),
-        time_to_live=fields.get("time_to_live"),
+        time_to_live=effective_ttl(fields.get("time_to_live"), default_ttl),
         lock_token=lock_token,
         locked_until=None if locked_until is None else from_us(locked_until),
         delivery_count=delivery_count,
         raw=None if raw is None else bytes(raw),
         dead_letter_reason=dl_reason,
         dead_letter_error_description=dl_description,
+        state=state,
     )
 
 
 ROW_COLUMNS = (
     "seq, message_id, partition_key, session_id, body, extra, enqueued, scheduled, "
-    "locked_until, lock_token, delivery_count, raw, dl_reason, dl_description"
+    "locked_until, lock_token, delivery_count, raw, dl_reason, dl_description, deferred"
 )

@@ -22,7 +22,10 @@ from ._received import ROW_COLUMNS, ReceivedMessage, received_from_row
 from ._store import US, Store
 
 ReceiveMode = Literal["receive_and_delete", "peek_lock"]
-SubQueue = Literal["dead_letter"]
+# "transfer_dead_letter": <entity>/$Transfer/$DeadLetterQueue, which Service Bus has for every
+# queue and subscription; it holds what forwarding or send-via failed to transfer, so here
+# (no forwarding) it is always empty.
+SubQueue = Literal["dead_letter", "transfer_dead_letter"]
 
 
 class MessageNotFoundError(SendOnceError):
@@ -118,6 +121,7 @@ def take(
     while retire and _retire(conn, eid, sub, profile, now, rows):
         rows = conn.execute(query, params).fetchall()
     out = []
+    ttl = profile.default_message_time_to_live
     # Columns: seq, ..., scheduled (0-7), locked_until, lock_token, delivery_count, raw.
     if mode == "receive_and_delete":
         conn.executemany(
@@ -125,7 +129,7 @@ def take(
             [(eid, sub, r[0]) for r in rows],
         )
         for r in rows:
-            out.append(received_from_row((*r[:8], None, None, r[10] + 1, *r[11:])))
+            out.append(received_from_row((*r[:8], None, None, r[10] + 1, *r[11:]), default_ttl=ttl))
         return out
     for r in rows:
         token = str(uuid.uuid4())
@@ -134,7 +138,7 @@ def take(
             "delivery_count = delivery_count + 1 WHERE eid = ? AND sub = ? AND seq = ?",
             (token, until, eid, sub, r[0]),
         )
-        out.append(received_from_row((*r[:8], until, token, r[10] + 1, *r[11:])))
+        out.append(received_from_row((*r[:8], until, token, r[10] + 1, *r[11:]), default_ttl=ttl))
     return out
 
 
@@ -278,6 +282,7 @@ def receive_deferred(
             until=now + lock_duration // US,
             session_id=session_id,
             skip_locked_sessions=session_id is None and profile.sessions,
+            default_ttl=profile.default_message_time_to_live,
         )
 
     return store.write(work)
@@ -295,6 +300,7 @@ def take_deferred(
     until: int,
     session_id: str | None,
     skip_locked_sessions: bool,
+    default_ttl: timedelta | None = None,
 ) -> list[ReceivedMessage]:
     out = []
     for seq in wanted:
@@ -321,7 +327,11 @@ def take_deferred(
                 "DELETE FROM messages WHERE eid = ? AND sub = ? AND seq = ?",
                 (eid, sub, seq),
             )
-            out.append(received_from_row((*row[:8], None, None, row[10] + 1, *row[11:])))
+            out.append(
+                received_from_row(
+                    (*row[:8], None, None, row[10] + 1, *row[11:]), default_ttl=default_ttl
+                )
+            )
             continue
         token = str(uuid.uuid4())
         conn.execute(
@@ -329,7 +339,11 @@ def take_deferred(
             "delivery_count = delivery_count + 1 WHERE eid = ? AND sub = ? AND seq = ?",
             (token, until, eid, sub, seq),
         )
-        out.append(received_from_row((*row[:8], until, token, row[10] + 1, *row[11:])))
+        out.append(
+            received_from_row(
+                (*row[:8], until, token, row[10] + 1, *row[11:]), default_ttl=default_ttl
+            )
+        )
     return out
 
 
@@ -367,16 +381,24 @@ DEAD_LETTER_SUFFIX = "/$DeadLetterQueue"
 MAX_DELIVERY_COUNT_EXCEEDED = "MaxDeliveryCountExceeded"
 
 
+TRANSFER_DEAD_LETTER_SUFFIX = "/$Transfer/$DeadLetterQueue"
+
+
 def check_sub_queue(sub_queue: object) -> None:
-    if sub_queue is not None and sub_queue != "dead_letter":
+    if sub_queue is not None and sub_queue not in ("dead_letter", "transfer_dead_letter"):
         raise ValidationError(
-            f"sub_queue must be None or 'dead_letter', got {sub_queue!r}", field="sub_queue"
+            f"sub_queue must be None, 'dead_letter' or 'transfer_dead_letter', got {sub_queue!r}",
+            field="sub_queue",
         )
 
 
 def in_sub_queue(sub: str, sub_queue: SubQueue | None) -> str:
     """The ``sub`` key of a queue's or subscription's subqueue (itself for None)."""
-    return sub if sub_queue is None else sub + DEAD_LETTER_SUFFIX
+    if sub_queue is None:
+        return sub
+    if sub_queue == "transfer_dead_letter":
+        return sub + TRANSFER_DEAD_LETTER_SUFFIX  # no message is ever put there
+    return sub + DEAD_LETTER_SUFFIX
 
 
 TTL_EXPIRED = "TTLExpiredException"

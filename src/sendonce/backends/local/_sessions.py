@@ -418,6 +418,7 @@ def _receive_deferred(
             until=until,
             session_id=session.session_id,
             skip_locked_sessions=False,
+            default_ttl=lookup(conn, session.entity)[1].default_message_time_to_live,
         )
 
     return store.write(work)

@@ -1,0 +1,132 @@
+"""Message fidelity through the unmodified azure-servicebus client, over a real socket: the
+time to live an entity's default gives, message states in a peek, and the transfer
+dead-letter subqueue."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from azure.servicebus import (
+    ServiceBusClient,
+    ServiceBusMessage,
+    ServiceBusMessageState,
+    ServiceBusReceiveMode,
+    ServiceBusSubQueue,
+)
+from azure.servicebus.exceptions import MessagingEntityNotFoundError
+
+from sendonce import EntityProfile
+from sendonce.backends.local import LocalBackend
+from sendonce.emulator import Emulator
+
+pytestmark = [pytest.mark.emulator, pytest.mark.timeout(60)]
+
+HOUR = timedelta(hours=1)
+
+
+def test_a_message_without_a_time_to_live_reports_the_entitys_default(
+    emulator: Emulator, store: LocalBackend
+) -> None:
+    store.create_entity(EntityProfile("hourly", default_message_time_to_live=HOUR))
+    with ServiceBusClient.from_connection_string(emulator.connection_string) as sb:
+        with sb.get_queue_sender("hourly") as sender:
+            sender.send_messages(
+                [
+                    ServiceBusMessage("none", message_id="none"),
+                    ServiceBusMessage("own", message_id="own", time_to_live=timedelta(minutes=1)),
+                    ServiceBusMessage("long", message_id="long", time_to_live=timedelta(days=2)),
+                ]
+            )
+        with sb.get_queue_receiver("hourly") as receiver:
+            peeked = {str(m.message_id): m for m in receiver.peek_messages(max_message_count=3)}
+        with sb.get_queue_receiver(
+            "hourly", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
+        ) as receiver:
+            received = {
+                str(m.message_id): m
+                for m in receiver.receive_messages(max_message_count=3, max_wait_time=5)
+            }
+    for messages in (peeked, received):
+        none, own, long = messages["none"], messages["own"], messages["long"]
+        assert none.time_to_live == HOUR
+        assert none.expires_at_utc == none.enqueued_time_utc + HOUR
+        assert own.time_to_live == timedelta(minutes=1)
+        # Longer than the entity's default: "silently adjusted" to it.
+        assert long.time_to_live == HOUR
+        assert long.expires_at_utc == long.enqueued_time_utc + HOUR
+
+
+def test_an_entity_without_a_default_leaves_the_time_to_live_unset(
+    emulator: Emulator, store: LocalBackend
+) -> None:
+    with ServiceBusClient.from_connection_string(emulator.connection_string) as sb:
+        with sb.get_queue_sender("orders") as sender:
+            sender.send_messages(ServiceBusMessage("x", message_id="x"))
+        with sb.get_queue_receiver("orders") as receiver:
+            (peeked,) = receiver.peek_messages(max_message_count=1)
+    assert peeked.time_to_live is None
+    assert peeked.expires_at_utc is None
+
+
+def test_a_peeked_deferred_message_reads_deferred(emulator: Emulator) -> None:
+    later = datetime.now(UTC) + timedelta(minutes=10)
+    with ServiceBusClient.from_connection_string(emulator.connection_string) as sb:
+        with sb.get_queue_sender("orders") as sender:
+            sender.send_messages(
+                [
+                    ServiceBusMessage("d", message_id="deferred"),
+                    ServiceBusMessage("a", message_id="a"),
+                ]
+            )
+            sender.schedule_messages(ServiceBusMessage("s", message_id="scheduled"), later)
+        with sb.get_queue_receiver("orders") as receiver:
+            (first,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
+            assert first.state == ServiceBusMessageState.ACTIVE
+            receiver.defer_message(first)
+        # A new receiver: a receiver's peek starts after the last message it received.
+        with sb.get_queue_receiver("orders") as receiver:
+            states = {str(m.message_id): m.state for m in receiver.peek_messages(10)}
+    assert states == {
+        "deferred": ServiceBusMessageState.DEFERRED,
+        "a": ServiceBusMessageState.ACTIVE,
+        "scheduled": ServiceBusMessageState.SCHEDULED,
+    }
+
+
+@pytest.mark.parametrize("subscription", [None, "a"])
+def test_the_transfer_dead_letter_subqueue_exists_and_is_empty(
+    emulator: Emulator, store: LocalBackend, subscription: str | None
+) -> None:
+    with ServiceBusClient.from_connection_string(emulator.connection_string) as sb:
+        if subscription is None:
+            with sb.get_queue_sender("orders") as sender:
+                sender.send_messages(ServiceBusMessage("x", message_id="x"))
+            receiver = sb.get_queue_receiver(
+                "orders", sub_queue=ServiceBusSubQueue.TRANSFER_DEAD_LETTER
+            )
+        else:
+            with sb.get_topic_sender("events") as sender:
+                sender.send_messages(ServiceBusMessage("x", message_id="x"))
+            receiver = sb.get_subscription_receiver(
+                "events", subscription, sub_queue=ServiceBusSubQueue.TRANSFER_DEAD_LETTER
+            )
+        with receiver:
+            assert receiver.receive_messages(max_message_count=5, max_wait_time=1) == []
+            assert receiver.peek_messages(max_message_count=5) == []
+    # The message itself is where it was sent, untouched.
+    assert [
+        m.message_id
+        for m in store.peek(
+            "orders" if subscription is None else "events", subscription=subscription
+        )
+    ] == ["x"]
+
+
+def test_sending_to_the_transfer_dead_letter_subqueue_is_refused(emulator: Emulator) -> None:
+    with ServiceBusClient.from_connection_string(emulator.connection_string) as sb:
+        with (
+            pytest.raises(MessagingEntityNotFoundError, match="cannot send to a dead-letter"),
+            sb.get_queue_sender("orders/$Transfer/$DeadLetterQueue") as sender,
+        ):
+            sender.send_messages(ServiceBusMessage("x", message_id="x"), timeout=10)
