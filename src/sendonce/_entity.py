@@ -7,6 +7,7 @@ from datetime import timedelta
 from typing import Literal
 
 from ._message import Message
+from ._property_quotas import QUOTA_SAFE_SIZE, check_property_quotas
 from .errors import ConfigurationError, KeyRuleError, MessageSizeError
 
 __all__ = [
@@ -180,6 +181,17 @@ class EntityProfile:
                 f"{self.max_message_size}-byte limit of entity {self.name!r}",
                 field="body",
             )
+        if self.id_cache_size is None and message.size > QUOTA_SAFE_SIZE:
+            # Service Bus's property quotas (an Artemis-style entity has none).
+            check_property_quotas(message, self.name)
+
+    @property
+    def _check_above(self) -> int:
+        """The message size over which :meth:`check` can refuse a message whose session id
+        the entity does not require: the fast paths skip the check below it."""
+        if self.id_cache_size is None:
+            return min(self.max_message_size, QUOTA_SAFE_SIZE)
+        return self.max_message_size
 
     def require_duplicate_detection(self) -> None:
         """Refuse an entity that cannot deduplicate: idempotent sends would be a lie."""

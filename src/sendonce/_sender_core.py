@@ -186,6 +186,7 @@ class SenderCore:
                 return fast
         profile = self.profile
         sessions, limit = profile.sessions, profile.max_message_size
+        check_above = profile._check_above
         partitioned = profile.partitioned
         one_per_transfer = partitioned and profile.duplicate_detection
         cap = self.max_batch_messages
@@ -201,7 +202,7 @@ class SenderCore:
                     field="message",
                 )
             size = message._size
-            if size > limit or (sessions and message.session_id is None):
+            if size > check_above or (sessions and message.session_id is None):
                 try:
                     profile.check(message)
                 except ValidationError as exc:
@@ -256,9 +257,8 @@ class SenderCore:
         if any(m.partition_key is not None or m.session_id is not None for m in messages):
             return None
         sizes = [m._size + _PER_MESSAGE_OVERHEAD for m in messages]
-        limit = profile.max_message_size
-        if max(sizes) > limit:
-            return None
+        if max(sizes) > profile._check_above:
+            return None  # the full check decides
         seen: dict[object, int] = dict(
             zip([m.message_id for m in messages], [m._body_hash for m in messages], strict=True)
         )
@@ -272,7 +272,7 @@ class SenderCore:
             return None
         sizes = [size + _PER_MESSAGE_OVERHEAD for size in columns.sizes]
         seen: dict[object, int] = dict(zip(columns.message_ids, columns.hashes, strict=True))
-        if len(seen) != len(columns) or max(sizes) > self.profile.max_message_size:
+        if len(seen) != len(columns) or max(sizes) > self.profile._check_above:
             return None
         return self._planned(columns, sizes, seen)
 

@@ -14,7 +14,7 @@ from azure.servicebus import (
     ServiceBusReceiveMode,
     ServiceBusSubQueue,
 )
-from azure.servicebus.exceptions import MessagingEntityNotFoundError
+from azure.servicebus.exceptions import MessageSizeExceededError, MessagingEntityNotFoundError
 
 from sendonce import EntityProfile
 from sendonce.backends.local import LocalBackend
@@ -130,3 +130,37 @@ def test_sending_to_the_transfer_dead_letter_subqueue_is_refused(emulator: Emula
             sb.get_queue_sender("orders/$Transfer/$DeadLetterQueue") as sender,
         ):
             sender.send_messages(ServiceBusMessage("x", message_id="x"), timeout=10)
+
+
+def test_a_property_over_32_kb_is_refused_as_too_large_and_nothing_is_stored(
+    emulator: Emulator, store: LocalBackend
+) -> None:
+    big = ServiceBusMessage(
+        "small body", message_id="big", application_properties={"trace": "x" * 40 * 1024}
+    )
+    with ServiceBusClient.from_connection_string(emulator.connection_string) as sb:
+        with sb.get_queue_sender("orders") as sender:
+            with pytest.raises(MessageSizeExceededError, match="'trace'"):
+                sender.send_messages(big, timeout=10)
+            # A batch holding it is refused whole, as Service Bus refuses a batch.
+            batch = sender.create_message_batch()
+            batch.add_message(ServiceBusMessage("ok", message_id="ok"))
+            batch.add_message(big)
+            with pytest.raises(MessageSizeExceededError):
+                sender.send_messages(batch, timeout=10)
+            sender.send_messages(ServiceBusMessage("after", message_id="after"), timeout=10)
+    assert [m.message_id for m in store.peek("orders", max_messages=5)] == ["after"]
+
+
+def test_properties_over_64_kb_together_are_refused(
+    emulator: Emulator, store: LocalBackend
+) -> None:
+    props = {f"p{i}": "v" * 30_000 for i in range(3)}
+    with ServiceBusClient.from_connection_string(emulator.connection_string) as sb:
+        with sb.get_queue_sender("orders") as sender:
+            with pytest.raises(MessageSizeExceededError, match="together"):
+                sender.send_messages(
+                    ServiceBusMessage("b", message_id="m", application_properties=props),
+                    timeout=10,
+                )
+    assert store.peek("orders") == []

@@ -20,7 +20,7 @@ from typing import Any
 from ..._entity import EntityProfile
 from ..._message import Message
 from ..._message_columns import MessageColumns
-from ...errors import PermanentSendError, ValidationError
+from ...errors import MessageSizeError, PermanentSendError, ValidationError
 from .._base import Ack
 from ._entities import SUBSCRIPTIONS, IdState, entity_row, lookup, profile_of
 from ._received import encode_extra
@@ -284,12 +284,12 @@ def _prepare(
     runs (and raises) for those. The optional properties of messages that share
     them (Spark rows with one content type) are encoded once per batch.
     """
-    limit = profile.max_message_size
+    check_above = profile._check_above
     sessions = profile.sessions
     extras: dict[tuple[Any, ...], str | None] = {}
     prepared = []
     for i, message in enumerate(messages):
-        if message.size > limit or (sessions and message.session_id is None):
+        if message.size > check_above or (sessions and message.session_id is None):
             try:
                 profile.check(message)
             except ValidationError as exc:
@@ -325,7 +325,7 @@ def _prepare(
 
 def _plain(columns: MessageColumns, profile: EntityProfile) -> bool:
     """Columns no rule of the entity can refuse (what ``_prepare`` would check per message)."""
-    return max(columns.sizes) <= profile.max_message_size and not (
+    return max(columns.sizes) <= profile._check_above and not (
         profile.sessions and columns.session_ids is None
     )
 
@@ -509,6 +509,6 @@ def _refused(entity: str, message: Message, exc: ValidationError) -> PermanentSe
         message_id=message.message_id,
         partition_key=message.partition_key,
         condition="amqp:link:message-size-exceeded"
-        if exc.field == "body"
+        if isinstance(exc, MessageSizeError)
         else "amqp:invalid-field",
     )
