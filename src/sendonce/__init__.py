@@ -12,6 +12,7 @@ from ._ids import MessageIdTemplate, content_message_id
 from ._message import Message, MessageSpec
 from ._retry import RetryPolicy
 from ._sender import IdempotentSender, SendFailure, SendReport, SendResult, Transaction
+from ._subscription import SubscriptionProfile
 from .errors import (
     ConfigurationError,
     InDoubtError,
@@ -63,6 +64,7 @@ __all__ = [
     "SendResult",
     "SessionCannotBeLockedError",
     "SessionLockLostError",
+    "SubscriptionProfile",
     "Transaction",
     "TransientSendError",
     "ValidationError",

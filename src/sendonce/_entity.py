@@ -11,7 +11,10 @@ from ._property_quotas import QUOTA_SAFE_SIZE, check_property_quotas
 from .errors import ConfigurationError, KeyRuleError, MessageSizeError
 
 __all__ = [
+    "DEFAULT_LOCK_DURATION",
     "DEFAULT_WINDOW",
+    "MAX_LOCK_DURATION",
+    "MIN_LOCK_DURATION",
     "MAX_WINDOW",
     "MIN_WINDOW",
     "DedupKey",
@@ -23,6 +26,12 @@ MIN_WINDOW = timedelta(seconds=20)
 MAX_WINDOW = timedelta(days=7)
 DEFAULT_WINDOW = timedelta(minutes=10)
 DEFAULT_ID_CACHE_SIZE = 20_000
+# Service Bus: LockDuration defaults to 1 minute and is at most 5 minutes (its floor
+# is 5 seconds). The local broker takes locks down to 1 second, so that tests of lock
+# expiry wait seconds, not minutes.
+DEFAULT_LOCK_DURATION = timedelta(minutes=1)
+MIN_LOCK_DURATION = timedelta(seconds=1)
+MAX_LOCK_DURATION = timedelta(minutes=5)
 EntityKind = Literal["queue", "topic"]
 DedupKey = tuple[str, str | None]
 """(message id, partition key or None): what the broker compares."""
@@ -41,6 +50,46 @@ def _readable(value: timedelta) -> str:
     return " ".join(parts)
 
 
+def check_receive_settings(
+    owner: str,
+    *,
+    lock_duration: object,
+    max_delivery_count: object,
+    default_message_time_to_live: object,
+    flags: dict[str, object],
+) -> None:
+    """The settings queues and subscriptions share; a specific error naming the field.
+
+    ``owner`` names what is checked in the message (``entity 'orders'``).
+    """
+    ttl = default_message_time_to_live
+    if ttl is not None and (not isinstance(ttl, timedelta) or ttl <= timedelta(0)):
+        raise ConfigurationError(
+            f"{owner}: default_message_time_to_live must be a positive timedelta or None",
+            field="default_message_time_to_live",
+        )
+    for flag, value in flags.items():
+        if not isinstance(value, bool):
+            raise ConfigurationError(f"{owner}: {flag} must be a bool", field=flag)
+    deliveries = max_delivery_count
+    if not isinstance(deliveries, int) or isinstance(deliveries, bool) or deliveries < 1:
+        raise ConfigurationError(
+            f"{owner}: max_delivery_count must be an int of at least 1",
+            field="max_delivery_count",
+        )
+    lock = lock_duration
+    if not isinstance(lock, timedelta):
+        raise ConfigurationError(
+            f"{owner}: lock_duration must be a timedelta", field="lock_duration"
+        )
+    if not MIN_LOCK_DURATION <= lock <= MAX_LOCK_DURATION:
+        raise ConfigurationError(
+            f"{owner}: lock_duration {_readable(lock)} is outside the broker's range "
+            "1 second to 5 minutes (Service Bus: 5 seconds to 5 minutes)",
+            field="lock_duration",
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class EntityProfile:
     """What the target queue or topic enforces.
@@ -48,6 +97,14 @@ class EntityProfile:
     ``id_cache_size`` switches duplicate detection from the Service Bus time
     window to an Artemis-style count-bounded id cache; ``persist_id_cache``
     says whether that cache survives a broker restart.
+
+    On Service Bus, sessions, lock duration, max delivery count and
+    dead-lettering on expiration are settings of each queue and subscription,
+    not of a topic. On a topic's profile they are what its producers expect:
+    ``sessions=True`` makes senders refuse a message without a session id, and
+    the settings are the defaults of subscriptions created without their own
+    (see :class:`SubscriptionProfile`). A topic's
+    ``default_message_time_to_live`` applies to every subscription's copy.
     """
 
     name: str
@@ -68,6 +125,9 @@ class EntityProfile:
     default_message_time_to_live: timedelta | None = field(default=None, kw_only=True)
     # Expired messages go to the dead-letter subqueue instead of being removed.
     dead_lettering_on_message_expiration: bool = field(default=False, kw_only=True)
+    # How long a peek-lock (of a message or a session) lasts unless renewed
+    # (Service Bus LockDuration). On a topic: the default of its subscriptions.
+    lock_duration: timedelta = field(default=DEFAULT_LOCK_DURATION, kw_only=True)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -81,22 +141,22 @@ class EntityProfile:
                 f"entity {self.name!r}: kind must be 'queue' or 'topic', got {self.kind!r}",
                 field="kind",
             )
-        ttl = self.default_message_time_to_live
-        if ttl is not None and (not isinstance(ttl, timedelta) or ttl <= timedelta(0)):
-            raise ConfigurationError(
-                f"entity {self.name!r}: default_message_time_to_live must be a positive "
-                "timedelta or None",
-                field="default_message_time_to_live",
-            )
-        for flag in (
-            "duplicate_detection",
-            "partitioned",
-            "sessions",
-            "persist_id_cache",
-            "dead_lettering_on_message_expiration",
-        ):
-            if not isinstance(getattr(self, flag), bool):
-                raise ConfigurationError(f"entity {self.name!r}: {flag} must be a bool", field=flag)
+        check_receive_settings(
+            f"entity {self.name!r}",
+            lock_duration=self.lock_duration,
+            max_delivery_count=self.max_delivery_count,
+            default_message_time_to_live=self.default_message_time_to_live,
+            flags={
+                flag: getattr(self, flag)
+                for flag in (
+                    "duplicate_detection",
+                    "partitioned",
+                    "sessions",
+                    "persist_id_cache",
+                    "dead_lettering_on_message_expiration",
+                )
+            },
+        )
         window = self.duplicate_detection_window
         if not isinstance(window, timedelta):
             raise ConfigurationError(
@@ -114,12 +174,6 @@ class EntityProfile:
             raise ConfigurationError(
                 f"entity {self.name!r}: max_message_size must be an int of at least 1024 bytes",
                 field="max_message_size",
-            )
-        deliveries = self.max_delivery_count
-        if not isinstance(deliveries, int) or isinstance(deliveries, bool) or deliveries < 1:
-            raise ConfigurationError(
-                f"entity {self.name!r}: max_delivery_count must be an int of at least 1",
-                field="max_delivery_count",
             )
         cache = self.id_cache_size
         if cache is not None and (

@@ -24,6 +24,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("_ids",),  # message ids
     ("_message",),  # Message, MessageSpec
     ("_entity", "_message_columns"),  # entity rules; messages as columns
+    ("_subscription",),  # a subscription's own receive settings
     # Mechanisms.
     # retry policy; one SQLite connection per file; transfers in flight (one per key at a time)
     ("_retry", "_sqlite_share", "_inflight"),

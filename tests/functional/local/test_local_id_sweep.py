@@ -23,6 +23,7 @@ from sendonce import EntityProfile, Message
 from sendonce.backends import Ack
 from sendonce.backends.local import LocalBackend
 from sendonce.backends.local import _sending as local_sending
+from sendonce.backends.local._schema import SCHEMA_VERSION
 
 WINDOW = timedelta(seconds=60)
 
@@ -221,5 +222,5 @@ def test_a_version_5_file_is_upgraded_and_keeps_its_history(tmp_path: Path, cloc
         assert [r[0] for r in conn.execute(orders)] == ["a"]
         version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
-    assert version == ("6",)
+    assert version == (SCHEMA_VERSION,)
     assert "ids_age" not in indexes and "ids_ordinal" in indexes

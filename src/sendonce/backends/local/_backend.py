@@ -24,6 +24,7 @@ from typing import Literal
 
 from ..._entity import EntityProfile
 from ..._message import Message
+from ..._subscription import SubscriptionProfile
 from ...errors import ConfigurationError, LockLostError
 from .._base import Ack
 from . import _entities, _inspection, _receiving, _sending, _sessions
@@ -272,13 +273,52 @@ class LocalBackend:
         """The profile of every queue and topic in the broker, by name."""
         return _entities.entities(self._store)
 
-    def create_subscription(self, topic: str, name: str, *, exist_ok: bool = False) -> None:
-        """Add a subscription; it receives a copy of every message accepted from now on."""
-        return _entities.create_subscription(self._store, topic, name, exist_ok=exist_ok)
+    def create_subscription(
+        self,
+        topic: str,
+        name: str | SubscriptionProfile,
+        *,
+        exist_ok: bool = False,
+        sessions: bool | None = None,
+        lock_duration: timedelta | None = None,
+        max_delivery_count: int | None = None,
+        default_message_time_to_live: timedelta | None = None,
+        dead_lettering_on_message_expiration: bool | None = None,
+    ) -> SubscriptionProfile:
+        """Add a subscription; it receives a copy of every message accepted from now on.
+
+        A subscription has its own receive settings, as on Service Bus: sessions,
+        lock duration, max delivery count, default time to live and dead-lettering
+        on expiration. Each one not given (None) is the topic profile's, except the
+        time to live: the topic's applies to every subscription anyway, and the
+        subscription's own (if any) caps it further. ``name`` may be a whole
+        :class:`~sendonce.SubscriptionProfile` instead. Names ignore case. Returns
+        the settings as stored (with ``exist_ok``, the existing subscription's,
+        which must match what was asked).
+        """
+        return _entities.create_subscription(
+            self._store,
+            topic,
+            name,
+            exist_ok=exist_ok,
+            sessions=sessions,
+            lock_duration=lock_duration,
+            max_delivery_count=max_delivery_count,
+            default_message_time_to_live=default_message_time_to_live,
+            dead_lettering_on_message_expiration=dead_lettering_on_message_expiration,
+        )
 
     def subscriptions(self, topic: str) -> list[str]:
         """The names of ``topic``'s subscriptions (none: its messages are kept nowhere)."""
         return _entities.subscriptions(self._store, topic)
+
+    def describe_subscription(self, topic: str, name: str) -> SubscriptionProfile:
+        """The settings of one of ``topic``'s subscriptions, as the broker applies them."""
+        return _entities.describe_subscription(self._store, topic, name)
+
+    def subscription_profiles(self, topic: str) -> list[SubscriptionProfile]:
+        """The settings of every subscription of ``topic``, by name."""
+        return _entities.subscription_profiles(self._store, topic)
 
     # -- receiving and settling ---------------------------------------------------
 
@@ -290,14 +330,15 @@ class LocalBackend:
         subscription: str | None = None,
         session_id: str | None = None,
         mode: ReceiveMode = "receive_and_delete",
-        lock_duration: timedelta = timedelta(seconds=60),
+        lock_duration: timedelta | None = None,
         sub_queue: SubQueue | None = None,
     ) -> list[ReceivedMessage]:
         """Take up to ``max_messages`` available messages, oldest sequence number first.
 
         ``receive_and_delete`` removes them; ``peek_lock`` locks them for
-        ``lock_duration`` until :meth:`complete` or :meth:`abandon` (an expired
-        lock makes the message available again, with its delivery count kept).
+        ``lock_duration`` (None: the queue's or subscription's own) until
+        :meth:`complete` or :meth:`abandon` (an expired lock makes the message
+        available again, with its delivery count kept).
         A message delivered ``max_delivery_count`` times (the entity profile's)
         and not settled moves to the dead-letter subqueue instead, with the
         reason ``MaxDeliveryCountExceeded``, as Service Bus does.
@@ -426,7 +467,7 @@ class LocalBackend:
         subscription: str | None = None,
         session_id: str | None = None,
         mode: ReceiveMode = "peek_lock",
-        lock_duration: timedelta = timedelta(seconds=60),
+        lock_duration: timedelta | None = None,
     ) -> list[ReceivedMessage]:
         """Receive deferred messages by sequence number (settle them as any locked message).
 
@@ -449,10 +490,10 @@ class LocalBackend:
         lock_token: str,
         *,
         subscription: str | None = None,
-        lock_duration: timedelta = timedelta(seconds=60),
+        lock_duration: timedelta | None = None,
         sub_queue: SubQueue | None = None,
     ) -> datetime:
-        """Extend a peek lock; returns the new expiry."""
+        """Extend a peek lock by ``lock_duration`` (None: the entity's); returns the new expiry."""
         return _receiving.renew_lock(
             self._store,
             entity,
@@ -497,7 +538,7 @@ class LocalBackend:
         *,
         subscription: str | None = None,
         max_wait_time: float | None = None,
-        lock_duration: timedelta = timedelta(seconds=60),
+        lock_duration: timedelta | None = None,
     ) -> LocalSession:
         """Lock a session of a sessionful queue or subscription to a new receiver.
 
@@ -513,8 +554,9 @@ class LocalBackend:
         A session that another receiver holds (a :class:`LocalSession` of any
         handle or process, or an emulator client) raises
         :class:`~sendonce.errors.SessionCannotBeLockedError` at once. The lock
-        lasts ``lock_duration`` unless :meth:`LocalSession.renew_lock` extends it;
-        an expired lock frees the session for the next receiver. The returned
+        lasts ``lock_duration`` (None: the queue's or subscription's own) unless
+        :meth:`LocalSession.renew_lock` extends it; an expired lock frees the
+        session for the next receiver. The returned
         :class:`LocalSession` is a context manager that releases the session.
         """
         return _sessions.accept_session(

@@ -1,7 +1,10 @@
 """Entities: their stored profiles, looking them up in a transaction, and administration.
 
 An entity's profile is stored as JSON in its row and fixed at creation (Service
-Bus cannot change duplicate detection after creating an entity either).
+Bus cannot change duplicate detection after creating an entity either); so is a
+subscription's. Names are case-insensitive, as Service Bus's are: ``ORDERS``
+finds the entity created as ``orders``, and the name as created is what profiles,
+listings and subscription keys carry.
 """
 
 from __future__ import annotations
@@ -12,11 +15,19 @@ import sqlite3
 from datetime import timedelta
 from typing import NamedTuple
 
-from ..._entity import EntityProfile
+from ..._entity import DEFAULT_LOCK_DURATION, EntityProfile
+from ..._subscription import SubscriptionProfile, check_subscription_name
 from ...errors import ConfigurationError, PermanentSendError
 from ._store import US, Store
 
 SUBSCRIPTIONS = "SELECT name FROM subscriptions WHERE eid = ? ORDER BY name"
+_SUBSCRIPTION = "SELECT name, profile FROM subscriptions WHERE eid = ? AND name = ? COLLATE NOCASE"
+# Service Bus dead-letters a topic message's copy for a sessionful subscription when
+# the message has no session id (azure-service-bus#196, azure-sdk-for-js#1118).
+SESSION_ID_NULL = "Session id is null."
+SESSION_ID_NULL_DESCRIPTION = (
+    "Session enabled entity doesn't allow a message whose session identifier is null."
+)
 
 
 def profile_to_json(profile: EntityProfile) -> str:
@@ -35,17 +46,81 @@ def profile_to_json(profile: EntityProfile) -> str:
             if profile.default_message_time_to_live is None
             else profile.default_message_time_to_live // US,
             "dead_letter_on_expiry": profile.dead_lettering_on_message_expiration,
+            "lock_us": profile.lock_duration // US,
         },
         sort_keys=True,
     )
 
 
-def check_same(wanted: EntityProfile, existing: EntityProfile) -> None:
-    """Refuse an ``exist_ok`` create whose profile differs from the entity's."""
-    for item in dataclasses.fields(EntityProfile):
+def subscription_to_json(profile: SubscriptionProfile) -> str:
+    ttl = profile.default_message_time_to_live
+    return json.dumps(
+        {
+            "sessions": profile.sessions,
+            "lock_us": profile.lock_duration // US,
+            "max_delivery_count": profile.max_delivery_count,
+            "default_ttl_us": None if ttl is None else ttl // US,
+            "dead_letter_on_expiry": profile.dead_lettering_on_message_expiration,
+        },
+        sort_keys=True,
+    )
+
+
+def subscription_from_row(topic: EntityProfile, name: str, text: str | None) -> SubscriptionProfile:
+    """A stored subscription's settings; one from before they existed has its topic's."""
+    if text is None:
+        return SubscriptionProfile(
+            name,
+            sessions=topic.sessions,
+            lock_duration=topic.lock_duration,
+            max_delivery_count=topic.max_delivery_count,
+            dead_lettering_on_message_expiration=topic.dead_lettering_on_message_expiration,
+        )
+    data = json.loads(text)
+    return SubscriptionProfile(
+        name,
+        sessions=data["sessions"],
+        lock_duration=timedelta(microseconds=data["lock_us"]),
+        max_delivery_count=data["max_delivery_count"],
+        default_message_time_to_live=None
+        if data["default_ttl_us"] is None
+        else timedelta(microseconds=data["default_ttl_us"]),
+        dead_lettering_on_message_expiration=data["dead_letter_on_expiry"],
+    )
+
+
+def receiving_profile(topic: EntityProfile, subscription: SubscriptionProfile) -> EntityProfile:
+    """The topic's profile with the subscription's receive settings: what its receivers get.
+
+    Time to live: the shorter of the topic's and the subscription's defaults.
+    """
+    ttls = [
+        t
+        for t in (topic.default_message_time_to_live, subscription.default_message_time_to_live)
+        if t is not None
+    ]
+    return dataclasses.replace(
+        topic,
+        sessions=subscription.sessions,
+        lock_duration=subscription.lock_duration,
+        max_delivery_count=subscription.max_delivery_count,
+        default_message_time_to_live=min(ttls) if ttls else None,
+        dead_lettering_on_message_expiration=subscription.dead_lettering_on_message_expiration,
+    )
+
+
+def check_same(wanted: EntityProfile | SubscriptionProfile, existing: object) -> None:
+    """Refuse an ``exist_ok`` create whose profile differs from the existing one.
+
+    Names compare case-insensitively: ``ORDERS`` is the entity ``orders``.
+    """
+    for item in dataclasses.fields(wanted):
+        if item.name == "name":
+            continue
         if getattr(existing, item.name) != getattr(wanted, item.name):
+            what = "entity" if isinstance(wanted, EntityProfile) else "subscription"
             raise ConfigurationError(
-                f"entity {wanted.name!r} exists with {item.name}="
+                f"{what} {wanted.name!r} exists with {item.name}="
                 f"{getattr(existing, item.name)!r}, not {getattr(wanted, item.name)!r}",
                 field=item.name,
             )
@@ -68,6 +143,9 @@ def profile_from_json(name: str, text: str) -> EntityProfile:
         if data.get("default_ttl_us") is None
         else timedelta(microseconds=data["default_ttl_us"]),
         dead_lettering_on_message_expiration=data.get("dead_letter_on_expiry", False),
+        lock_duration=timedelta(microseconds=data["lock_us"])
+        if "lock_us" in data
+        else DEFAULT_LOCK_DURATION,  # absent before it existed
     )
 
 
@@ -92,7 +170,8 @@ def lookup(
     if not isinstance(name, str) or not name:
         raise ConfigurationError("entity must be a non-empty str", field="entity")
     row = conn.execute(
-        "SELECT eid, profile, next_seq, id_count FROM entities WHERE name = ?", (name,)
+        "SELECT eid, profile, next_seq, id_count, name FROM entities WHERE name = ? COLLATE NOCASE",
+        (name,),
     ).fetchone()
     if row is None:
         if sending:
@@ -103,37 +182,68 @@ def lookup(
         raise ConfigurationError(
             f"entity {name!r} does not exist in the local broker", field="entity"
         )
-    eid, text, next_seq, id_count = row
-    return eid, profile_from_json(name, text), next_seq, id_count
+    eid, text, next_seq, id_count, created_as = row
+    return eid, profile_from_json(created_as, text), next_seq, id_count
 
 
 def place(
     conn: sqlite3.Connection, eid: int, profile: EntityProfile, subscription: str | None
 ) -> str:
     """The ``sub`` key of a queue (``""``) or of one of a topic's subscriptions."""
+    return place_settings(conn, eid, profile, subscription)[0]
+
+
+def place_settings(
+    conn: sqlite3.Connection, eid: int, profile: EntityProfile, subscription: str | None
+) -> tuple[str, EntityProfile]:
+    """The ``sub`` key of a queue or subscription and the profile its receivers get.
+
+    A queue's is its own; a subscription's is its topic's with the subscription's
+    receive settings (:func:`receiving_profile`). The key is the subscription's name
+    as created, whatever the case it is asked for in.
+    """
     if profile.kind == "queue":
         if subscription is not None:
             raise ConfigurationError(
                 f"{profile.name!r} is a queue; it has no subscription {subscription!r}",
                 field="subscription",
             )
-        return ""
+        return "", profile
     if subscription is None:
         raise ConfigurationError(
             f"{profile.name!r} is a topic: name a subscription to read from",
             field="subscription",
         )
-    if (
-        conn.execute(
-            "SELECT 1 FROM subscriptions WHERE eid = ? AND name = ?", (eid, subscription)
-        ).fetchone()
-        is None
-    ):
+    row = conn.execute(_SUBSCRIPTION, (eid, subscription)).fetchone()
+    if row is None:
         raise ConfigurationError(
             f"topic {profile.name!r} has no subscription {subscription!r}",
             field="subscription",
         )
-    return subscription
+    name, text = row
+    return name, receiving_profile(profile, subscription_from_row(profile, name, text))
+
+
+def dead_letter_sessionless(conn: sqlite3.Connection, eid: int, first: int, last: int) -> None:
+    """Move the copies without a session id of sequence numbers ``first``..``last`` out of
+    the topic's sessionful subscriptions, into their dead-letter subqueues, as Service Bus
+    does. Subscriptions from before version 7 (no profile) follow the topic, whose sender
+    already refused such messages if it has sessions.
+    """
+    sessionful = [
+        name
+        for (name,) in conn.execute(
+            "SELECT name FROM subscriptions WHERE eid = ? AND profile ->> '$.sessions'",
+            (eid,),
+        )
+    ]
+    for name in sessionful:
+        conn.execute(
+            "UPDATE messages SET sub = sub || '/$DeadLetterQueue', dl_reason = ?, "
+            "dl_description = ? WHERE eid = ? AND sub = ? AND seq BETWEEN ? AND ? "
+            "AND session_id IS NULL",
+            (SESSION_ID_NULL, SESSION_ID_NULL_DESCRIPTION, eid, name, first, last),
+        )
 
 
 def entity_row(conn: sqlite3.Connection, name: str) -> tuple[int, str, int, IdState]:
@@ -142,7 +252,7 @@ def entity_row(conn: sqlite3.Connection, name: str) -> tuple[int, str, int, IdSt
         raise ConfigurationError("entity must be a non-empty str", field="entity")
     row = conn.execute(
         "SELECT eid, profile, next_seq, id_count, sweep_mid, sweep_pkey, first_stamp "
-        "FROM entities WHERE name = ?",
+        "FROM entities WHERE name = ? COLLATE NOCASE",
         (name,),
     ).fetchone()
     if row is None:
@@ -180,13 +290,16 @@ def create_entity(store: Store, profile: EntityProfile, *, exist_ok: bool = Fals
 
     def existing(conn: sqlite3.Connection) -> bool:
         row = conn.execute(
-            "SELECT profile FROM entities WHERE name = ?", (profile.name,)
+            "SELECT name, profile FROM entities WHERE name = ? COLLATE NOCASE", (profile.name,)
         ).fetchone()
         if row is None:
             return False
         if not exist_ok:
-            raise ConfigurationError(f"entity {profile.name!r} already exists", field="entity")
-        check_same(profile, profile_from_json(profile.name, row[0]))
+            named = "" if row[0] == profile.name else f" (as {row[0]!r}: names ignore case)"
+            raise ConfigurationError(
+                f"entity {profile.name!r} already exists{named}", field="entity"
+            )
+        check_same(profile, profile_from_json(row[0], row[1]))
         return True
 
     def work(conn: sqlite3.Connection) -> None:
@@ -219,30 +332,85 @@ def entities(store: Store) -> list[EntityProfile]:
     return [profile_from_json(name, text) for name, text in rows]
 
 
-def create_subscription(store: Store, topic: str, name: str, *, exist_ok: bool = False) -> None:
-    """Add a subscription; it receives a copy of every message accepted from now on."""
-    if not isinstance(name, str) or not name.strip() or "/" in name or len(name) > 50:
-        raise ConfigurationError(
-            f"subscription name {name!r} must be a non-empty str of at most 50 characters "
-            "without '/'",
-            field="subscription",
-        )
+def create_subscription(
+    store: Store,
+    topic: str,
+    name: str | SubscriptionProfile,
+    *,
+    exist_ok: bool = False,
+    sessions: bool | None = None,
+    lock_duration: timedelta | None = None,
+    max_delivery_count: int | None = None,
+    default_message_time_to_live: timedelta | None = None,
+    dead_lettering_on_message_expiration: bool | None = None,
+) -> SubscriptionProfile:
+    """Add a subscription; it receives a copy of every message accepted from now on.
 
-    def work(conn: sqlite3.Connection) -> None:
+    ``name`` is a name, with the settings as keywords (None: the topic's profile's;
+    no time to live of its own), or a whole :class:`SubscriptionProfile`.
+    """
+    given = {
+        "sessions": sessions,
+        "lock_duration": lock_duration,
+        "max_delivery_count": max_delivery_count,
+        "default_message_time_to_live": default_message_time_to_live,
+        "dead_lettering_on_message_expiration": dead_lettering_on_message_expiration,
+    }
+    if isinstance(name, SubscriptionProfile):
+        both = sorted(key for key, value in given.items() if value is not None)
+        if both:
+            raise ConfigurationError(
+                f"subscription {name.name!r}: give {both[0]} in the SubscriptionProfile, "
+                "not beside it",
+                field=both[0],
+            )
+    else:
+        check_subscription_name(name)
+
+    def resolve(topic_profile: EntityProfile) -> SubscriptionProfile:
+        if isinstance(name, SubscriptionProfile):
+            return name
+        inherited = subscription_from_row(topic_profile, name, None)
+        chosen = {key: value for key, value in given.items() if value is not None}
+        return dataclasses.replace(inherited, **chosen)  # type: ignore[arg-type]
+
+    def work(conn: sqlite3.Connection) -> SubscriptionProfile:
         eid, profile, _, _ = lookup(conn, topic)
         if profile.kind != "topic":
             raise ConfigurationError(
                 f"{topic!r} is a queue; only topics have subscriptions", field="topic"
             )
-        cur = conn.execute(
-            "INSERT OR IGNORE INTO subscriptions (eid, name) VALUES (?, ?)", (eid, name)
+        wanted = resolve(profile)
+        row = conn.execute(_SUBSCRIPTION, (eid, wanted.name)).fetchone()
+        if row is not None:
+            if not exist_ok:
+                named = "" if row[0] == wanted.name else f" (as {row[0]!r}: names ignore case)"
+                raise ConfigurationError(
+                    f"topic {profile.name!r} already has subscription {wanted.name!r}{named}",
+                    field="subscription",
+                )
+            existing = subscription_from_row(profile, row[0], row[1])
+            check_same(wanted, existing)
+            return existing
+        conn.execute(
+            "INSERT INTO subscriptions (eid, name, profile) VALUES (?, ?, ?)",
+            (eid, wanted.name, subscription_to_json(wanted)),
         )
-        if cur.rowcount == 0 and not exist_ok:
-            raise ConfigurationError(
-                f"topic {topic!r} already has subscription {name!r}", field="subscription"
-            )
+        return wanted
 
-    store.write(work)
+    return store.write(work)
+
+
+def describe_subscription(store: Store, topic: str, name: str) -> SubscriptionProfile:
+    """The settings of one of ``topic``'s subscriptions, as the broker applies them."""
+
+    def work(conn: sqlite3.Connection) -> SubscriptionProfile:
+        eid, profile, _, _ = lookup(conn, topic)
+        sub = place(conn, eid, profile, name)
+        row = conn.execute(_SUBSCRIPTION, (eid, sub)).fetchone()
+        return subscription_from_row(profile, row[0], row[1])
+
+    return store.read(work)
 
 
 def subscriptions(store: Store, topic: str) -> list[str]:
@@ -250,12 +418,20 @@ def subscriptions(store: Store, topic: str) -> list[str]:
 
     def work(conn: sqlite3.Connection) -> list[str]:
         eid = lookup(conn, topic)[0]
-        return [
-            r[0]
-            for r in conn.execute(
-                "SELECT name FROM subscriptions WHERE eid = ? ORDER BY name", (eid,)
-            )
-        ]
+        return [r[0] for r in conn.execute(SUBSCRIPTIONS, (eid,))]
+
+    return store.read(work)
+
+
+def subscription_profiles(store: Store, topic: str) -> list[SubscriptionProfile]:
+    """The settings of every subscription of ``topic``, by name."""
+
+    def work(conn: sqlite3.Connection) -> list[SubscriptionProfile]:
+        eid, profile, _, _ = lookup(conn, topic)
+        rows = conn.execute(
+            "SELECT name, profile FROM subscriptions WHERE eid = ? ORDER BY name", (eid,)
+        )
+        return [subscription_from_row(profile, name, text) for name, text in rows]
 
     return store.read(work)
 

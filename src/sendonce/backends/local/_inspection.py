@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from ._entities import lookup, place
+from ._entities import lookup, place, place_settings
 from ._received import ROW_COLUMNS, ReceivedMessage, received_from_row
 from ._receiving import SubQueue, check_max, check_sub_queue, expiry_sql, in_sub_queue
 from ._store import US, Store
@@ -31,8 +31,9 @@ def peek(
     check_sub_queue(sub_queue)
 
     def work(conn: sqlite3.Connection) -> list[ReceivedMessage]:
-        eid, profile, _, _ = lookup(conn, entity)
-        sub = in_sub_queue(place(conn, eid, profile, subscription), sub_queue)
+        eid, topic, _, _ = lookup(conn, entity)
+        sub, profile = place_settings(conn, eid, topic, subscription)  # its own TTL
+        sub = in_sub_queue(sub, sub_queue)
         query = f"SELECT {ROW_COLUMNS} FROM messages WHERE eid = ? AND sub = ? AND seq >= ?"
         params: list[Any] = [eid, sub, from_sequence_number or 0]
         now = store.now()

@@ -17,7 +17,7 @@ from typing import Any, Literal, NoReturn
 from ..._entity import EntityProfile
 from ...errors import LockLostError, SendOnceError, ValidationError
 from . import _session_locks
-from ._entities import lookup, place
+from ._entities import lookup, place, place_settings
 from ._received import ROW_COLUMNS, ReceivedMessage, received_from_row
 from ._store import US, Store
 
@@ -46,22 +46,25 @@ def receive(
     subscription: str | None = None,
     session_id: str | None = None,
     mode: ReceiveMode = "receive_and_delete",
-    lock_duration: timedelta = timedelta(seconds=60),
+    lock_duration: timedelta | None = None,
     sub_queue: SubQueue | None = None,
 ) -> list[ReceivedMessage]:
-    """Take up to ``max_messages`` available messages, oldest sequence number first."""
+    """Take up to ``max_messages`` available messages, oldest sequence number first.
+
+    ``lock_duration`` None: the queue's or subscription's own.
+    """
     limit = check_max(max_messages)
     check_sub_queue(sub_queue)
     if mode not in ("receive_and_delete", "peek_lock"):
         raise ValidationError(
             f"mode must be 'receive_and_delete' or 'peek_lock', got {mode!r}", field="mode"
         )
-    if not isinstance(lock_duration, timedelta) or lock_duration <= timedelta(0):
-        raise ValidationError("lock_duration must be a positive timedelta", field="lock_duration")
+    check_lock_duration(lock_duration)
 
     def work(conn: sqlite3.Connection) -> list[ReceivedMessage]:
-        eid, profile, _, _ = lookup(conn, entity)
-        sub = in_sub_queue(place(conn, eid, profile, subscription), sub_queue)
+        eid, topic, _, _ = lookup(conn, entity)
+        sub, profile = place_settings(conn, eid, topic, subscription)
+        sub = in_sub_queue(sub, sub_queue)
         now = store.now()
         skip_locked = False
         if sub_queue is None and session_id is not None:
@@ -77,7 +80,7 @@ def receive(
             now,
             limit=limit,
             mode=mode,
-            until=now + lock_duration // US,
+            until=now + (lock_duration or profile.lock_duration) // US,
             session_id=session_id,
             retire=sub_queue is None,
             skip_locked_sessions=skip_locked,
@@ -259,15 +262,16 @@ def receive_deferred(
     subscription: str | None = None,
     session_id: str | None = None,
     mode: ReceiveMode = "peek_lock",
-    lock_duration: timedelta = timedelta(seconds=60),
+    lock_duration: timedelta | None = None,
 ) -> list[ReceivedMessage]:
     """Receive deferred messages by sequence number (settle them as any locked message)."""
     wanted = check_sequence_numbers(sequence_numbers)
     check_mode(mode)
+    check_lock_duration(lock_duration)
 
     def work(conn: sqlite3.Connection) -> list[ReceivedMessage]:
-        eid, profile, _, _ = lookup(conn, entity)
-        sub = place(conn, eid, profile, subscription)
+        eid, topic, _, _ = lookup(conn, entity)
+        sub, profile = place_settings(conn, eid, topic, subscription)
         now = store.now()
         if session_id is not None:
             _session_locks.refuse_if_locked(conn, eid, sub, session_id, now, entity, subscription)
@@ -279,7 +283,7 @@ def receive_deferred(
             entity,
             wanted,
             mode=mode,
-            until=now + lock_duration // US,
+            until=now + (lock_duration or profile.lock_duration) // US,
             session_id=session_id,
             skip_locked_sessions=session_id is None and profile.sessions,
             default_ttl=profile.default_message_time_to_live,
@@ -353,18 +357,20 @@ def renew_lock(
     lock_token: str,
     *,
     subscription: str | None = None,
-    lock_duration: timedelta = timedelta(seconds=60),
+    lock_duration: timedelta | None = None,
     sub_queue: SubQueue | None = None,
 ) -> datetime:
-    """Extend a peek lock; returns the new expiry."""
+    """Extend a peek lock (by the queue's or subscription's lock duration when None)."""
     result: list[datetime] = []
     check_sub_queue(sub_queue)
+    check_lock_duration(lock_duration)
 
     def work(conn: sqlite3.Connection) -> None:
-        eid, profile, _, _ = lookup(conn, entity)
-        sub = in_sub_queue(place(conn, eid, profile, subscription), sub_queue)
+        eid, topic, _, _ = lookup(conn, entity)
+        sub, profile = place_settings(conn, eid, topic, subscription)
+        sub = in_sub_queue(sub, sub_queue)
         now = store.now()
-        until = now + lock_duration // US
+        until = now + (lock_duration or profile.lock_duration) // US
         cur = conn.execute(
             "UPDATE messages SET locked_until = ? " + _WHERE_LOCKED,
             (until, eid, sub, lock_token, now),
@@ -485,6 +491,17 @@ def _lock_lost(entity: str, lock_token: str, verb: str) -> NoReturn:
         f"cannot {verb} the message with lock token {lock_token!r} on {entity!r}: "
         "the lock expired or the message was settled already"
     )
+
+
+def check_lock_duration(lock_duration: object) -> None:
+    """An explicit lock duration (None: the entity's) is a positive timedelta."""
+    if lock_duration is not None and (
+        not isinstance(lock_duration, timedelta) or lock_duration <= timedelta(0)
+    ):
+        raise ValidationError(
+            "lock_duration must be a positive timedelta or None (the entity's own)",
+            field="lock_duration",
+        )
 
 
 def check_mode(mode: object) -> None:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import sqlite3
 
-__all__ = ["FORMAT", "SCHEMA", "SCHEMA_VERSION", "upgrade"]
+__all__ = ["FORMAT", "SCHEMA", "SCHEMA_VERSION", "UpgradeRefused", "upgrade"]
 
 FORMAT = "sendonce-broker"
-SCHEMA_VERSION = "6"
+SCHEMA_VERSION = "7"
 
 # Dedup keys live in a WITHOUT ROWID table keyed by (entity, message id, partition
 # key): the duplicate check is one indexed point lookup whatever the number of
@@ -28,6 +28,11 @@ SCHEMA_VERSION = "6"
 # an insertion ``ordinal``, indexed by the partial ``ids_ordinal`` (time-window
 # ids leave it NULL and out of the index). Messages are clustered by (entity,
 # subscription, sequence number): the delivery order, with no extra index.
+# Entity and subscription names are case-insensitive, as on Service Bus: unique
+# NOCASE indexes keep ``ORDERS`` and ``orders`` one name (the name as created is
+# what the row keeps), and lookups compare ``name = ? COLLATE NOCASE``. A
+# subscription's ``profile`` holds its own settings as JSON (NULL, in a file
+# upgraded from version 6: the topic's).
 SCHEMA = f"""
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE entities (
@@ -40,11 +45,14 @@ CREATE TABLE entities (
     sweep_pkey TEXT NOT NULL DEFAULT '',
     first_stamp INTEGER
 );
+CREATE UNIQUE INDEX entities_name_nocase ON entities (name COLLATE NOCASE);
 CREATE TABLE subscriptions (
     eid INTEGER NOT NULL,
     name TEXT NOT NULL,
+    profile TEXT,
     PRIMARY KEY (eid, name)
 ) WITHOUT ROWID;
+CREATE UNIQUE INDEX subscriptions_name_nocase ON subscriptions (eid, name COLLATE NOCASE);
 CREATE TABLE ids (
     eid INTEGER NOT NULL,
     mid TEXT NOT NULL,
@@ -141,7 +149,50 @@ _UPGRADES: dict[str, tuple[str, str]] = {
         "ALTER TABLE entities ADD COLUMN sweep_mid TEXT NOT NULL DEFAULT '';\n"
         "ALTER TABLE entities ADD COLUMN sweep_pkey TEXT NOT NULL DEFAULT '';\n",
     ),
+    # Version 7: case-insensitive entity and subscription names (Service Bus resource
+    # name rules), and each subscription's own settings (NULL: the topic's).
+    "6": (
+        "7",
+        "CREATE UNIQUE INDEX entities_name_nocase ON entities (name COLLATE NOCASE);\n"
+        "ALTER TABLE subscriptions ADD COLUMN profile TEXT;\n"
+        "CREATE UNIQUE INDEX subscriptions_name_nocase ON subscriptions"
+        " (eid, name COLLATE NOCASE);\n",
+    ),
 }
+
+
+class UpgradeRefused(Exception):
+    """An old file cannot be upgraded as it is; the message says what to change."""
+
+
+def _refuse_names_differing_by_case(conn: sqlite3.Connection) -> None:
+    """Two names that differ only by case cannot become one entity silently."""
+    clash = conn.execute(
+        "SELECT a.name, b.name FROM entities AS a JOIN entities AS b "
+        "ON a.name = b.name COLLATE NOCASE AND a.eid < b.eid ORDER BY a.eid LIMIT 1"
+    ).fetchone()
+    if clash is not None:
+        raise UpgradeRefused(
+            f"holds entities {clash[0]!r} and {clash[1]!r}, whose names differ only by case; "
+            "entity names are case-insensitive from schema version 7 (as on Service Bus): "
+            "delete or rename one of them with the sendonce version that wrote the file"
+        )
+    clash = conn.execute(
+        "SELECT e.name, a.name, b.name FROM subscriptions AS a JOIN subscriptions AS b "
+        "ON a.eid = b.eid AND a.name = b.name COLLATE NOCASE AND a.name < b.name "
+        "JOIN entities AS e ON e.eid = a.eid LIMIT 1"
+    ).fetchone()
+    if clash is not None:
+        raise UpgradeRefused(
+            f"holds subscriptions {clash[1]!r} and {clash[2]!r} of topic {clash[0]!r}, whose "
+            "names differ only by case; subscription names are case-insensitive from schema "
+            "version 7 (as on Service Bus): delete one of them with the sendonce version that "
+            "wrote the file"
+        )
+
+
+# Checks before an upgrade step: {from_version: check}; a check raises UpgradeRefused.
+_CHECKS = {"6": _refuse_names_differing_by_case}
 
 
 def upgrade(conn: sqlite3.Connection, version: str) -> bool:
@@ -150,6 +201,9 @@ def upgrade(conn: sqlite3.Connection, version: str) -> bool:
         step = _UPGRADES.get(version)
         if step is None:
             return False
+        check = _CHECKS.get(version)
+        if check is not None:
+            check(conn)
         version, sql = step
         # One statement at a time: executescript would commit the opener's transaction.
         for statement in sql.split(";"):

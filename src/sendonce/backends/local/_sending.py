@@ -22,7 +22,14 @@ from ..._message import Message
 from ..._message_columns import MessageColumns
 from ...errors import MessageSizeError, PermanentSendError, ValidationError
 from .._base import Ack
-from ._entities import SUBSCRIPTIONS, IdState, entity_row, lookup, profile_of
+from ._entities import (
+    SUBSCRIPTIONS,
+    IdState,
+    dead_letter_sessionless,
+    entity_row,
+    lookup,
+    profile_of,
+)
 from ._received import encode_extra
 from ._store import US, Store, positive_seconds, to_us
 
@@ -178,6 +185,8 @@ def _store_in(
     if not subs:
         return None if all_new else accepted
     _insert_messages(conn, eid, subs, base, now, batch.fields, None if all_new else accepted)
+    if profile.kind == "topic" and not profile.sessions:
+        dead_letter_sessionless(conn, eid, base, base + n - 1)
     return None if all_new else accepted
 
 

@@ -27,11 +27,12 @@ from typing import Any
 from ..._entity import EntityProfile
 from ...errors import ConfigurationError, NoSessionAvailableError, ValidationError
 from . import _inspection, _session_locks
-from ._entities import lookup, place
+from ._entities import lookup, place, place_settings
 from ._received import ReceivedMessage
 from ._receiving import (
     DEAD_LETTER_SUFFIX,
     ReceiveMode,
+    check_lock_duration,
     check_max,
     check_mode,
     check_reason,
@@ -264,29 +265,33 @@ def accept_session(
     *,
     subscription: str | None = None,
     max_wait_time: float | None = None,
-    lock_duration: timedelta = timedelta(seconds=60),
+    lock_duration: timedelta | None = None,
 ) -> LocalSession:
-    """Lock a session of a sessionful queue or subscription to a new receiver."""
+    """Lock a session of a sessionful queue or subscription to a new receiver.
+
+    ``lock_duration`` None: the queue's or subscription's own.
+    """
     if session_id is not None:
         _check_session_id(session_id)
-    if not isinstance(lock_duration, timedelta) or lock_duration <= timedelta(0):
-        raise ValidationError("lock_duration must be a positive timedelta", field="lock_duration")
+    check_lock_duration(lock_duration)
     wait = _wait_seconds(max_wait_time)
     token = uuid.uuid4().hex
 
-    def sessionful(conn: sqlite3.Connection) -> tuple[int, str]:
-        eid, profile, _, _ = lookup(conn, entity)
-        sub = place(conn, eid, profile, subscription)
+    def sessionful(conn: sqlite3.Connection) -> tuple[int, str, timedelta]:
+        eid, topic, _, _ = lookup(conn, entity)
+        sub, profile = place_settings(conn, eid, topic, subscription)
         if not profile.sessions:
+            what = "entity" if subscription is None else "subscription"
             raise ConfigurationError(
-                f"{entity!r} does not require sessions: receive from it without a session "
-                "(a session receiver needs an entity created with sessions=True)",
-                field="entity",
+                f"{where_of(entity, subscription)!r} does not require sessions: receive from it "
+                f"without a session (a session receiver needs an {what} created with "
+                "sessions=True)",
+                field="entity" if subscription is None else "subscription",
             )
-        return eid, sub
+        return eid, sub, lock_duration or profile.lock_duration
 
-    def lock(conn: sqlite3.Connection) -> tuple[str, int] | None:
-        eid, sub = sessionful(conn)
+    def lock(conn: sqlite3.Connection) -> tuple[str, int, timedelta] | None:
+        eid, sub, duration = sessionful(conn)
         now = store.now()
         wanted = session_id
         if wanted is None:
@@ -294,15 +299,15 @@ def accept_session(
             if row is None:
                 return None
             wanted = str(row[0])
-        until = now + lock_duration // US
+        until = now + duration // US
         if _session_locks.acquire(conn, eid, sub, wanted, token, until, now):
-            return wanted, until
+            return wanted, until, duration
         if session_id is None:
             return None  # taken meanwhile: look again
         raise _session_locks.cannot_lock(entity, subscription, wanted)
 
     def available(conn: sqlite3.Connection) -> bool:
-        eid, sub = sessionful(conn)
+        eid, sub, _ = sessionful(conn)
         return (
             conn.execute(_session_locks.NEXT_SESSION, (eid, sub, store.now())).fetchone()
             is not None
@@ -314,22 +319,21 @@ def accept_session(
         # A read first: waiting receivers must not take the broker's write lock.
         got = store.write(lock) if session_id is not None or store.read(available) else None
         if got is not None:
-            name, until = got
-            return LocalSession(
-                store, entity, subscription, name, token, from_us(until), lock_duration
-            )
+            name, until, duration = got
+            return LocalSession(store, entity, subscription, name, token, from_us(until), duration)
         waited = max((store.now() - started) * 1e-6, time.monotonic() - started_real)
         if waited >= wait:
-            place_name = (
-                entity if subscription is None else f"{entity}/Subscriptions/{subscription}"
-            )
             raise NoSessionAvailableError(
-                f"no session of {place_name!r} is free with a message available"
+                f"no session of {where_of(entity, subscription)!r} is free with a message available"
                 + (f" (waited {wait:g} s)" if wait else ""),
                 entity=entity,
             )
         time.sleep(min(pause, max(wait - waited, 0.001)))
         pause = min(pause * 2, 0.1)
+
+
+def where_of(entity: str, subscription: str | None) -> str:
+    return entity if subscription is None else f"{entity}/Subscriptions/{subscription}"
 
 
 def _place(conn: sqlite3.Connection, session: LocalSession) -> tuple[int, str]:
@@ -378,7 +382,9 @@ def _receive(
 
     def work(conn: sqlite3.Connection) -> list[ReceivedMessage]:
         eid, sub, now, until = _held(store, conn, session)
-        profile = lookup(conn, session.entity)[1]
+        # The subscription's own settings (max delivery count, time to live) apply.
+        topic = lookup(conn, session.entity)[1]
+        profile = place_settings(conn, eid, topic, session.subscription)[1]
         # The session's messages are locked with the session: same expiry, renewed with it.
         return take(
             conn,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 
 from ..._sqlite_share import FileErrors, SharedHandle, creator, is_busy, open_shared
 from ...errors import ConfigurationError, NotSentError, PermanentSendError
-from ._schema import FORMAT, SCHEMA, SCHEMA_VERSION, upgrade
+from ._schema import FORMAT, SCHEMA, SCHEMA_VERSION, UpgradeRefused, upgrade
 
 if TYPE_CHECKING:
     from ..._entity import EntityProfile
@@ -152,6 +152,9 @@ def _check_meta(conn: sqlite3.Connection, path: str, *, may_upgrade: bool) -> di
         try:
             upgraded = upgrade(conn, version)
             conn.execute("COMMIT" if upgraded else "ROLLBACK")
+        except UpgradeRefused as refused:
+            conn.execute("ROLLBACK")
+            raise BrokerFileError(path, str(refused)) from None
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
