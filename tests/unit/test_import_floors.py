@@ -23,6 +23,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("errors", "_extras"),  # the exception tree; install hints for optional extras
     ("_ids",),  # message ids
     ("_message",),  # Message, MessageSpec
+    ("_property_quotas",),  # the size quotas of message properties
     ("_entity", "_message_columns"),  # entity rules; messages as columns
     ("_subscription",),  # a subscription's own receive settings
     # Mechanisms.
