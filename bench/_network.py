@@ -9,8 +9,10 @@ in front of it (RTT 0 connects directly).
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -19,7 +21,10 @@ from delay_proxy import DelayProxy, with_port
 from sendonce import EntityProfile
 from sendonce.backends.local import LocalBackend
 
-__all__ = ["emulator_process", "load", "through_rtts"]
+__all__ = ["PIDS", "CpuMeter", "emulator_process", "load", "through_rtts"]
+
+PIDS: dict[str, int] = {}
+"""The helper processes running now: "emulator", and "proxy <rtt> ms" per delay proxy."""
 
 
 @contextlib.contextmanager
@@ -37,8 +42,10 @@ def emulator_process(db: Path, profiles: Sequence[EntityProfile]) -> Iterator[st
     try:
         assert proc.stdout is not None
         proc.stdout.readline()
+        PIDS["emulator"] = proc.pid
         yield proc.stdout.readline().strip()
     finally:
+        PIDS.pop("emulator", None)
         proc.terminate()
         proc.wait(timeout=20)
 
@@ -55,7 +62,42 @@ def through_rtts(conn_str: str, rtts_ms: Sequence[float]) -> Iterator[dict[float
                 continue
             proxy = stack.enter_context(DelayProxy("127.0.0.1", port, rtt=rtt / 1000))
             out[rtt] = with_port(conn_str, proxy.port)
+            if proxy.pid is not None:
+                PIDS[f"proxy {rtt:g} ms"] = proxy.pid
+                stack.callback(PIDS.pop, f"proxy {rtt:g} ms", None)
         yield out
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far, from /proc (0.0 elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds used by this process (``time.process_time``) and by the helper processes
+    (``PIDS``) between :meth:`start` and :meth:`stop`: where the machine's cores went."""
+
+    def __init__(self) -> None:
+        self.used: dict[str, float] = {}
+        self._at: dict[str, float] = {}
+
+    def _now(self) -> dict[str, float]:
+        now = {"client": time.process_time()}
+        for name, pid in PIDS.items():
+            now[name] = process_cpu(pid)
+        return now
+
+    def start(self) -> None:
+        self._at = self._now()
+
+    def stop(self) -> None:
+        for name, value in self._now().items():
+            self.used[name] = self.used.get(name, 0.0) + value - self._at.get(name, value)
 
 
 def load() -> str:

@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from _network import emulator_process, load, through_rtts
+from _network import CpuMeter, emulator_process, load, through_rtts
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
 
@@ -203,12 +203,16 @@ class Network:
                 **{f"aio send(), {k} lanes": (n, so_gather_on(k)) for k in args.lanes},
             }
             times: dict[str, list[float]] = {k: [] for k in variants}
+            self.cpu = {k: CpuMeter() for k in variants}
             for r in range(repeats):
                 names = list(variants) if r % 2 == 0 else list(reversed(variants))
                 for name in names:
                     _, fn = variants[name]
                     tag = f"{name.split()[0]}{len(times[name])}-{r}-{id(self)}"
+                    self.cpu[name].start()
                     times[name].append(await timed(lambda fn=fn, tag=tag: fn(tag)))
+                    self.cpu[name].stop()
+            self.cpu_counts = {k: variants[k][0] * repeats for k in variants}
             for link in [raw, *links]:
                 await link.close()
             await asyncio.to_thread(sync_parts.close)
@@ -219,6 +223,19 @@ class Network:
                 await other.close()
             self.max_in_flight = b.max_in_flight
         return {k: (variants[k][0], statistics.median(v)) for k, v in times.items()}
+
+
+def cpu_report(network: Network) -> None:
+    """Where the CPU went, per message: this process, the delay proxy, the emulator."""
+    print("  CPU µs per message (all rounds): " + "client / proxy / emulator")
+    for name, meter in network.cpu.items():
+        n = network.cpu_counts[name]
+        used = meter.used
+        proxy = sum(v for k, v in used.items() if k.startswith("proxy"))
+        print(
+            f"    {name:<26} {used['client'] / n * 1e6:6.0f} / {proxy / n * 1e6:5.0f} / "
+            f"{used.get('emulator', 0.0) / n * 1e6:5.0f}"
+        )
 
 
 def network_report(rtt: float, results: dict[str, tuple[int, float]], lanes: int) -> None:
@@ -283,6 +300,7 @@ def main() -> None:
                 network = Network(url, args)
                 results = asyncio.run(network.run(args.repeats))
                 network_report(rtt, results, network.max_in_flight)
+                cpu_report(network)
 
 
 if __name__ == "__main__":

@@ -4,10 +4,12 @@ There is no ``tc netem`` on every machine, so the benchmarks put this between th
 client and the emulator. Each chunk read from one side is written to the other
 ``rtt / 2`` seconds after it arrived, in order, in both directions: a transfer
 and its acknowledgement together cost one ``rtt``, as over a real network (the
-bandwidth is loopback's). It binds 127.0.0.1 only and runs in its own process:
-on a thread of the measured process it would wait for the GIL (up to the 5 ms
-switch interval) and add jitter of the size being measured. It stops when
-closed, when its parent goes away (its stdin closes), or after ``lifetime`` seconds.
+bandwidth is loopback's). It binds 127.0.0.1 only and runs in its own process: on a
+thread of the measured process it would wait for the GIL (up to the 5 ms switch
+interval) and add jitter of the size being measured. It stops when closed, when its
+parent goes away (its stdin closes), or after ``lifetime`` seconds.
+``python bench/delay_proxy.py --check`` measures how long a round trip through it
+really takes and the CPU it uses per chunk.
 
     with DelayProxy("127.0.0.1", emulator_port, rtt=0.005) as proxy:
         conn = with_port(emulator.connection_string, proxy.port)
@@ -21,14 +23,15 @@ import argparse
 import asyncio
 import contextlib
 import re
+import selectors
+import socket
 import subprocess
 import sys
 import threading
+from collections import deque
 from types import TracebackType
 
 __all__ = ["DelayProxy", "with_port"]
-
-_CHUNK = 256 * 1024
 
 
 class DelayProxy:
@@ -73,6 +76,11 @@ class DelayProxy:
         self.port = int(line.split()[0].split(":")[1])
         return self
 
+    @property
+    def pid(self) -> int | None:
+        """The proxy process's id while it runs (to read its CPU time)."""
+        return None if self._proc is None else self._proc.pid
+
     def close(self) -> None:
         if self._proc is None:
             return
@@ -99,7 +107,14 @@ class DelayProxy:
 
 
 class _Server:
-    """The proxy itself, run by the child process on its main thread."""
+    """The proxy itself, run by the child process on its main thread.
+
+    Two choices keep the instrument from distorting what it measures. Its event loop
+    waits with ``select`` (microsecond timeouts): asyncio's default epoll selector rounds
+    each wait up to a whole millisecond, which delivered chunks up to 1 ms late per
+    direction. And each direction is a protocol with a FIFO of chunks and at most one
+    timer, not a stream reader, a queue and a task: a fraction of the CPU per chunk.
+    """
 
     def __init__(self, host: str, upstream_port: int, *, rtt: float, lifetime: float) -> None:
         self.host = host
@@ -110,25 +125,21 @@ class _Server:
         self._stop: asyncio.Event | None = None
 
     async def serve(self) -> None:
-        self._stop = asyncio.Event()
-        tasks: set[asyncio.Task[None]] = set()
+        loop = asyncio.get_running_loop()
+        self._stop = stop = asyncio.Event()
+        pairs: set[_Side] = set()
+        connecting: set[asyncio.Task[None]] = set()
 
-        async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            task = asyncio.current_task()
-            assert task is not None
-            tasks.add(task)
-            try:
-                await self._pair(reader, writer)
-            except asyncio.CancelledError:
-                pass  # stopping: the pair's sockets are closed by _pair
-            finally:
-                tasks.discard(task)
+        def accepted() -> _Side:
+            side = _Side(self.rtt / 2, pairs)
+            task = loop.create_task(side.connect(self.host, self.upstream_port))
+            connecting.add(task)
+            task.add_done_callback(connecting.discard)
+            return side
 
-        server = await asyncio.start_server(accepted, "127.0.0.1", 0)
+        server = await loop.create_server(accepted, "127.0.0.1", 0)
         self.port = server.sockets[0].getsockname()[1]
         print(f"127.0.0.1:{self.port} -> {self.host}:{self.upstream_port}", flush=True)
-        loop = asyncio.get_running_loop()
-        stop = self._stop
 
         def watch_parent() -> None:
             sys.stdin.read()  # returns at EOF: the parent closed the pipe or went away
@@ -137,59 +148,101 @@ class _Server:
         threading.Thread(target=watch_parent, daemon=True).start()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.lifetime):  # stops by itself
-                await self._stop.wait()
+                await stop.wait()
         server.close()
-        for task in list(tasks):
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        for side in list(pairs):
+            side.abort()
 
-    async def _pair(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+
+class _Side(asyncio.Protocol):
+    """One end of a proxied connection: what it reads goes to its peer ``delay`` later.
+
+    Chunks wait in arrival order (the delay is the same for all, so that is due order)
+    and one timer, for the oldest, is armed at a time.
+    """
+
+    def __init__(self, delay: float, pairs: set[_Side]) -> None:
+        self.delay = delay
+        self.pairs = pairs
+        self.peer: _Side | None = None
+        self.transport: asyncio.Transport | None = None
+        self.due: deque[tuple[float, bytes | None]] = deque()  # chunks for the peer
+        self.early: list[bytes | None] = []  # read before the upstream connection was made
+        self.timer: asyncio.TimerHandle | None = None
+        self.eof_read = False  # this end sent EOF
+        self.eof_written = False  # EOF was passed on to this end
+        self.loop = asyncio.get_running_loop()
+
+    async def connect(self, host: str, port: int) -> None:
+        """The client side: open the upstream connection and pair the two."""
         try:
-            up_r, up_w = await asyncio.open_connection(self.host, self.upstream_port)
+            _, upstream = await self.loop.create_connection(
+                lambda: _Side(self.delay, self.pairs), host, port
+            )
         except OSError:
-            client_w.close()
+            self.abort()
             return
-        try:
-            await asyncio.gather(self._pump(client_r, up_w), self._pump(up_r, client_w))
-        finally:
-            for w in (client_w, up_w):
-                w.close()
+        self.peer, upstream.peer = upstream, self
+        self.pairs.add(self)
+        for chunk in self.early:
+            self._arrived(chunk)
+        self.early.clear()
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Read chunks as they come; write each one ``rtt / 2`` after it was read, in order."""
-        loop = asyncio.get_running_loop()
-        delay = self.rtt / 2
-        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-        async def deliver() -> None:
-            while True:
-                due, chunk = await queue.get()
-                if not chunk:
-                    if writer.can_write_eof():
-                        writer.write_eof()
-                    else:
-                        writer.close()
-                    return
-                wait = due - loop.time()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                writer.write(chunk)
-                await writer.drain()
+    def data_received(self, data: bytes) -> None:
+        self._arrived(data)
 
-        delivering = asyncio.create_task(deliver())
-        try:
-            while True:
-                chunk = await reader.read(_CHUNK)
-                queue.put_nowait((loop.time() + delay, chunk))
-                if not chunk:
-                    break
-            await delivering
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            delivering.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ConnectionError, OSError):
-                await delivering
+    def eof_received(self) -> bool:
+        self.eof_read = True
+        self._arrived(None)
+        return not self.eof_written  # half-closed until both directions ended
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.pairs.discard(self)
+        if exc is not None and self.peer is not None:
+            self.peer.abort()
+
+    def _arrived(self, chunk: bytes | None) -> None:
+        if self.peer is None:
+            self.early.append(chunk)
+            return
+        self.due.append((self.loop.time() + self.delay, chunk))
+        if self.timer is None:
+            self.timer = self.loop.call_at(self.due[0][0], self._deliver)
+
+    def _deliver(self) -> None:
+        """Write every chunk that is due, in order; arm the timer for the next one."""
+        self.timer = None
+        peer, due, now = self.peer, self.due, self.loop.time()
+        assert peer is not None and peer.transport is not None
+        while due and due[0][0] <= now:
+            _, chunk = due.popleft()
+            if peer.transport.is_closing():
+                due.clear()
+                return
+            if chunk is None:
+                peer.eof_written = True
+                if peer.eof_read or not peer.transport.can_write_eof():
+                    peer.transport.close()  # both directions ended
+                else:
+                    peer.transport.write_eof()
+            else:
+                peer.transport.write(chunk)
+        if due:
+            self.timer = self.loop.call_at(due[0][0], self._deliver)
+
+    def abort(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        for side in (self, self.peer):
+            if side is not None and side.transport is not None:
+                side.transport.abort()
 
 
 def with_port(conn_str: str, port: int) -> str:
@@ -197,16 +250,94 @@ def with_port(conn_str: str, port: int) -> str:
     return re.sub(r"(Endpoint=sb://[^:;/]+):\d+", rf"\g<1>:{port}", conn_str, count=1)
 
 
+def check(rtt: float, *, connections: int = 16, exchanges: int = 300) -> str:
+    """What the proxy adds beyond ``rtt``, and its CPU per chunk: ``connections`` clients
+    each send a small message to an echo server through it and wait for the answer,
+    ``exchanges`` times; the same without the proxy is the baseline."""
+    import statistics
+    import time
+
+    from _network import process_cpu
+
+    echo = socket.create_server(("127.0.0.1", 0))
+    echo.listen(connections)
+
+    def serve_one(conn: socket.socket) -> None:
+        with conn:
+            while data := conn.recv(65536):
+                conn.sendall(data)
+
+    def accept() -> None:
+        for _ in range(2 * connections):
+            conn, _ = echo.accept()
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=serve_one, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    port = echo.getsockname()[1]
+
+    def exchange(to: int) -> list[float]:
+        times: list[list[float]] = [[] for _ in range(connections)]
+
+        def client(i: int) -> None:
+            with socket.create_connection(("127.0.0.1", to)) as sock:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                for _ in range(exchanges):
+                    start = time.perf_counter()
+                    sock.sendall(b"x" * 200)
+                    got = 0
+                    while got < 200:
+                        got += len(sock.recv(65536))
+                    times[i].append(time.perf_counter() - start)
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(connections)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return [x for row in times for x in row]
+
+    direct = statistics.median(exchange(port))
+    with DelayProxy("127.0.0.1", port, rtt=rtt) as proxy:
+        assert proxy.pid is not None
+        cpu = process_cpu(proxy.pid)
+        through = sorted(exchange(proxy.port))
+        cpu = process_cpu(proxy.pid) - cpu
+    echo.close()
+    median, p90 = statistics.median(through), through[int(len(through) * 0.9)]
+    chunks = 2 * connections * exchanges
+    return (
+        f"rtt {rtt * 1000:g} ms, {connections} connection(s): a round trip through the proxy "
+        f"takes {median * 1000:.2f} ms (p90 {p90 * 1000:.2f}), without it {direct * 1000:.2f}; "
+        f"{cpu / chunks * 1e6:.0f} µs of the proxy's CPU per chunk forwarded"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--upstream", type=int, required=True, help="the port to forward to")
+    parser.add_argument("--upstream", type=int, help="the port to forward to")
+    parser.add_argument("--check", action="store_true", help="measure the proxy, then exit")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--rtt-ms", type=float, default=5.0)
     parser.add_argument("--lifetime", type=float, default=3600.0, help="stop after this (s)")
     args = parser.parse_args()
+    if args.check:
+        for connections in (1, 16):
+            print(check(args.rtt_ms / 1000, connections=connections))
+        return
+    if args.upstream is None:
+        parser.error("--upstream is required")
     server = _Server(args.host, args.upstream, rtt=args.rtt_ms / 1000, lifetime=args.lifetime)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(server.serve())
+        # select() waits with microsecond timeouts (epoll rounds up to whole milliseconds)
+        with asyncio.Runner(loop_factory=_precise_loop) as runner:
+            runner.run(server.serve())
+
+
+def _precise_loop() -> asyncio.AbstractEventLoop:
+    """An event loop whose waits end on time: ``select`` takes microsecond timeouts,
+    epoll (asyncio's default) rounds each one up to a whole millisecond."""
+    return asyncio.SelectorEventLoop(selectors.SelectSelector())
 
 
 if __name__ == "__main__":

@@ -65,8 +65,12 @@ async def afly(
     the transfers in flight are cancelled, those that had ended are finished, and the
     exception propagates.
     """
-    lanes = Lanes(keys)
     begun = started if started is not None else set()
+    if len(keys) == 1 and ready is None:  # one transfer (a single send): no task, no lanes
+        begun.add(0)
+        finish(0, await step(0))
+        return
+    lanes = Lanes(keys)
     running: dict[asyncio.Future[R], int] = {}
     try:
         while lanes:

@@ -257,11 +257,15 @@ class IdempotentSender(SenderCore):
         before = cancelling()
         started = self._started(first_attempt)
         self._plan_remembered((message,), what="message", batch=False)
-        report = SendReport()
         if self._ledger is not None:
+            report = SendReport()
             await self._send_through_ledger([[message]], report, {}, started)
         else:
-            await self._send_transfers([[message]], report, {}, started)  # failures name it
+            # One transfer: straight to it, holding as little as possible while it waits
+            # for a lane (hundreds of callers may be waiting; see docs/benchmarks.md).
+            parts = await self._transfer((message,), started)
+            report = SendReport()
+            self._account_parts(parts, report, {})  # failures name the message
         cancelled_meanwhile(before)
         if report.failures:
             raise report.failures[0].error
@@ -322,7 +326,10 @@ class IdempotentSender(SenderCore):
         self, batch: Sequence[Message], started: float | None, tried: list[int] | None = None
     ) -> list[Part]:
         """One planned transfer with its retries, its key held (split if too big)."""
-        async with self._gate.hold(self._gate_key(batch)):
+        key = self._gate_key(batch)
+        if key is None:  # unordered: nothing to hold
+            return await self._transfer_held(batch, started, tried)
+        async with self._gate.hold(key):
             return await self._transfer_held(batch, started, tried)
 
     async def _transfer_held(

@@ -431,9 +431,11 @@ class AzureServiceBusBackend:
         if not batch:
             return []
         self._check_transfer(entity, batch)
-        converted = [to_servicebus_message(m) for m in batch]
 
         async def transfer(sender: ServiceBusSender, left: float) -> None:
+            # Converted once a lane is had: a caller waiting for one holds no client
+            # messages (hundreds of waiters would keep the garbage collector busy).
+            converted = [to_servicebus_message(m) for m in batch]
             # One message goes as itself: wrapping it in a batch encodes it twice.
             payload = (
                 converted[0]

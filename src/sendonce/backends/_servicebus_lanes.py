@@ -16,8 +16,10 @@ lanes' transfers are not disturbed by it.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -117,54 +119,93 @@ class Lanes(Generic[S]):
 
 
 class AsyncLanes(Generic[S]):
-    """The lanes of one entity, for one event loop (no lock: the loop is the only thread)."""
+    """The lanes of one entity, for one event loop (no lock: the loop is the only thread).
+
+    Waiters queue first come first served and a lane given back goes straight to the
+    longest waiter. Each waiter costs one future and one timer, whatever the queue's
+    length: a waiter that gives up (timeout, cancellation) stays in the queue, done,
+    and is skipped when its turn comes, so nothing walks the queue.
+    """
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._free = asyncio.BoundedSemaphore(size)
+        self._available = size
+        self._waiters: deque[asyncio.Future[bool]] = deque()
         self._idle: list[Lane[S]] = []
         self._closed = False
 
-    async def take(self, timeout: float) -> tuple[Lane[S] | None, bool]:
-        """Wait up to ``timeout`` for a free lane: ``(idle lane or None for a new one, got)``."""
-        if self._free.locked():
-            try:
-                async with asyncio.timeout(max(timeout, 0.0)):
-                    await self._free.acquire()
-            except TimeoutError:
-                return None, False
+    async def take(self, timeout: float, *, closing: bool = False) -> tuple[Lane[S] | None, bool]:
+        """Wait up to ``timeout`` for a free lane: ``(idle lane or None for a new one, got)``.
+
+        ``closing``: :meth:`close` collecting the lanes (it may take them once closed).
+        """
+        if self._available and not self._waiters:
+            self._available -= 1  # free now: no suspension, no cancel point
         else:
-            await self._free.acquire()  # returns at once: no suspension, no cancel point
-        if self._closed:
-            self._free.release()
+            loop = asyncio.get_running_loop()
+            turn: asyncio.Future[bool] = loop.create_future()
+            self._waiters.append(turn)
+            timer = loop.call_later(max(timeout, 0.0), _give_up, turn, context=_NO_CONTEXT)
+            try:
+                got = await turn
+            except asyncio.CancelledError:
+                if turn.done() and not turn.cancelled() and turn.result():
+                    self._release()  # handed a lane as the cancel landed: pass it on
+                raise
+            finally:
+                timer.cancel()
+            if not got:
+                return None, False
+        if self._closed and not closing:
+            self._release()
             raise ConfigurationError("the backend is closed", field="backend")
-        return (self._idle.pop() if self._idle else None), True
+        return (self._idle.pop() if self._idle and not closing else None), True
+
+    def _release(self) -> None:
+        """A lane is free: hand it to the longest waiter still waiting, else keep it."""
+        waiters = self._waiters
+        while waiters:
+            turn = waiters.popleft()
+            if not turn.done():
+                turn.set_result(True)
+                return
+        self._available += 1
 
     def cancel(self) -> None:
         """Undo a ``take`` whose new lane could not be made."""
-        self._free.release()
+        self._release()
 
     def give_back(self, lane: Lane[S], *, keep: bool) -> bool:
         """Return a taken lane; ``True`` when the caller must close its sender."""
         kept = keep and not self._closed
         if kept:
             self._idle.append(lane)
-        self._free.release()
+        self._release()
         return not kept
 
     async def close(self, wait: float) -> list[Lane[S]]:
         """Stop lending; wait up to ``wait`` for lanes in use; return the idle ones to close."""
         self._closed = True
+        deadline = time.monotonic() + wait
         held = 0
         try:
-            async with asyncio.timeout(wait):
-                for _ in range(self.size):
-                    await self._free.acquire()
-                    held += 1
-        except TimeoutError:
-            pass
+            for _ in range(self.size):
+                _, got = await self.take(deadline - time.monotonic(), closing=True)
+                if not got:
+                    break
+                held += 1
         finally:
             for _ in range(held):
-                self._free.release()
+                self._release()
         idle, self._idle = self._idle, []
         return idle
+
+
+_NO_CONTEXT = contextvars.Context()
+"""The context of waiters' timers: ``_give_up`` reads no context variable, so no copy."""
+
+
+def _give_up(turn: asyncio.Future[bool]) -> None:
+    """A waiter's timeout: it stops waiting (and is skipped when its turn comes)."""
+    if not turn.done():
+        turn.set_result(False)
