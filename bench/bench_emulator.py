@@ -7,20 +7,36 @@ messages, in alternating rounds with fresh ids, at each ``--rtt-ms`` (through
 for single sends and batches, and the ratio sendonce / raw (target: <= 1.05).
 
     python bench/bench_emulator.py [--rtt-ms 0 5] [--singles 150] [--batched 2000] [--rounds 7]
+
+``--links 8 16`` measures the emulator instead (the server's own cost): the raw aio
+client works each count of sender links with one task per link, one message per
+transfer, and the emulator process's CPU (utime + stime from /proc) is divided by
+the messages it stored. ``--emulator-src DIR`` (repeatable) serves from another
+source tree (an older commit checked out elsewhere): every tree gets its own
+emulator process and broker file, and the rounds interleave them, so a busy
+machine slows each alike.
+
+    python bench/bench_emulator.py --links 8 16 --emulator-src OLD/src --emulator-src src
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 
 from _network import emulator_process, load, through_rtts
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSender
+from azure.servicebus.aio import ServiceBusClient as AsyncServiceBusClient
 from azure.servicebus.exceptions import MessageSizeExceededError
 
 from sendonce import EntityProfile, IdempotentSender, Message, RetryPolicy
@@ -151,13 +167,128 @@ def measure(conn_str: str, args: argparse.Namespace, tag: str) -> dict[str, tupl
     }
 
 
+# -- the emulator's own cost ---------------------------------------------------------------
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far, from /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+@contextlib.contextmanager
+def emulator_from(source: str, db: Path) -> Iterator[tuple[str, int]]:
+    """``sendonce emulator`` run from the source tree ``source``: (connection string, pid)."""
+    with LocalBackend(db) as store:
+        store.create_entity(PROFILE)
+    env = dict(os.environ, PYTHONPATH=str(Path(source).resolve()))
+    code = "from sendonce.cli import main; main()"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "emulator", "--db", str(db), "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        proc.stdout.readline()
+        yield proc.stdout.readline().strip(), proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+async def links_round(conn_str: str, links: int, n: int, tag: str) -> float:
+    """Send ``n`` single-message transfers over ``links`` sender links, one task per link."""
+    async with AsyncServiceBusClient.from_connection_string(conn_str, retry_total=0) as client:
+        senders = [client.get_queue_sender("orders") for _ in range(links)]
+        # warm: attach (about a second for the client, whoever serves) and a first transfer
+        await asyncio.gather(*(sender.__aenter__() for sender in senders))
+        for i, sender in enumerate(senders):
+            await sender.send_messages(ServiceBusMessage(b"warm", message_id=f"{tag}w{i}"))
+
+        async def work(k: int) -> None:
+            sender = senders[k]
+            for i in range(k, n, links):
+                body = b'{"order": %d, "amount": "12.50"}' % i
+                await sender.send_messages(ServiceBusMessage(body, message_id=f"{tag}-{i}"))
+
+        start = time.perf_counter()
+        await asyncio.gather(*(work(k) for k in range(links)))
+        wall = time.perf_counter() - start
+        await asyncio.gather(*(sender.close() for sender in senders))
+        return wall
+
+
+def server_bench(args: argparse.Namespace) -> None:
+    sources = args.emulator_src or [str(Path(__file__).resolve().parents[1] / "src")]
+    # (source, links) -> [(msg/s, emulator CPU us per message)]
+    results: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        servers = [
+            stack.enter_context(emulator_from(src, Path(tmp) / f"bench{i}.db"))
+            for i, src in enumerate(sources)
+        ]
+        for r in range(args.rounds):
+            order = list(range(len(sources)))
+            if r % 2:
+                order.reverse()
+            for links in args.links:
+                for i in order:
+                    conn_str, pid = servers[i]
+                    before = process_cpu(pid)
+                    # the warm-up transfers are counted with the rest: links + n messages
+                    wall = asyncio.run(links_round(conn_str, links, args.messages, f"r{r}l{links}"))
+                    cpu = process_cpu(pid) - before
+                    sent = args.messages + links
+                    results.setdefault((sources[i], links), []).append(
+                        (args.messages / wall, 1e6 * cpu / sent)
+                    )
+        stored = []
+        for i in range(len(sources)):
+            with LocalBackend(Path(tmp) / f"bench{i}.db") as store:
+                stored.append(len(store.message_ids("orders")))
+    expected = args.rounds * sum(args.messages + links for links in args.links)
+    print(
+        f"emulator server benchmark: {args.rounds} interleaved rounds of {args.messages} "
+        f"single-message transfers, medians (min-max); load {load()}"
+    )
+    print(f"  stored messages per emulator: {stored} (expected {expected} each)")
+    for links in args.links:
+        print(f" {links} sender links, one task each")
+        for src in sources:
+            rows = results[(src, links)]
+            rates = [rate for rate, _ in rows]
+            cpus = [cpu for _, cpu in rows]
+            print(
+                f"  {src}: {statistics.median(rates):7.0f} msg/s ({min(rates):.0f}-"
+                f"{max(rates):.0f})  emulator CPU {statistics.median(cpus):5.0f} us/msg "
+                f"({min(cpus):.0f}-{max(cpus):.0f})"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--singles", type=int, default=150, help="single sends per round")
     parser.add_argument("--batched", type=int, default=2000, help="batched messages per round")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--rtt-ms", type=float, nargs="+", default=[0.0, 5.0])
+    parser.add_argument(
+        "--links", type=int, nargs="+", help="measure the emulator with these many sender links"
+    )
+    parser.add_argument("--messages", type=int, default=3000, help="messages per --links round")
+    parser.add_argument(
+        "--emulator-src",
+        action="append",
+        help="serve from this source tree (repeat to compare trees, interleaved)",
+    )
     args = parser.parse_args()
+    if args.links:
+        server_bench(args)
+        return
 
     measured: dict[float, dict[str, tuple[float, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:

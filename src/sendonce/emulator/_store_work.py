@@ -13,6 +13,7 @@ from ..errors import NoSessionAvailableError, SessionCannotBeLockedError, Valida
 from . import _codec
 from ._conditions import ARGUMENT_ERROR, NOT_FOUND, SESSION_CANNOT_BE_LOCKED, TIMEOUT, describe
 from ._nodes import SESSION_FILTER, Locked, Node
+from ._worker import Outcome, is_busy_failure
 
 if TYPE_CHECKING:
     from ..backends.local import LocalSession
@@ -26,6 +27,7 @@ __all__ = [
     "encode_received",
     "lock_session",
     "max_size",
+    "send_together",
 ]
 
 DEAD_LETTER_REASON = "DeadLetterReason"
@@ -106,6 +108,29 @@ def cancel_scheduled(store: Any, entity: str, seqs: list[int]) -> list[int]:
     if not missing:
         store.cancel_scheduled(entity, seqs)
     return missing
+
+
+def send_together(
+    store: Any, sends: list[tuple[str, list[Any], list[bytes]]], *, timeout: float
+) -> list[Outcome[Any]]:
+    """Store several transfers in one commit; each transfer's outcome (acks or error).
+
+    A transfer that fails the shared transaction (a refused message, a deleted
+    entity) leaves nothing stored; then each is stored on its own, so only it fails.
+    A locked file fails the whole call, nothing stored, to be tried again.
+    """
+    try:
+        return [Outcome(value=acks) for acks in store.send_together(sends, timeout=timeout)]
+    except Exception as exc:
+        if len(sends) == 1 or is_busy_failure(exc):
+            raise
+    outcomes: list[Outcome[Any]] = []
+    for entity, messages, raws in sends:
+        try:
+            outcomes.append(Outcome(value=store.send(entity, messages, timeout=timeout, raw=raws)))
+        except Exception as exc:
+            outcomes.append(Outcome(error=exc))
+    return outcomes
 
 
 def max_size(store: Any, node: Node) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from proton import Delivery, Endpoint, Link
 
@@ -55,14 +55,28 @@ class _Incoming:
         self.too_large = False
 
 
+class _Staged(NamedTuple):
+    """A received send waiting for the reactor's turn to end, to be committed with others."""
+
+    entity: str
+    messages: list[Any]
+    raws: list[bytes]
+    link: Any
+    dlv: Any
+    action: FaultAction
+    connection: Any
+
+
 class Transfers(HandlerBase):
     """Messages in (send transfers), messages out (receivers), and settlements."""
 
     incoming: dict[Any, _Incoming]
     pumping: set[Any]  # receivers whose poll is with the storage worker
     resting: dict[Any, float]  # receivers whose last poll found the file locked -> until
+    staged: list[_Staged]  # sends received this turn, committed together at its end
 
     def init_transfers(self) -> None:
+        self.staged = []
         self.incoming = {}
         self.pumping = set()
         self.resting = {}
@@ -142,18 +156,47 @@ class Transfers(HandlerBase):
             return
         messages = [d.message for d in decoded]
         raws = [d.raw for d in decoded]
+        # Stored with whatever else arrives in this turn of the reactor, in one commit.
+        self.staged.append(_Staged(entity, messages, raws, link, dlv, action, link.connection))
 
-        def work(store: Any) -> Any:
-            return store.send(entity, messages, timeout=attempt_timeout(), raw=raws)
+    def on_reactor_quiesced(self, event: Any) -> None:
+        """Every event of this turn is handled: commit the sends it brought, together."""
+        if not self.staged:
+            return
+        try:
+            self.commit_staged()
+        except Exception:  # a bug: never let it stop the reactor
+            _log.exception("emulator failed storing received transfers")
 
-        def done(outcome: Outcome[Any]) -> None:
-            if outcome.error is not None:
-                self.settle(dlv, Delivery.REJECTED, store_condition(outcome.error))
-                return
-            self.after_commit(link, dlv, action)
-            self.wake_receivers(entity)
+    def commit_staged(self) -> None:
+        """One transaction for the sends staged since the last commit (a group commit).
 
-        self.submit(work, done, writes=True, connection=link.connection, patience=_STORE_TIMEOUT)
+        Clients' transfers that arrive together share one commit; each is still
+        acknowledged only after the commit that holds it. One that fails the group
+        (a refused message) is stored on its own, as are the others.
+        """
+        staged, self.staged = self.staged, []
+        sends = [(s.entity, s.messages, s.raws) for s in staged]
+
+        def work(store: Any) -> list[Outcome[Any]]:
+            return _store_work.send_together(store, sends, timeout=attempt_timeout())
+
+        def done(outcome: Outcome[list[Outcome[Any]]]) -> None:
+            outcomes = outcome.value if outcome.error is None else None
+            woken: set[str] = set()
+            for i, send in enumerate(staged):
+                if send.connection not in self.connections:
+                    continue  # gone meanwhile: nothing to answer
+                error = outcome.error if outcomes is None else outcomes[i].error
+                if error is not None:
+                    self.settle(send.dlv, Delivery.REJECTED, store_condition(error))
+                    continue
+                self.after_commit(send.link, send.dlv, send.action)
+                woken.add(send.entity)
+            for entity in woken:
+                self.wake_receivers(entity)
+
+        self.submit(work, done, writes=True, patience=_STORE_TIMEOUT)
 
     def after_commit(self, link: Any, dlv: Any, action: FaultAction) -> None:
         if action is FaultAction.WITHHOLD:

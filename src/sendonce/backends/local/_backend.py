@@ -240,6 +240,20 @@ class LocalBackend:
         """
         return _sending.send(self._store, entity, messages, timeout=timeout, atomic=atomic, raw=raw)
 
+    def send_together(
+        self,
+        sends: Sequence[tuple[str, Sequence[Message], Sequence[bytes | None] | None]],
+        *,
+        timeout: float,
+    ) -> list[list[Ack]]:
+        """Several sends, each ``(entity, messages, raw)``, in one transaction: a group commit.
+
+        A server answering many clients at once (the emulator) pays one commit for
+        them all. Each send gets the acks it would get alone, in this order; one
+        that fails fails them all, and nothing of any is stored.
+        """
+        return _sending.send_together(self._store, sends, timeout=timeout)
+
     def schedule(
         self,
         entity: str,

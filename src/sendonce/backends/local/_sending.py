@@ -116,6 +116,53 @@ def _store(
     atomic: bool,
     raw: Sequence[bytes | None] | None,
 ) -> list[Ack]:
+    work, count = _plan(store, entity, messages, at, atomic=atomic, raw=raw)
+    seconds = positive_seconds(timeout, "timeout")
+    try:
+        base, accepted = store.write(work, timeout=seconds)
+    except _GroupRejected as rejected:
+        # Only the members the broker already holds are duplicates; the others were
+        # dropped with the group and are stored nowhere: they must not look delivered.
+        return [_DUPLICATE if not new else _IGNORED for new in rejected.accepted]
+    return _acks(base, accepted, count)
+
+
+def send_together(
+    store: Store,
+    sends: Sequence[tuple[str, Sequence[Message], Sequence[bytes | None] | None]],
+    *,
+    timeout: float,
+) -> list[list[Ack]]:
+    """Several sends, each ``(entity, messages, raw)``, in one transaction (a group commit).
+
+    Each keeps its own acks, as if sent alone in this order; one that fails fails
+    them all, and nothing of any is stored.
+    """
+    plans = [
+        _plan(store, entity, messages, None, atomic=False, raw=raw)
+        for entity, messages, raw in sends
+    ]
+    seconds = positive_seconds(timeout, "timeout")
+    results = store.write(lambda conn: [work(conn) for work, _ in plans], timeout=seconds)
+    return [
+        _acks(base, accepted, count)
+        for (base, accepted), (_, count) in zip(results, plans, strict=True)
+    ]
+
+
+_Work = Callable[[sqlite3.Connection], tuple[int, "list[bool] | None"]]
+
+
+def _plan(
+    store: Store,
+    entity: str,
+    messages: Sequence[Message],
+    at: int | None,
+    *,
+    atomic: bool,
+    raw: Sequence[bytes | None] | None,
+) -> tuple[_Work, int]:
+    """A send's SQL as work for a write transaction, and its message count (inputs checked)."""
     if not isinstance(messages, MessageColumns):  # columns hold only plain messages
         messages = list(messages)
         for message in messages:
@@ -127,7 +174,6 @@ def _store(
     raws: list[bytes | None] = [None] * len(messages) if raw is None else list(raw)
     if len(raws) != len(messages):
         raise ValidationError("raw must hold one entry per message", field="raw")
-    seconds = positive_seconds(timeout, "timeout")
     # The Python work (rule checks, stored columns, the dedup keys' JSON) is done
     # before the write transaction, against the entity's profile as last read,
     # so that processes sharing the file serialise on SQL only. The transaction
@@ -147,14 +193,12 @@ def _store(
             batch = _Batch.of(entity, text, profile, messages, at, raws)
         return base, _store_in(store, conn, eid, batch, base, ids, atomic)
 
-    try:
-        base, accepted = store.write(work, timeout=seconds)
-    except _GroupRejected as rejected:
-        # Only the members the broker already holds are duplicates; the others were
-        # dropped with the group and are stored nowhere: they must not look delivered.
-        return [_DUPLICATE if not new else _IGNORED for new in rejected.accepted]
+    return work, len(messages)
+
+
+def _acks(base: int, accepted: list[bool] | None, count: int) -> list[Ack]:
     if accepted is None:
-        return list(map(_accepted, range(base, base + len(messages))))
+        return list(map(_accepted, range(base, base + count)))
     return [_accepted(base + i) if ok else _DUPLICATE for i, ok in enumerate(accepted)]
 
 
