@@ -22,6 +22,7 @@ from pytest_mock import MockerFixture
 from sendonce import EntityProfile
 from sendonce.backends.local import LocalBackend
 from sendonce.emulator import Emulator
+from sendonce.emulator._worker import StorageWorker
 
 pytestmark = [pytest.mark.emulator, pytest.mark.timeout(120)]
 
@@ -92,8 +93,9 @@ def test_a_transfer_the_broker_refuses_fails_alone(
 
 
 def test_no_transfer_of_a_group_is_acknowledged_before_its_commit(
-    emulator: Emulator, broker_path: Path
+    emulator: Emulator, broker_path: Path, mocker: MockerFixture
 ) -> None:
+    handed_off = mocker.spy(StorageWorker, "submit")
     with RawClient(emulator.port) as raw:
         raw.open()
         links = [raw.sender("orders") for _ in range(2)]
@@ -111,7 +113,7 @@ def test_no_transfer_of_a_group_is_acknowledged_before_its_commit(
                 raw.pump()
             # no outcome yet: nothing is committed while the lock is held
             assert [d.remote_state for d in deliveries] == [0] * 4
-            assert emulator.storage_backlog == 1  # one hand-off for the whole group
+            assert handed_off.call_count == 1  # the file is locked: one hand-off for the group
         finally:
             assert holder.stdin is not None
             holder.stdin.close()
