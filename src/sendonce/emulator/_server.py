@@ -81,6 +81,11 @@ class Emulator:
     seconds is closed (the idle timeout the emulator advertises in its open);
     beyond ``max_connections`` (by default what the descriptor limit leaves room
     for) a client is refused with ``amqp:resource-limit-exceeded``.
+
+    Message and session locks last each queue's or subscription's own lock
+    duration (``EntityProfile.lock_duration``, ``SubscriptionProfile.lock_duration``),
+    as on Service Bus; ``lock_duration`` overrides them all (for tests that want
+    every lock short).
     """
 
     def __init__(
@@ -89,7 +94,7 @@ class Emulator:
         *,
         host: str = "127.0.0.1",
         port: int = 0,
-        lock_duration: timedelta = timedelta(seconds=60),
+        lock_duration: timedelta | None = None,
         poll_interval: float = 0.05,
         handshake_timeout: float = 30.0,
         idle_timeout: float = 240.0,
@@ -117,6 +122,14 @@ class Emulator:
                 raise ConfigurationError(
                     f"{name} must be a positive number of seconds, got {value!r}", field=name
                 )
+        if lock_duration is not None and (
+            not isinstance(lock_duration, timedelta) or lock_duration <= timedelta(0)
+        ):
+            raise ConfigurationError(
+                "lock_duration must be a positive timedelta, or None for each queue's and "
+                "subscription's own",
+                field="lock_duration",
+            )
         if max_connections is None:
             max_connections = _default_max_connections()
         if isinstance(max_connections, bool) or not isinstance(max_connections, int):

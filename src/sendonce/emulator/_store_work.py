@@ -38,7 +38,11 @@ Refusal = tuple[str, str]
 
 
 def check_entity(store: Any, node: Node, *, receiving: bool) -> Refusal | None:
-    """Why a link to ``node`` is refused (as Service Bus refuses it), or None."""
+    """Why a link to ``node`` is refused (as Service Bus refuses it), or None.
+
+    Names ignore case, as on Service Bus: an accepted ``node`` gets the entity's and
+    subscription's names as created, so that every later comparison sees one name.
+    """
     if not node.entity:
         return NOT_FOUND, "no entity named in the link address"
     if "$" in node.entity or (node.subscription and "$" in node.subscription):
@@ -56,25 +60,36 @@ def check_entity(store: Any, node: Node, *, receiving: bool) -> Refusal | None:
             return NOT_FOUND, (
                 f"{node.entity!r} is a topic: receive from {node.entity}/Subscriptions/<name>"
             )
-        if node.subscription not in store.subscriptions(node.entity):
-            return NOT_FOUND, (
-                f"the messaging entity {node.entity}/Subscriptions/{node.subscription} "
-                "could not be found"
-            )
+        refusal = _canonical_subscription(store, node)
+        if refusal is not None:
+            return refusal
+    node.entity = profile.name
+    return None
+
+
+def _canonical_subscription(store: Any, node: Node) -> Refusal | None:
+    """Give ``node`` its subscription's name as created; a refusal when there is none."""
+    try:
+        node.subscription = store.describe_subscription(node.entity, node.subscription).name
+    except ValidationError:
+        return NOT_FOUND, (
+            f"the messaging entity {node.entity}/Subscriptions/{node.subscription} "
+            "could not be found"
+        )
     return None
 
 
 def check_management(store: Any, node: Node) -> Refusal | None:
     """Why a ``$management`` link to ``node``'s entity is refused (it does not exist), or None."""
     try:
-        store.describe(node.entity)
+        profile = store.describe(node.entity)
     except Exception:
         return NOT_FOUND, f"the messaging entity {node.entity!r} could not be found"
-    if node.subscription is not None and node.subscription not in store.subscriptions(node.entity):
-        return NOT_FOUND, (
-            f"the messaging entity {node.entity}/Subscriptions/{node.subscription} "
-            "could not be found"
-        )
+    if node.subscription is not None:
+        refusal = _canonical_subscription(store, node)
+        if refusal is not None:
+            return refusal
+    node.entity = profile.name
     return None
 
 
@@ -145,7 +160,7 @@ def lock_session(
     store: Any,
     node: Node,
     filters: dict[str, Any],
-    lock_duration: timedelta,
+    lock_duration: timedelta | None,
 ) -> tuple[Refusal | None, LocalSession | None]:
     """Give a session receiver its session (the one asked for, or the next available).
 
@@ -154,7 +169,10 @@ def lock_session(
     """
     if node.sub_queue is not None:
         return None, None  # a dead-letter subqueue has no sessions to lock
-    sessionful = bool(getattr(store.describe(node.entity), "sessions", False))
+    if node.subscription is not None:  # a subscription has its own sessions setting
+        sessionful = bool(store.describe_subscription(node.entity, node.subscription).sessions)
+    else:
+        sessionful = bool(getattr(store.describe(node.entity), "sessions", False))
     if str(SESSION_FILTER) not in filters:
         if sessionful:
             refusal = f"{node.entity!r} requires sessions: open a session receiver"
