@@ -54,10 +54,8 @@ def sb(emulator: Emulator) -> Iterator[ServiceBusClient]:
 
 
 def send(sb: ServiceBusClient, entity: str, *messages: ServiceBusMessage) -> None:
-    if entity == "events":
-        sender = sb.get_topic_sender(entity)
-    else:
-        sender = sb.get_queue_sender(entity)
+    topic = entity.lower() == "events"
+    sender = sb.get_topic_sender(entity) if topic else sb.get_queue_sender(entity)
     with sender:
         sender.send_messages(list(messages), timeout=10)
 
