@@ -226,15 +226,16 @@ class Network:
 
 
 def cpu_report(network: Network) -> None:
-    """Where the CPU went, per message: this process, the delay proxy, the emulator."""
-    print("  CPU µs per message (all rounds): " + "client / proxy / emulator")
+    """Where the CPU went, per message: this process (of which its garbage collector), the
+    delay proxy, the emulator."""
+    print("  CPU µs per message (all rounds): client (gc) / proxy / emulator")
     for name, meter in network.cpu.items():
         n = network.cpu_counts[name]
         used = meter.used
         proxy = sum(v for k, v in used.items() if k.startswith("proxy"))
         print(
-            f"    {name:<26} {used['client'] / n * 1e6:6.0f} / {proxy / n * 1e6:5.0f} / "
-            f"{used.get('emulator', 0.0) / n * 1e6:5.0f}"
+            f"    {name:<26} {used['client'] / n * 1e6:6.0f} ({used['client gc'] / n * 1e6:3.0f})"
+            f" / {proxy / n * 1e6:5.0f} / {used.get('emulator', 0.0) / n * 1e6:5.0f}"
         )
 
 

@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import re
+import select
 import selectors
 import socket
 import subprocess
@@ -110,9 +111,9 @@ class _Server:
     """The proxy itself, run by the child process on its main thread.
 
     Two choices keep the instrument from distorting what it measures. Its event loop
-    waits with ``select`` (microsecond timeouts): asyncio's default epoll selector rounds
-    each wait up to a whole millisecond, which delivered chunks up to 1 ms late per
-    direction. And each direction is a protocol with a FIFO of chunks and at most one
+    sleeps with microsecond timeouts (:class:`_PreciseEpoll`): asyncio's default epoll
+    selector rounds each wait up to a whole millisecond, which delivered chunks up to
+    1 ms late per direction. And each direction is a protocol with a FIFO of chunks and at most one
     timer, not a stream reader, a queue and a task: a fraction of the CPU per chunk.
     """
 
@@ -335,9 +336,21 @@ def main() -> None:
 
 
 def _precise_loop() -> asyncio.AbstractEventLoop:
-    """An event loop whose waits end on time: ``select`` takes microsecond timeouts,
-    epoll (asyncio's default) rounds each one up to a whole millisecond."""
-    return asyncio.SelectorEventLoop(selectors.SelectSelector())
+    """An event loop whose waits end on time (see :class:`_PreciseEpoll`)."""
+    return asyncio.SelectorEventLoop(_PreciseEpoll())
+
+
+class _PreciseEpoll(selectors.EpollSelector):
+    """epoll, but a wait with a timeout sleeps in ``select`` on the epoll descriptor: epoll
+    rounds every timeout up to a whole millisecond, ``select`` takes microseconds."""
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if timeout is not None and timeout > 0:
+            ready, _, _ = select.select([self.fileno()], [], [], timeout)
+            if not ready:
+                return []
+            timeout = 0
+        return super().select(timeout)
 
 
 if __name__ == "__main__":
