@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
 from collections.abc import Iterator
@@ -12,7 +13,8 @@ from typing import Any
 
 import click
 
-from .._entity import EntityProfile
+from .._entity import DEFAULT_LOCK_DURATION, EntityProfile
+from .._subscription import SubscriptionProfile
 from ..backends.local import LocalBackend, ReceivedMessage
 from ..errors import SendOnceError, ValidationError
 from ._files import os_errors, writable_problem
@@ -64,6 +66,48 @@ def _open(path: str, *, create: bool = False, reading_only: bool = False) -> Ite
             raise CommandError(text) from None
 
 
+_DEFAULT_MAX_DELIVERY_COUNT = 10
+# The receive settings of queues and subscriptions: field -> the option that sets it.
+_RECEIVE_OPTION_OF = {
+    "sessions": "--sessions",
+    "lock_duration": "--lock-duration",
+    "max_delivery_count": "--max-delivery-count",
+    "default_message_time_to_live": "--default-ttl",
+    "dead_lettering_on_message_expiration": "--dead-letter-on-expiry",
+}
+
+
+def _receive_options(function: Any) -> Any:
+    """The options of a queue's or subscription's receive settings."""
+    for option in reversed(
+        [
+            click.option(
+                "--lock-duration",
+                callback=duration_option,
+                help="How long a peek-lock lasts unless renewed, 1s to 5m (default 1m).",
+            ),
+            click.option(
+                "--max-delivery-count",
+                type=click.IntRange(min=1),
+                help="Dead-letter a message after this many deliveries (default 10).",
+            ),
+            click.option(
+                "--default-ttl",
+                callback=duration_option,
+                help="Messages expire after this long unless they say sooner (default: never).",
+            ),
+            click.option(
+                "--dead-letter-on-expiry",
+                is_flag=True,
+                default=None,
+                help="Move expired messages to the dead-letter subqueue instead of dropping them.",
+            ),
+        ]
+    ):
+        function = option(function)
+    return function
+
+
 @click.group(epilog=BROKER_EXIT_HELP)
 def broker() -> None:
     """Create and inspect a local broker file (the embedded broker)."""
@@ -88,6 +132,7 @@ def broker() -> None:
     "--no-persist-id-cache", is_flag=True, help="Artemis mode: forget the ids when restarted."
 )
 @click.option("--subscription", "subscriptions", multiple=True, help="Topic subscription to add.")
+@_receive_options
 @click.option("--exist-ok", is_flag=True, help="Succeed if an identical entity exists.")
 def create(
     file: str,
@@ -100,9 +145,18 @@ def create(
     id_cache_size: int | None,
     no_persist_id_cache: bool,
     subscriptions: tuple[str, ...],
+    lock_duration: timedelta | None,
+    max_delivery_count: int | None,
+    default_ttl: timedelta | None,
+    dead_letter_on_expiry: bool,
     exist_ok: bool,
 ) -> None:
-    """Create a queue or topic in FILE (the file is created if needed)."""
+    """Create a queue or topic in FILE (the file is created if needed).
+
+    On a topic, --sessions, --lock-duration, --max-delivery-count and
+    --dead-letter-on-expiry are what its subscriptions get unless created with
+    their own (see create-subscription); its --default-ttl applies to them all.
+    """
     if subscriptions and not topic:
         raise click.UsageError("--subscription needs --topic: queues have no subscriptions")
     _refuse_conflicts(window, no_dedup, id_cache_size, no_persist_id_cache)
@@ -117,38 +171,167 @@ def create(
             sessions=sessions,
             id_cache_size=id_cache_size,
             persist_id_cache=not no_persist_id_cache,
+            lock_duration=DEFAULT_LOCK_DURATION if lock_duration is None else lock_duration,
+            max_delivery_count=_DEFAULT_MAX_DELIVERY_COUNT
+            if max_delivery_count is None
+            else max_delivery_count,
+            default_message_time_to_live=default_ttl,
+            dead_lettering_on_message_expiration=bool(dead_letter_on_expiry),
         )
     except ValidationError as exc:
         if exc.field == "duplicate_detection_window":
             raise click.BadParameter(window_error(window), param_hint="--window") from None
+        if exc.field in _RECEIVE_OPTION_OF:
+            raise click.BadParameter(
+                _receive_error(exc.field, locals()), param_hint=_RECEIVE_OPTION_OF[exc.field]
+            ) from None
         raise click.BadParameter(cli_text(exc), param_hint="--entity") from None
     with _open(file, create=True) as backend:
-        existing = {p.name: p for p in backend.entities()}.get(name)
+        existing = {p.name.lower(): p for p in backend.entities()}.get(name.lower())
         if existing is not None:
             if not exist_ok:
                 raise InputError(
                     f"entity {name!r} already exists in {os.path.abspath(file)} "
                     "(--exist-ok accepts an identical one)"
                 )
-            difference = profile_difference(existing, profile)
+            difference = profile_difference(existing, profile) or _receive_difference(
+                f"entity {existing.name!r}", existing, profile
+            )
             if difference is not None:
                 raise InputError(difference)
         else:
             backend.create_entity(profile, exist_ok=exist_ok)
-        had = set(backend.subscriptions(name)) if topic else set()
+        had = {n.lower() for n in backend.subscriptions(name)} if topic else set()
         for subscription in subscriptions:
             backend.create_subscription(name, subscription, exist_ok=exist_ok)
     where = os.path.abspath(file)
     if existing is None:
         click.echo(f"created {profile.kind} {name!r} in {where}")
     else:
-        click.echo(f"{profile.kind} {name!r} already exists in {where} with these settings")
+        click.echo(
+            f"{profile.kind} {existing.name!r} already exists in {where} with these settings"
+        )
     for subscription in subscriptions:
-        verb = "already exists" if subscription in had else "created"
+        verb = "already exists" if subscription.lower() in had else "created"
         click.echo(f"subscription {subscription!r} {verb}")
 
 
 _DEFAULT_WINDOW = timedelta(minutes=10)
+
+
+def _receive_error(field: str, given: dict[str, Any]) -> str:
+    """A refused receive setting, in the options' own units."""
+    if field == "lock_duration":
+        value = given["lock_duration"]
+        return f"{format_duration(value)} is outside the broker's range 1s to 5m"
+    if field == "default_message_time_to_live":
+        return f"{format_duration(given['default_ttl'])} is not a positive duration"
+    return f"{_RECEIVE_OPTION_OF[field]} is not valid"
+
+
+def _receive_difference(
+    what: str, existing: EntityProfile | SubscriptionProfile, wanted: object
+) -> str | None:
+    """How existing receive settings differ from what the options ask for, in option terms."""
+    for field, option in _RECEIVE_OPTION_OF.items():
+        have, want = getattr(existing, field), getattr(wanted, field)
+        if have == want:
+            continue
+        shown = {
+            None: "none",
+            True: "on",
+            False: "off",
+        }
+        have_text = format_duration(have) if isinstance(have, timedelta) else shown.get(have, have)
+        want_text = format_duration(want) if isinstance(want, timedelta) else shown.get(want, want)
+        return (
+            f"{what} has {option.lstrip('-')} {have_text}, but the options ask for "
+            f"{want_text}; the settings of an existing {what.split()[0]} cannot change"
+        )
+    return None
+
+
+@broker.command("create-subscription")
+@click.argument("file", type=_EXISTING_FILE)
+@click.option("--entity", "name", required=True, help="The topic.")
+@click.option("--subscription", required=True, help="Subscription name (at most 50 characters).")
+@click.option(
+    "--sessions/--no-sessions",
+    default=None,
+    help="Whether its receivers take sessions (default: as the topic).",
+)
+@_receive_options
+@click.option("--exist-ok", is_flag=True, help="Succeed if an identical subscription exists.")
+def create_subscription(
+    file: str,
+    name: str,
+    subscription: str,
+    sessions: bool | None,
+    lock_duration: timedelta | None,
+    max_delivery_count: int | None,
+    default_ttl: timedelta | None,
+    dead_letter_on_expiry: bool | None,
+    exist_ok: bool,
+) -> None:
+    """Add a subscription with its own receive settings to a topic in FILE.
+
+    A setting not given is the topic's (its --default-ttl: none of its own; the
+    topic's applies anyway, and the shorter wins).
+    """
+    try:  # checked before the file is opened
+        wanted = SubscriptionProfile(
+            subscription,
+            sessions=bool(sessions),
+            lock_duration=DEFAULT_LOCK_DURATION if lock_duration is None else lock_duration,
+            max_delivery_count=_DEFAULT_MAX_DELIVERY_COUNT
+            if max_delivery_count is None
+            else max_delivery_count,
+            default_message_time_to_live=default_ttl,
+            dead_lettering_on_message_expiration=bool(dead_letter_on_expiry),
+        )
+    except ValidationError as exc:
+        if exc.field in _RECEIVE_OPTION_OF:
+            raise click.BadParameter(
+                _receive_error(exc.field, locals()), param_hint=_RECEIVE_OPTION_OF[exc.field]
+            ) from None
+        raise click.BadParameter(cli_text(exc), param_hint="--subscription") from None
+    given: dict[str, Any] = {
+        "sessions": sessions,
+        "lock_duration": lock_duration,
+        "max_delivery_count": max_delivery_count,
+        "default_message_time_to_live": default_ttl,
+        "dead_lettering_on_message_expiration": dead_letter_on_expiry,
+    }
+    with _open(file) as backend:
+        _require_entity(backend, name)
+        topic = backend.describe(name)
+        if topic.kind != "topic":
+            raise InputError(f"--entity: {topic.name!r} is a queue; only topics have subscriptions")
+        existing = {p.name.lower(): p for p in backend.subscription_profiles(name)}.get(
+            subscription.lower()
+        )
+        if existing is not None:
+            if not exist_ok:
+                raise InputError(
+                    f"topic {topic.name!r} already has subscription {existing.name!r} "
+                    "(--exist-ok accepts an identical one)"
+                )
+            asked = dataclasses.replace(
+                existing, **{k: v for k, v in given.items() if v is not None}
+            )
+            difference = _receive_difference(f"subscription {existing.name!r}", existing, asked)
+            if difference is not None:
+                raise InputError(difference)
+            created = existing
+        else:
+            created = backend.create_subscription(
+                name,
+                subscription,
+                **given,
+            )
+    verb = "created" if existing is None else "already exists with these settings:"
+    click.echo(f"subscription {created.name!r} of topic {topic.name!r} {verb}")
+    click.echo(f"  {_describe_receiving(created)}")
 
 
 def _refuse_conflicts(
@@ -180,7 +363,7 @@ def _refuse_conflicts(
 def _require_entity(backend: LocalBackend, name: str) -> None:
     """A missing entity is named along with those that exist, so a typo is plain to see."""
     names = [p.name for p in backend.entities()]
-    if name in names:
+    if name.lower() in {n.lower() for n in names}:  # names ignore case, as on Service Bus
         return
     where = os.path.abspath(backend.path)
     if names:
@@ -216,7 +399,35 @@ def _settings(profile: EntityProfile) -> dict[str, Any]:
         "id_cache_size": profile.id_cache_size,
         "persist_id_cache": profile.persist_id_cache,
         "max_message_size": profile.max_message_size,
+        **_receive_settings(profile),
     }
+
+
+def _receive_settings(profile: EntityProfile | SubscriptionProfile) -> dict[str, Any]:
+    """A queue's, topic's or subscription's receive settings as JSON fields."""
+    ttl = profile.default_message_time_to_live
+    return {
+        "sessions": profile.sessions,
+        "lock_duration_seconds": profile.lock_duration.total_seconds(),
+        "max_delivery_count": profile.max_delivery_count,
+        "default_ttl_seconds": None if ttl is None else ttl.total_seconds(),
+        "dead_letter_on_expiry": profile.dead_lettering_on_message_expiration,
+    }
+
+
+def _describe_receiving(profile: EntityProfile | SubscriptionProfile) -> str:
+    """``lock 1m, max deliveries 10, no ttl``: the receive settings in option units."""
+    ttl = profile.default_message_time_to_live
+    words = [
+        f"lock {format_duration(profile.lock_duration)}",
+        f"max deliveries {profile.max_delivery_count}",
+        "no ttl" if ttl is None else f"ttl {format_duration(ttl)}",
+    ]
+    if profile.dead_lettering_on_message_expiration:
+        words.append("dead-letter on expiry")
+    if isinstance(profile, SubscriptionProfile) and profile.sessions:
+        words.insert(0, "sessions")
+    return ", ".join(words)
 
 
 def _describe(profile: EntityProfile) -> str:
@@ -228,7 +439,7 @@ def _describe(profile: EntityProfile) -> str:
     else:
         dedup = f"window {format_duration(profile.duplicate_detection_window)}"
     flags = [f for f in ("partitioned", "sessions") if getattr(profile, f)]
-    return ", ".join([profile.kind, dedup, *flags])
+    return ", ".join([profile.kind, dedup, *flags, _describe_receiving(profile)])
 
 
 @broker.command()
@@ -243,10 +454,17 @@ def stats(file: str, name: str | None, as_json: bool) -> None:
             _require_entity(backend, name)
         profiles = [backend.describe(name)] if name else backend.entities()
         result = {p.name: {"profile": _describe(p), **backend.stats(p.name)} for p in profiles}
+        subscriptions = {
+            p.name: backend.subscription_profiles(p.name) for p in profiles if p.kind == "topic"
+        }
     if as_json:
         by_name = {p.name: p for p in profiles}
         for entity_name, counts in result.items():
             counts["settings"] = _settings(by_name[entity_name])
+            if entity_name in subscriptions:
+                counts["subscriptions"] = {
+                    s.name: _receive_settings(s) for s in subscriptions[entity_name]
+                }
         click.echo(json.dumps(result, indent=2, sort_keys=True))
         return
     if not result:
@@ -255,6 +473,8 @@ def stats(file: str, name: str | None, as_json: bool) -> None:
         click.echo(f"{entity} ({counts.pop('profile')})")
         for key, value in counts.items():
             click.echo(f"  {key}: {value}")
+        for sub in subscriptions.get(entity, []):
+            click.echo(f"  subscription {sub.name} ({_describe_receiving(sub)})")
 
 
 def _as_json(message: ReceivedMessage) -> str:

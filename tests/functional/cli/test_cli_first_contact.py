@@ -233,6 +233,10 @@ def test_stats_json_has_structured_settings(db):
         "id_cache_size": None,
         "persist_id_cache": True,
         "max_message_size": stats["orders"]["settings"]["max_message_size"],
+        "lock_duration_seconds": 60.0,
+        "max_delivery_count": 10,
+        "default_ttl_seconds": None,
+        "dead_letter_on_expiry": False,
     }
 
 
