@@ -174,6 +174,13 @@ def check(
         "expired_resends": len(expired),
         "permanent_unconfirmed": len(permanent - confirmed - doubt),
         "window_expired_duplicates": excused,
+        # calls whose task the producer cancelled (then resumed, or re-run by a restart)
+        "cancelled_calls": sum(
+            1
+            for events in journals.values()
+            for e in events
+            if e["ev"] == "interrupted" and e.get("how") == "cancel"
+        ),
     }
     return verdict
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from .schedule import generate
-from .suite import DEFAULT_SEEDS, SLOW_SEEDS, open_bug
+from .schedule import cancels, generate
+from .suite import CANCEL_SEEDS, DEFAULT_SEEDS, SLOW_SEEDS, open_bug
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -19,6 +19,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "cancelling_seed" in metafunc.fixturenames:  # the schedules that cancel tasks
+        chosen = metafunc.config.getoption("--seed")
+        found = tuple(chosen) or tuple(s for s in range(*CANCEL_SEEDS) if cancels(generate(s)))
+        emulated = {s for s in found if generate(s)["transport"] == "emulator"}
+        marked = [[pytest.mark.emulator] if s in emulated else [] for s in found]
+        metafunc.parametrize(
+            "cancelling_seed",
+            [pytest.param(s, id=f"seed{s}", marks=m) for s, m in zip(found, marked, strict=True)],
+        )
     if "schedule_seed" in metafunc.fixturenames:
         chosen = metafunc.config.getoption("--seed")
         slow = metafunc.definition.get_closest_marker("slow") is not None

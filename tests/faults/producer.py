@@ -241,6 +241,67 @@ class AsyncKillSwitch:
         return getattr(self.inner, name)
 
 
+class AsyncCancelPoint:
+    """Cancels the task of the send call running now at a planned transport call.
+
+    ``arm(point, task)`` at a call's start: ``{"transfer": k, "phase": "before"}``
+    cancels the task as the call's k-th transport call starts (the transfer is then
+    in flight when the cancellation lands), ``"after"`` right after the broker
+    answered it (stored, the sender not yet told). ``{"after_s": x}`` is handled by
+    the producer with a timer instead.
+    """
+
+    def __init__(self, inner: Any, log: Callable[[str], None]) -> None:
+        self.inner = inner
+        self.log = log
+        self.point: dict[str, Any] | None = None
+        self.task: asyncio.Task[Any] | None = None
+        self.count = 0
+
+    def arm(self, point: dict[str, Any] | None, task: asyncio.Task[Any] | None) -> None:
+        self.point = point if point and "transfer" in point else None
+        self.task = task
+        self.count = 0
+
+    def _cancel_if(self, phase: str, index: int) -> None:
+        point, task = self.point, self.task
+        if point is None or task is None or point["phase"] != phase:
+            return
+        if point["transfer"] == index:
+            self.log(f"cancelling the call's task {phase} its transport call {index}")
+            task.cancel()
+
+    async def send(
+        self, entity: str, messages: Sequence[Message], *, timeout: float, atomic: bool = False
+    ) -> list[Ack]:
+        index = self.count
+        self.count += 1
+        self._cancel_if("before", index)
+        acks: list[Ack] = await self.inner.send(entity, messages, timeout=timeout, atomic=atomic)
+        self._cancel_if("after", index)
+        return acks
+
+    async def schedule(
+        self, entity: str, messages: Sequence[Message], at: datetime, *, timeout: float
+    ) -> list[Ack]:
+        index = self.count
+        self.count += 1
+        self._cancel_if("before", index)
+        acks: list[Ack] = await self.inner.schedule(entity, messages, at, timeout=timeout)
+        self._cancel_if("after", index)
+        return acks
+
+    async def describe(self, entity: str) -> EntityProfile:
+        profile: EntityProfile = await self.inner.describe(entity)
+        return profile
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
 # Holds the broker's write lock (as any other writer may) for argv[2] seconds.
 LOCKER = """
 import sqlite3, sys, time
@@ -496,6 +557,9 @@ class Producer:
                 self.aio_backend = ThreadedBackend(faulty)
             cleanup.insert(0, self.loop.close)
 
+        if self.aio_backend is not None:
+            self.aio_backend = self.cancel_point = AsyncCancelPoint(self.aio_backend, self.log)
+
         def close() -> None:
             transport.close()
             for step in reversed(cleanup):
@@ -640,8 +704,29 @@ class Producer:
         now_ = [m for m in messages if not (every and id_number(m.message_id) % every == 0)]
         report = SendReport()
         api = self.schedule.get("api", "send_many")
+        cancel = self.plan.get("cancels", {}).get(str(self.seq - 1))
         try:
-            self._send(backend, report, api, now_, later, chunk, kind, origin, extra)
+            self._send(backend, report, api, now_, later, chunk, kind, origin, extra, cancel)
+        except asyncio.CancelledError:
+            # the application cancelled the call's task: its transfers may have been
+            # stored, so it is in flight; resume it with its original first attempt
+            # (or exit, and the restarted incarnation finds it in flight)
+            self.journal.write(
+                {"ev": "interrupted", "call": call_id, "t": self.time.now(), "how": "cancel"}
+            )
+            if self.spec.get("after_cancel") == "exit":
+                self.log(f"cancelled call {call_id}: exiting")
+                raise SystemExit(130) from None
+            self.log(f"cancelled call {call_id}: resuming it")
+            self.send_call(
+                backend,
+                numbers,
+                kind="resume",
+                chunk=chunk,
+                origin=now if origin is None else origin,
+                resumes=call_id,
+            )
+            return
         except KeyboardInterrupt:
             # Ctrl-C mid-call: the call is in flight, as after a crash; resume it at once
             # with its original first attempt (or exit and let the restart resume it)
@@ -672,12 +757,23 @@ class Producer:
         kind: str,
         origin: float | None,
         extra: float,
+        cancel: dict[str, Any] | None = None,
     ) -> None:
         if api.startswith("aio"):
             first = origin
-            self.loop.run_until_complete(
+            task = self.loop.create_task(
                 self._aio_send(report, api, now_, later, first, self.policy(extra))
             )
+            self.cancel_point.arm(cancel, task)
+            if cancel is not None and "after_s" in cancel:
+                self.log(f"cancelling the call's task after {cancel['after_s']}s")
+                self.loop.call_later(cancel["after_s"], task.cancel)
+            try:
+                # raises CancelledError once the task has ended cancelled; a call that
+                # finished before its cancellation is simply done
+                self.loop.run_until_complete(task)
+            finally:
+                self.cancel_point.arm(None, None)
             return
         url_sender = self.url_sender_for(kind, chunk)
         with (

@@ -200,7 +200,70 @@ def generate(seed: int, *, emulator: bool = True) -> dict[str, Any]:
     }
     add_sharing(schedule)
     add_in_flight(schedule)
+    add_cancellation(schedule)
     return schedule
+
+
+# Real seconds after a call starts at which its task is cancelled (when not at a transfer).
+CANCEL_DELAYS = (0.0, 0.001, 0.005, 0.02)
+
+
+def add_cancellation(schedule: dict[str, Any]) -> None:
+    """Where an ``aio`` producer cancels the task running a send call, from its own rng.
+
+    Drawn last and apart, so each seed's other choices stay what they were.
+    ``cancels`` (per incarnation plan): at these send calls (one per chunk, the
+    incarnation's own, counted from 0) the producer calls ``task.cancel()`` on the task
+    running the call, as an application timeout or a shutdown would: as the call's
+    k-th transport call starts (``{"transfer": k, "phase": "before"}``: the transfer is
+    in flight) or right after the broker answered it (``"after"``: stored, the sender
+    not yet told), or ``{"after_s": x}`` real seconds after the call started.
+    ``after_cancel`` says what the producer does then: resume the call at once with
+    its original first attempt (``resume``), or exit (130) and leave it to the
+    restarted incarnation, which finds it in flight in its journal (``exit``).
+    """
+    rng = random.Random(f"cancel:{schedule['seed']}")
+    chunk = schedule["chunk"]
+    for spec in schedule["producers"]:
+        spec["after_cancel"] = "resume"
+        for plan in spec["incarnations"]:
+            plan["cancels"] = {}
+    if not schedule["api"].startswith("aio"):
+        return
+    for spec in schedule["producers"]:
+        if rng.random() >= 0.5:
+            continue
+        n_chunks = -(-len(spec["ids"]) // chunk)  # one send call per chunk
+        plan = spec["incarnations"][0]
+        # a self-kill strikes at a transport call somewhere in the run: cancel early then
+        limit = max(1, n_chunks // 3) if plan["kill"] else n_chunks
+        for _ in range(rng.choice([1, 1, 2, 3])):
+            call = rng.randint(0, max(limit - 1, 0))
+            if rng.random() < 0.7:  # at a transport call: in flight, or stored and not yet told
+                transfer = rng.choice([0, 0, 0, 1, 2])
+                point = {"transfer": transfer, "phase": rng.choice(["before", "after"])}
+            else:
+                point = {"after_s": rng.choice(CANCEL_DELAYS)}
+            plan["cancels"][str(call)] = point
+        if rng.random() < 0.3:
+            spec["after_cancel"] = "exit"
+            spec["incarnations"].append(
+                {
+                    "faults": {},
+                    "emulator_faults": [],
+                    "kill": None,
+                    "restart_delay_s": round(rng.uniform(0, 0.3), 3),
+                    "interrupts": {},
+                    "cancels": {},
+                }
+            )
+
+
+def cancels(schedule: dict[str, Any]) -> int:
+    """How many task cancellations a schedule plans."""
+    return sum(
+        len(plan.get("cancels", {})) for p in schedule["producers"] for plan in p["incarnations"]
+    )
 
 
 def add_in_flight(schedule: dict[str, Any]) -> None:
@@ -329,6 +392,9 @@ def sharing_traits(schedule: dict[str, Any]) -> list[str]:
         traits.append(f"sigint-in-lock-wait<={interrupts}" + ("(exit)" if exits else ""))
     if schedule.get("observer"):
         traits.append("observer(" + "+".join(schedule["observer"]["commands"]) + ")")
+    if cancels(schedule):
+        exits = any(p.get("after_cancel") == "exit" for p in producers)
+        traits.append(f"task-cancel<={cancels(schedule)}" + ("(exit)" if exits else ""))
     return traits
 
 

@@ -31,7 +31,9 @@ resumed (5, 8) or exiting and restarted (6, 22, 24, 30), and ``sendonce broker``
 beside the producers (6, 12, 22, 24, 25, 36, 37, 44). On the broker before issue 10's fix,
 seeds 5, 8, 12, 13, 24, 25 and 29 fail. Transfers in flight (``schedule.add_in_flight``):
 4 (2, 17, 21, 29) or 8 (9, 36, 55), over the emulator (21 aio, 55 sync), with session keys
-whose order the checker verifies (2, 17, 29, 55)."""
+whose order the checker verifies (2, 17, 29, 55). Task cancellation
+(``schedule.add_cancellation``): ``sendonce.aio`` producers cancel a call's task and resume
+it (2, 12, 33, 37, 51) or exit and are restarted (9)."""
 
 OPEN_BUGS: dict[str, str] = {}
 """Core bugs found by the suite and not fixed yet; remove an entry with its fix."""
@@ -51,6 +53,10 @@ def open_bug(schedule: dict[str, Any]) -> str | None:
 
 SLOW_SEEDS = tuple(range(1000, 1300))
 """The seeds of ``pytest -m slow tests/faults``."""
+
+CANCEL_SEEDS = (2000, 2840)
+"""``pytest -m slow tests/faults`` also runs every seed in this range whose schedule
+cancels tasks (``schedule.add_cancellation``): about 200 schedules."""
 
 
 @dataclass

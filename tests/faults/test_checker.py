@@ -223,3 +223,26 @@ def test_a_key_stored_out_of_input_order_is_a_violation() -> None:
     assert in_order.stats["ordered_keys"] == 1
     swapped = copies(0, at=0.1) + copies(6, at=0.2) + copies(1, at=0.3) + copies(3, at=0.4)
     assert kinds(check(keyed, {0: journal}, swapped)) == ["key-order"]
+
+
+def test_a_cancelled_call_is_counted_and_in_doubt_until_its_re_run_confirms_it() -> None:
+    keyed = schedule([0, 3, 6, 9])
+    keyed["entity"]["sessions"] = True  # 0, 3, 6, 9 share session s0
+    cancelled = [
+        attempt("0.0", [0, 3], chunk=0),
+        {"ev": "interrupted", "call": "0.0", "t": 0.2, "how": "cancel"},
+        attempt("0.1", [0, 3], chunk=0, resumes="0.0"),
+        done("0.1", sent=[3], duplicate=[0]),  # 0 was stored before the cancellation landed
+        attempt("0.2", [6, 9], chunk=1),
+        done("0.2", sent=[6, 9]),
+    ]
+    stored = copies(0, at=0.1) + copies(3, at=0.3) + copies(6, at=0.4) + copies(9, at=0.5)
+    verdict = check(keyed, {0: cancelled}, stored)
+    assert verdict.ok, verdict.violations
+    assert verdict.stats["cancelled_calls"] == 1
+    assert verdict.stats["ordered_keys"] == 1  # the later call's key order is checked
+    # the re-run's acknowledgement without its copy, a second copy, a later call reordered
+    assert kinds(check(keyed, {0: cancelled}, copies(0, 6, 9))) == ["missing"]
+    assert kinds(check(keyed, {0: cancelled}, [*stored, *copies(0)])) == ["duplicate"]
+    swapped = copies(0, at=0.1) + copies(3, at=0.3) + copies(9, at=0.4) + copies(6, at=0.5)
+    assert kinds(check(keyed, {0: cancelled}, swapped)) == ["key-order"]

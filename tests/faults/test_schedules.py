@@ -27,3 +27,9 @@ def test_schedule_keeps_exactly_once(schedule_seed: int, tmp_path: Path) -> None
 def test_many_schedules_keep_exactly_once(schedule_seed: int, tmp_path: Path) -> None:
     outcome = run_seed(schedule_seed, tmp_path)
     assert outcome.ok, outcome.explain()
+
+
+@pytest.mark.slow
+def test_schedules_cancelling_tasks_keep_exactly_once(cancelling_seed: int, tmp_path: Path) -> None:
+    outcome = run_seed(cancelling_seed, tmp_path)
+    assert outcome.ok, outcome.explain()
