@@ -250,7 +250,15 @@ class IdempotentSender(SenderCore):
         if self._ledger is not None:
             self._send_through_ledger([[message]], report, {}, started)
         else:
-            self._send_transfers([[message]], report, {}, started)  # failures name the message
+            # One transfer: straight to it, no lanes or pool to set up (failures name it).
+            batch = (message,)
+            key = self._gate_key(batch)
+            if key is None:
+                parts = self._transfer(batch, started, None)
+            else:
+                with self._gate.hold(key):
+                    parts = self._transfer(batch, started, None)
+            self._account_parts(parts, report, {})
         if report.failures:
             raise report.failures[0].error
         return report.results[0]

@@ -11,7 +11,7 @@ import copy
 import logging
 import threading
 from bisect import bisect_right
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from itertools import accumulate, filterfalse
@@ -40,6 +40,8 @@ __all__ = [
     "SenderCore",
     "transfer_key",
 ]
+
+_OUTCOME = attrgetter("outcome")
 
 logger = logging.getLogger("sendonce.sender")
 
@@ -355,9 +357,9 @@ class SenderCore:
     ) -> None:
         """Record an acknowledged transfer; members of an ignored group are failures."""
         acks = attempted.value
-        outcomes = Counter(map(attrgetter("outcome"), acks))
-        if not outcomes["ignored"]:
-            report._add_chunk(batch, attempted, outcomes["duplicate"])
+        outcomes = list(map(_OUTCOME, acks))
+        if "ignored" not in outcomes:
+            report._add_chunk(batch, attempted, outcomes.count("duplicate"))
             return
         culprits = [
             m.message_id for m, a in zip(batch, acks, strict=True) if a.outcome == "duplicate"
