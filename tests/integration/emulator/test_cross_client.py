@@ -29,29 +29,42 @@ pytestmark = pytest.mark.emulator
 REPO = Path(__file__).resolve().parents[3]
 SUITE = REPO / "tests" / "crossclient"
 SCENARIOS = sorted(path.stem for path in (SUITE / "scenarios").glob("*.js"))
-# Short, so the lock expiry scenarios wait seconds; the client renews locks it holds.
+# Each entity's lock unless it names its own: short, so the lock expiry scenarios wait
+# seconds; the client renews locks it holds.
 LOCK_DURATION = timedelta(seconds=5)
 RUN_TIMEOUT_S = 240
 DIVERGENCE_TABLE = REPO / "docs" / "emulator.md"
 
 
+def _fields(options: dict[str, Any]) -> dict[str, Any]:
+    """Profile fields from entities.json's keys (durations in *_seconds keys)."""
+    fields: dict[str, Any] = {}
+    for key, value in options.items():
+        if key.endswith("_seconds"):
+            fields[key.removesuffix("_seconds")] = timedelta(seconds=value)
+        else:
+            fields[key] = value
+    return fields
+
+
 def create_entities(path: Path) -> None:
-    """Creates the broker file's entities from entities.json (durations in *_seconds keys)."""
+    """Creates the broker file's entities from entities.json: each gets the suite's short lock
+    unless it names its own; a subscription is a name or a name with its own settings."""
     spec = json.loads((SUITE / "entities.json").read_text(encoding="utf-8"))
     with LocalBackend(path) as store:
         for entry in spec["entities"]:
             options = dict(entry)
             name = options.pop("name")
             subscriptions = options.pop("subscriptions", [])
-            fields: dict[str, Any] = {}
-            for key, value in options.items():
-                if key.endswith("_seconds"):
-                    fields[key.removesuffix("_seconds")] = timedelta(seconds=value)
-                else:
-                    fields[key] = value
+            fields = {"lock_duration": LOCK_DURATION, **_fields(options)}
             store.create_entity(EntityProfile(name, **fields))
             for subscription in subscriptions:
-                store.create_subscription(name, subscription)
+                if isinstance(subscription, str):
+                    store.create_subscription(name, subscription)
+                else:
+                    settings = dict(subscription)
+                    sub_name = settings.pop("name")
+                    store.create_subscription(name, sub_name, **_fields(settings))
 
 
 def node_problem() -> str | None:
@@ -104,7 +117,8 @@ def suite_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulato
     """One fresh emulator for the whole suite, with interop.json sent by the Python client."""
     path = tmp_path_factory.mktemp("crossclient") / "broker.db"
     create_entities(path)
-    with Emulator(path, lock_duration=LOCK_DURATION, poll_interval=0.02) as emulator:
+    # No emulator-wide lock duration: each entity's own (entities.json) governs its locks.
+    with Emulator(path, poll_interval=0.02) as emulator:
         with (
             ServiceBusClient.from_connection_string(emulator.connection_string) as client,
             client.get_queue_sender("from-python") as sender,

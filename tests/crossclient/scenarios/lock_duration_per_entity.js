@@ -1,0 +1,42 @@
+// Lock duration is a setting of each queue (LockDuration): "lockshort" locks for 2 s and
+// "locklong" for 30 s, in one emulator; the short lock expires and the message is delivered
+// again, the long one is still held.
+"use strict";
+
+const assert = require("node:assert/strict");
+
+function assertLockedAbout(until, before, after, lockMs, what) {
+  const slack = 1000;
+  assert.ok(
+    until.getTime() >= before + lockMs - slack && until.getTime() <= after + lockMs + slack,
+    `${what}: locked until ${until.toISOString()}, not ${lockMs} ms after the call`,
+  );
+}
+
+module.exports.run = async (t) => {
+  await t.sender("lockshort").sendMessages({ body: "s", messageId: t.id("short") });
+  await t.sender("locklong").sendMessages({ body: "l", messageId: t.id("long") });
+  const short = t.receiver("lockshort", { maxAutoLockRenewalDurationInMs: 0 });
+  const long = t.receiver("locklong", { maxAutoLockRenewalDurationInMs: 0 });
+
+  let before = Date.now();
+  const [first] = await t.receiveAll(short, 1);
+  assertLockedAbout(first.lockedUntilUtc, before, Date.now(), 2000, "lockshort");
+  before = Date.now();
+  const [held] = await t.receiveAll(long, 1);
+  assertLockedAbout(held.lockedUntilUtc, before, Date.now(), 30000, "locklong");
+
+  before = Date.now();
+  const renewed = await short.renewMessageLock(first);
+  assertLockedAbout(renewed, before, Date.now(), 2000, "renewMessageLock on lockshort");
+
+  await t.sleep(first.lockedUntilUtc.getTime() - Date.now() + 500);
+  const [again] = await t.receiveAll(short, 1);
+  assert.equal(again.messageId, t.id("short"));
+  assert.equal(again.deliveryCount, 1, "one expired delivery before this one");
+  await short.completeMessage(again);
+  await t.expectEmpty(long); // its message is still locked to this receiver
+  await long.completeMessage(held);
+  await t.expectDrained("lockshort");
+  await t.expectDrained("locklong");
+};
