@@ -326,3 +326,24 @@ def test_a_version_6_file_with_subscriptions_differing_only_by_case_is_refused(
     with pytest.raises(BrokerFileError) as caught:
         LocalBackend(path)
     assert "'Audit' and 'audit' of topic 'events'" in str(caught.value)
+
+
+def test_a_subscription_s_own_time_to_live_is_the_one_reported(broker: LocalBackend) -> None:
+    """Service Bus reports the effective time to live of a message without its own: here the
+    subscription's, through peek, receive and a session's deferred receive alike."""
+    broker.create_entity(EntityProfile("events", kind="topic"))
+    broker.create_subscription("events", "brief", default_message_time_to_live=timedelta(hours=1))
+    broker.create_subscription(
+        "events", "ordered", sessions=True, default_message_time_to_live=timedelta(minutes=5)
+    )
+    broker.send("events", [msg("m", "s1")], timeout=5)
+    (peeked,) = broker.peek("events", subscription="brief")
+    assert peeked.time_to_live == timedelta(hours=1)
+    (got,) = broker.receive("events", subscription="brief")
+    assert got.time_to_live == timedelta(hours=1)
+    with broker.accept_session("events", "s1", subscription="ordered") as session:
+        (first,) = session.receive()
+        session.defer(first)
+        (deferred,) = session.receive_deferred([first.sequence_number])
+        assert deferred.time_to_live == timedelta(minutes=5)
+        session.complete(deferred)

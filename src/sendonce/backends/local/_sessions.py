@@ -413,6 +413,8 @@ def _receive_deferred(
 
     def work(conn: sqlite3.Connection) -> list[ReceivedMessage]:
         eid, sub, now, until = _held(store, conn, session)
+        topic = lookup(conn, session.entity)[1]
+        profile = place_settings(conn, eid, topic, session.subscription)[1]  # its own TTL
         return take_deferred(
             conn,
             eid,
@@ -424,7 +426,7 @@ def _receive_deferred(
             until=until,
             session_id=session.session_id,
             skip_locked_sessions=False,
-            default_ttl=lookup(conn, session.entity)[1].default_message_time_to_live,
+            default_ttl=profile.default_message_time_to_live,
         )
 
     return store.write(work)
