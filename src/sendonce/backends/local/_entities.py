@@ -10,6 +10,7 @@ listings and subscription keys carry.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import sqlite3
 from datetime import timedelta
@@ -221,7 +222,13 @@ def place_settings(
             field="subscription",
         )
     name, text = row
-    return name, receiving_profile(profile, subscription_from_row(profile, name, text))
+    return name, _subscription_receiving(profile, name, text)
+
+
+@functools.lru_cache(maxsize=1024)
+def _subscription_receiving(topic: EntityProfile, name: str, text: str | None) -> EntityProfile:
+    """:func:`receiving_profile` of a stored subscription, parsed once (every receive asks)."""
+    return receiving_profile(topic, subscription_from_row(topic, name, text))
 
 
 def dead_letter_sessionless(conn: sqlite3.Connection, eid: int, first: int, last: int) -> None:
