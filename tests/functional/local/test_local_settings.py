@@ -16,7 +16,13 @@ import pytest
 from _clock import Clock
 from _old_schemas import as_version_6
 
-from sendonce import ConfigurationError, EntityProfile, Message, SubscriptionProfile
+from sendonce import (
+    ConfigurationError,
+    EntityProfile,
+    Message,
+    SubscriptionProfile,
+    ValidationError,
+)
 from sendonce.backends.local import BrokerFileError, LocalBackend
 from sendonce.backends.local._schema import SCHEMA_VERSION
 
@@ -72,6 +78,18 @@ def test_a_session_is_locked_for_the_entity_s_lock_duration(broker: LocalBackend
         assert session.locked_until == clock.now + timedelta(seconds=5)
         clock.advance(seconds=4)
         assert session.renew_lock() == clock.now + timedelta(seconds=5)
+
+
+def test_an_explicit_bad_lock_duration_is_refused_naming_it_and_locks_nothing(
+    broker: LocalBackend,
+) -> None:
+    broker.create_entity(EntityProfile("orders"))
+    broker.send("orders", [msg("a")], timeout=5)
+    for bad in (timedelta(0), 5):
+        with pytest.raises(ValidationError) as caught:
+            broker.receive("orders", mode="peek_lock", lock_duration=bad)  # type: ignore[arg-type]
+        assert caught.value.field == "lock_duration"
+    assert broker.count("orders") == 1  # nothing was locked
 
 
 def test_an_old_profile_without_lock_duration_reads_as_one_minute(db: str) -> None:
