@@ -375,13 +375,23 @@ def _require_entity(backend: LocalBackend, name: str) -> None:
     )
 
 
-def _check_session_id(backend: LocalBackend, name: str, session_id: str | None) -> None:
-    """A session id only means something on an entity with sessions, and is never empty."""
+def _check_session_id(
+    backend: LocalBackend, name: str, subscription: str | None, session_id: str | None
+) -> None:
+    """A session id only means something on a queue or subscription with sessions (a
+    subscription has its own setting), and is never empty."""
     if session_id is None:
         return
     if not session_id:
         raise InputError("--session-id: give a session id (it is empty)")
-    if not backend.describe(name).sessions:
+    profile = backend.describe(name)
+    if profile.kind == "topic" and subscription is not None:
+        if not backend.describe_subscription(name, subscription).sessions:
+            raise InputError(
+                f"--session-id: subscription {subscription!r} of {name!r} has no sessions, so "
+                "no message has a session to select by; leave --session-id out"
+            )
+    elif not profile.sessions:
         raise InputError(
             f"--session-id: entity {name!r} has no sessions, so no message has a session to "
             "select by; leave --session-id out"
@@ -539,7 +549,7 @@ def peek(
     """Print stored messages as JSON lines without removing them."""
     with _open(file, reading_only=True) as backend:
         _require_entity(backend, name)
-        _check_session_id(backend, name, session_id)
+        _check_session_id(backend, name, subscription, session_id)
         messages = backend.peek(
             name,
             max_messages=max_messages,
@@ -564,7 +574,7 @@ def receive(
     """Take available messages (receive-and-delete) and print them as JSON lines."""
     with _open(file) as backend:
         _require_entity(backend, name)
-        _check_session_id(backend, name, session_id)
+        _check_session_id(backend, name, subscription, session_id)
         messages = backend.receive(
             name,
             max_messages=max_messages,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from sendonce import SubscriptionProfile
+from sendonce import Message, SubscriptionProfile
 from sendonce.backends.local import LocalBackend
 from sendonce.cli import main
 
@@ -135,3 +135,25 @@ def test_a_subscription_of_a_queue_is_refused(db: str) -> None:
     assert "'orders' is a queue; only topics have subscriptions" in result.output
     with LocalBackend(db) as backend:
         assert backend.describe("orders").kind == "queue"
+
+
+def test_session_id_selects_in_a_sessionful_subscription_of_a_sessionless_topic(db: str) -> None:
+    run("broker", "create", db, "--entity", "events", "--topic", "--subscription", "plain")
+    run(
+        "broker", "create-subscription", db, "--entity", "events", "--subscription", "ordered",
+        "--sessions",
+    )  # fmt: skip
+    with LocalBackend(db) as backend:
+        backend.send("events", [Message(b"x", message_id="m1", session_id="s1")], timeout=5)
+    peeked = run(
+        "broker", "peek", db, "--entity", "events", "--subscription", "Ordered",
+        "--session-id", "s1",
+    )  # fmt: skip
+    assert peeked.exit_code == 0, peeked.output
+    assert json.loads(peeked.output)["message_id"] == "m1"
+    refused = run(
+        "broker", "peek", db, "--entity", "events", "--subscription", "plain",
+        "--session-id", "s1",
+    )  # fmt: skip
+    assert refused.exit_code == 2
+    assert "subscription 'plain' of 'events' has no sessions" in refused.output
