@@ -263,7 +263,13 @@ class IdempotentSender(SenderCore):
         else:
             # One transfer: straight to it, holding as little as possible while it waits
             # for a lane (hundreds of callers may be waiting; see docs/benchmarks.md).
-            parts = await self._transfer((message,), started)
+            batch = (message,)
+            key = self._gate_key(batch)
+            if key is None:  # unordered: nothing to hold
+                parts = await self._transfer_held(batch, started, None)
+            else:
+                async with self._gate.hold(key):
+                    parts = await self._transfer_held(batch, started, None)
             report = SendReport()
             self._account_parts(parts, report, {})  # failures name the message
         cancelled_meanwhile(before)

@@ -342,7 +342,9 @@ class AzureServiceBusBackend:
         cancels = task.cancelling() if task is not None else 0
         started = time.monotonic()
         lanes = self._entity_lanes(entity)
-        taken, got = await lanes.take(timeout)
+        taken, got = lanes.take_now()
+        if not got:
+            taken, got = await lanes.take(timeout)
         if not got:
             raise NotSentError(
                 f"all {lanes.size} links to {entity!r} stayed busy for the {timeout:g} s "
@@ -366,15 +368,16 @@ class AzureServiceBusBackend:
                     "nothing was sent",
                     **_ids(messages),
                 )
-            await self._open_link(entity, lane, left, messages)
-            opened = True
-            left = timeout - (time.monotonic() - started)
-            if left <= _MIN_TRANSFER_TIME:
-                raise NotSentError(
-                    f"opening a link to {entity!r} used up the {timeout:g} s timeout; "
-                    "nothing was sent",
-                    **_ids(messages),
-                )
+            if not opened:
+                await self._open_link(entity, lane, left, messages)
+                opened = True
+                left = timeout - (time.monotonic() - started)
+                if left <= _MIN_TRANSFER_TIME:
+                    raise NotSentError(
+                        f"opening a link to {entity!r} used up the {timeout:g} s timeout; "
+                        "nothing was sent",
+                        **_ids(messages),
+                    )
             async with asyncio.timeout(left):
                 result = await transfer(lane.sender, left)
             failed = None

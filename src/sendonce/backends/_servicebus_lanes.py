@@ -161,6 +161,14 @@ class AsyncLanes(Generic[S]):
             raise ConfigurationError("the backend is closed", field="backend")
         return (self._idle.pop() if self._idle and not closing else None), True
 
+    def take_now(self) -> tuple[Lane[S] | None, bool]:
+        """:meth:`take` without waiting: ``(idle lane or None, got)``; ``got`` is False when
+        the caller must queue (``await take(timeout)``)."""
+        if not self._available or self._waiters or self._closed:
+            return None, False
+        self._available -= 1
+        return (self._idle.pop() if self._idle else None), True
+
     def _release(self) -> None:
         """A lane is free: hand it to the longest waiter still waiting, else keep it."""
         waiters = self._waiters
