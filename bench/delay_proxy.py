@@ -20,19 +20,21 @@ really takes and the CPU it uses per chunk.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
+import os
 import re
 import select
-import selectors
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from types import TracebackType
 
 __all__ = ["DelayProxy", "with_port"]
+
+_CHUNK = 256 * 1024
 
 
 class DelayProxy:
@@ -108,13 +110,14 @@ class DelayProxy:
 
 
 class _Server:
-    """The proxy itself, run by the child process on its main thread.
+    """The proxy itself, run by the child process on its main thread: one epoll loop.
 
-    Two choices keep the instrument from distorting what it measures. Its event loop
-    sleeps with microsecond timeouts (:class:`_PreciseEpoll`): asyncio's default epoll
-    selector rounds each wait up to a whole millisecond, which delivered chunks up to
-    1 ms late per direction. And each direction is a protocol with a FIFO of chunks and at most one
-    timer, not a stream reader, a queue and a task: a fraction of the CPU per chunk.
+    Every chunk waits the same ``rtt / 2``, so one FIFO of all connections' chunks is in
+    due order, and the loop sleeps until the oldest is due. Two choices keep the instrument
+    from distorting what it measures: it sleeps in ``select`` on the epoll descriptor
+    (microsecond timeouts: epoll, asyncio's default, rounds each wait up to a whole
+    millisecond, which delivered chunks up to 1 ms late per direction), and it is a plain
+    loop over sockets, with no event-loop handles, transports or timers per chunk.
     """
 
     def __init__(self, host: str, upstream_port: int, *, rtt: float, lifetime: float) -> None:
@@ -123,127 +126,124 @@ class _Server:
         self.rtt = rtt
         self.lifetime = lifetime
         self.port = 0
-        self._stop: asyncio.Event | None = None
 
-    async def serve(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._stop = stop = asyncio.Event()
-        pairs: set[_Side] = set()
-        connecting: set[asyncio.Task[None]] = set()
-
-        def accepted() -> _Side:
-            side = _Side(self.rtt / 2, pairs)
-            task = loop.create_task(side.connect(self.host, self.upstream_port))
-            connecting.add(task)
-            task.add_done_callback(connecting.discard)
-            return side
-
-        server = await loop.create_server(accepted, "127.0.0.1", 0)
-        self.port = server.sockets[0].getsockname()[1]
-        print(f"127.0.0.1:{self.port} -> {self.host}:{self.upstream_port}", flush=True)
+    def serve(self) -> None:
+        delay = self.rtt / 2
+        listener = socket.create_server(("127.0.0.1", 0))
+        listener.setblocking(False)
+        self.port = listener.getsockname()[1]
+        stop_r, stop_w = os.pipe()
 
         def watch_parent() -> None:
             sys.stdin.read()  # returns at EOF: the parent closed the pipe or went away
-            loop.call_soon_threadsafe(stop.set)
+            os.write(stop_w, b"x")
 
         threading.Thread(target=watch_parent, daemon=True).start()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self.lifetime):  # stops by itself
-                await stop.wait()
-        server.close()
-        for side in list(pairs):
-            side.abort()
-
-
-class _Side(asyncio.Protocol):
-    """One end of a proxied connection: what it reads goes to its peer ``delay`` later.
-
-    Chunks wait in arrival order (the delay is the same for all, so that is due order)
-    and one timer, for the oldest, is armed at a time.
-    """
-
-    def __init__(self, delay: float, pairs: set[_Side]) -> None:
-        self.delay = delay
-        self.pairs = pairs
-        self.peer: _Side | None = None
-        self.transport: asyncio.Transport | None = None
-        self.due: deque[tuple[float, bytes | None]] = deque()  # chunks for the peer
-        self.early: list[bytes | None] = []  # read before the upstream connection was made
-        self.timer: asyncio.TimerHandle | None = None
-        self.eof_read = False  # this end sent EOF
-        self.eof_written = False  # EOF was passed on to this end
-        self.loop = asyncio.get_running_loop()
-
-    async def connect(self, host: str, port: int) -> None:
-        """The client side: open the upstream connection and pair the two."""
+        poller = select.epoll()
+        poller.register(listener.fileno(), select.EPOLLIN)
+        poller.register(stop_r, select.EPOLLIN)
+        links: dict[int, _Link] = {}  # by descriptor: each end of each proxied connection
+        due: deque[tuple[float, _Link, bytes]] = deque()  # chunks for a link's socket
+        end = time.monotonic() + self.lifetime
+        print(f"127.0.0.1:{self.port} -> {self.host}:{self.upstream_port}", flush=True)
+        wait_on = [poller.fileno()]
         try:
-            _, upstream = await self.loop.create_connection(
-                lambda: _Side(self.delay, self.pairs), host, port
-            )
-        except OSError:
-            self.abort()
-            return
-        self.peer, upstream.peer = upstream, self
-        self.pairs.add(self)
-        for chunk in self.early:
-            self._arrived(chunk)
-        self.early.clear()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def data_received(self, data: bytes) -> None:
-        self._arrived(data)
-
-    def eof_received(self) -> bool:
-        self.eof_read = True
-        self._arrived(None)
-        return not self.eof_written  # half-closed until both directions ended
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.pairs.discard(self)
-        if exc is not None and self.peer is not None:
-            self.peer.abort()
-
-    def _arrived(self, chunk: bytes | None) -> None:
-        if self.peer is None:
-            self.early.append(chunk)
-            return
-        self.due.append((self.loop.time() + self.delay, chunk))
-        if self.timer is None:
-            self.timer = self.loop.call_at(self.due[0][0], self._deliver)
-
-    def _deliver(self) -> None:
-        """Write every chunk that is due, in order; arm the timer for the next one."""
-        self.timer = None
-        peer, due, now = self.peer, self.due, self.loop.time()
-        assert peer is not None and peer.transport is not None
-        while due and due[0][0] <= now:
-            _, chunk = due.popleft()
-            if peer.transport.is_closing():
-                due.clear()
-                return
-            if chunk is None:
-                peer.eof_written = True
-                if peer.eof_read or not peer.transport.can_write_eof():
-                    peer.transport.close()  # both directions ended
+            while True:
+                now = time.monotonic()
+                if now >= end:
+                    return
+                timeout = min(due[0][0] - now if due else 1.0, end - now)
+                if timeout > 0 and not select.select(wait_on, [], [], timeout)[0]:
+                    events = []
                 else:
-                    peer.transport.write_eof()
-            else:
-                peer.transport.write(chunk)
-        if due:
-            self.timer = self.loop.call_at(due[0][0], self._deliver)
+                    events = poller.poll(0)
+                now = time.monotonic()
+                for fd, _ in events:
+                    link = links.get(fd)
+                    if link is not None:
+                        try:
+                            chunk = link.sock.recv(_CHUNK)
+                        except BlockingIOError:
+                            continue
+                        except OSError:
+                            chunk = b""
+                        due.append((now + delay, link.peer, chunk))
+                        if not chunk:  # this end is done sending: stop reading it
+                            poller.unregister(fd)
+                    elif fd == stop_r:
+                        return
+                    else:
+                        self._accept(listener, poller, links)
+                while due and due[0][0] <= now:
+                    _, link, chunk = due.popleft()
+                    link.deliver(chunk, links)
+        finally:
+            for link in list(links.values()):
+                link.close(links)
+            listener.close()
+            poller.close()
 
-    def abort(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-        for side in (self, self.peer):
-            if side is not None and side.transport is not None:
-                side.transport.abort()
+    def _accept(
+        self, listener: socket.socket, poller: select.epoll, links: dict[int, _Link]
+    ) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except BlockingIOError:
+                return
+            try:
+                upstream = socket.create_connection((self.host, self.upstream_port), timeout=5)
+            except OSError:
+                client.close()
+                continue
+            a, b = _Link(client), _Link(upstream)
+            a.peer, b.peer = b, a
+            for link in (a, b):
+                link.sock.setblocking(False)
+                link.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                links[link.fd] = link
+                poller.register(link.fd, select.EPOLLIN)
+
+
+class _Link:
+    """One end of a proxied connection; ``peer`` is the other end."""
+
+    __slots__ = ("closed", "fd", "peer", "sock", "write_ended")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.peer: _Link = self
+        self.closed = False
+        self.write_ended = False
+
+    def deliver(self, chunk: bytes, links: dict[int, _Link]) -> None:
+        """Write ``chunk`` to this end (empty: the other end finished sending)."""
+        if self.closed:
+            return
+        try:
+            if not chunk:
+                self.sock.shutdown(socket.SHUT_WR)
+                self.write_ended = True
+                if self.peer.write_ended:  # both directions are over
+                    self.close(links)
+                return
+            sent = self.sock.send(chunk)
+            if sent < len(chunk):  # the kernel's buffer is full: rare on loopback
+                self.sock.settimeout(5.0)
+                try:
+                    self.sock.sendall(chunk[sent:])
+                finally:
+                    self.sock.setblocking(False)
+        except OSError:
+            self.close(links)
+
+    def close(self, links: dict[int, _Link]) -> None:
+        for link in (self, self.peer):
+            if not link.closed:
+                link.closed = True
+                links.pop(link.fd, None)
+                link.sock.close()  # closing also removes it from epoll
 
 
 def with_port(conn_str: str, port: int) -> str:
@@ -256,7 +256,6 @@ def check(rtt: float, *, connections: int = 16, exchanges: int = 300) -> str:
     each send a small message to an echo server through it and wait for the answer,
     ``exchanges`` times; the same without the proxy is the baseline."""
     import statistics
-    import time
 
     from _network import process_cpu
 
@@ -330,27 +329,7 @@ def main() -> None:
         parser.error("--upstream is required")
     server = _Server(args.host, args.upstream, rtt=args.rtt_ms / 1000, lifetime=args.lifetime)
     with contextlib.suppress(KeyboardInterrupt):
-        # select() waits with microsecond timeouts (epoll rounds up to whole milliseconds)
-        with asyncio.Runner(loop_factory=_precise_loop) as runner:
-            runner.run(server.serve())
-
-
-def _precise_loop() -> asyncio.AbstractEventLoop:
-    """An event loop whose waits end on time (see :class:`_PreciseEpoll`)."""
-    return asyncio.SelectorEventLoop(_PreciseEpoll())
-
-
-class _PreciseEpoll(selectors.EpollSelector):
-    """epoll, but a wait with a timeout sleeps in ``select`` on the epoll descriptor: epoll
-    rounds every timeout up to a whole millisecond, ``select`` takes microseconds."""
-
-    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        if timeout is not None and timeout > 0:
-            ready, _, _ = select.select([self.fileno()], [], [], timeout)
-            if not ready:
-                return []
-            timeout = 0
-        return super().select(timeout)
+        server.serve()
 
 
 if __name__ == "__main__":
