@@ -11,6 +11,12 @@ this one run. A cost that grows with N is a cost per waiting caller.
 
     python bench/bench_aio_cpu.py [--callers 16 400 2000] [--sends 8000] [--repeats 5]
     python bench/bench_aio_cpu.py --profile 400     # cProfile of sendonce's side
+
+``--src DIR`` (repeatable) measures other source trees (an older commit checked out
+elsewhere) in one run: each round runs every tree in its own process, alternating, so a
+busy machine slows each alike.
+
+    python bench/bench_aio_cpu.py --src OLD/src --src src
 """
 
 from __future__ import annotations
@@ -18,10 +24,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import json
+import os
 import pstats
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -115,17 +126,44 @@ async def profiled(callers: int, total: int) -> None:
     pstats.Stats(profile).sort_stats("tottime").print_stats(30)
 
 
+def compare(sources: list[str], args: argparse.Namespace) -> None:
+    """Each round, every source tree in its own process (alternating order); medians."""
+    runs: dict[str, dict[int, list[float]]] = {src: {} for src in sources}
+    for r in range(args.repeats):
+        order = sources if r % 2 == 0 else list(reversed(sources))
+        for src in order:
+            env = dict(os.environ, PYTHONPATH=str(Path(src).resolve()))
+            command = [sys.executable, __file__, "--json", "--repeats", "1"]
+            command += ["--sends", str(args.sends), "--callers", *map(str, args.callers)]
+            out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+            for n, by in json.loads(out.stdout).items():
+                runs[src].setdefault(int(n), []).append(by["sendonce"] / by["bare gather"])
+    print(f"sendonce / bare gather CPU per send, median of {args.repeats} alternating rounds")
+    print(f"  {'callers':>8} " + " ".join(f"{src[-28:]:>28}" for src in sources))
+    for n in args.callers:
+        cells = " ".join(f"{statistics.median(runs[src][n]):>27.2f}x" for src in sources)
+        print(f"  {n:>8} {cells}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--callers", type=int, nargs="+", default=[16, 400, 2000])
     parser.add_argument("--sends", type=int, default=8000, help="sends per variant and round")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--profile", type=int, metavar="CALLERS", help="cProfile instead")
+    parser.add_argument("--src", action="append", help="a source tree to compare (repeatable)")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.profile:
         asyncio.run(profiled(args.profile, args.sends))
         return
+    if args.src:
+        compare(args.src, args)
+        return
     results = asyncio.run(measure(args.callers, args.sends, args.repeats))
+    if args.json:
+        print(json.dumps(results))
+        return
     print(f"CPU µs per send, null transport, median of {args.repeats} alternating rounds")
     print(f"  {'callers':>8} {'sendonce':>10} {'bare gather':>12} {'ratio':>7}")
     for n, by in results.items():
