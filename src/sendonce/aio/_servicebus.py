@@ -335,9 +335,17 @@ class AzureServiceBusBackend:
         messages: list[Message],
         timeout: float,
         transfer: Any,
+        prepare: Any = None,
     ) -> Any:
         """Run ``transfer(sender, time_left)`` on a free lane, under the timeout and the
-        error map; a cancel the client swallowed is raised again."""
+        error map; a cancel the client swallowed is raised again.
+
+        ``prepare()``, if given, runs once a lane is had and before its link is opened, and
+        its result is passed to ``transfer`` as a third argument: the client's messages are
+        built there, so that a caller waiting for a lane holds none of them (hundreds of
+        waiters would keep the garbage collector busy) and a message the client refuses is
+        refused before any I/O.
+        """
         task = asyncio.current_task()
         cancels = task.cancelling() if task is not None else 0
         started = time.monotonic()
@@ -368,6 +376,7 @@ class AzureServiceBusBackend:
                     "nothing was sent",
                     **_ids(messages),
                 )
+            prepared = prepare() if prepare is not None else None
             if not opened:
                 await self._open_link(entity, lane, left, messages)
                 opened = True
@@ -379,7 +388,10 @@ class AzureServiceBusBackend:
                         **_ids(messages),
                     )
             async with asyncio.timeout(left):
-                result = await transfer(lane.sender, left)
+                if prepare is None:
+                    result = await transfer(lane.sender, left)
+                else:
+                    result = await transfer(lane.sender, left, prepared)
             failed = None
         except ValidationError:
             failed = None  # refused before anything was sent: the link is fine
@@ -435,10 +447,10 @@ class AzureServiceBusBackend:
             return []
         self._check_transfer(entity, batch)
 
-        async def transfer(sender: ServiceBusSender, left: float) -> None:
-            # Converted once a lane is had: a caller waiting for one holds no client
-            # messages (hundreds of waiters would keep the garbage collector busy).
-            converted = [to_servicebus_message(m) for m in batch]
+        def convert() -> list[Any]:
+            return [to_servicebus_message(m) for m in batch]
+
+        async def transfer(sender: ServiceBusSender, left: float, converted: list[Any]) -> None:
             # One message goes as itself: wrapping it in a batch encodes it twice.
             payload = (
                 converted[0]
@@ -447,7 +459,7 @@ class AzureServiceBusBackend:
             )
             await sender.send_messages(payload, timeout=left)
 
-        await self._guarded("send", entity, batch, timeout, transfer)
+        await self._guarded("send", entity, batch, timeout, transfer, convert)
         return [Ack("accepted") for _ in batch]
 
     def _check_transfer(self, entity: str, messages: list[Message]) -> None:

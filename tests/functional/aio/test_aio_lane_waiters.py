@@ -20,7 +20,7 @@ import pytest
 from sendonce import EntityProfile, Message, RetryPolicy, aio
 from sendonce.backends._servicebus_lanes import AsyncLanes
 from sendonce.backends.local import LocalBackend
-from sendonce.errors import NotSentError, TransientSendError
+from sendonce.errors import NotSentError, TransientSendError, ValidationError
 
 pytest.importorskip("proton")
 
@@ -197,3 +197,20 @@ def test_a_lane_handed_over_as_its_waiter_is_cancelled_goes_to_the_next() -> Non
 
     got, timed_out = asyncio.run(main())
     assert got and timed_out
+
+
+def test_a_message_the_client_refuses_is_refused_before_a_link_is_opened(
+    broker: tuple[Emulator, LocalBackend],
+) -> None:
+    emulator, store = broker
+
+    async def main() -> ValidationError:
+        async with backend_for(emulator, 2) as backend:
+            with pytest.raises(ValidationError) as info:
+                await backend.send("orders", [{"body": "x"}], timeout=5)  # type: ignore[list-item]
+            assert emulator.open_connections == 0  # no lane opened a link for it
+            return info.value
+
+    error = asyncio.run(main())
+    assert error.field == "messages"
+    assert store.message_ids("orders") == []
