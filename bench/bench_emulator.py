@@ -179,12 +179,29 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
+_CREATE = (
+    "import sys\n"
+    "from sendonce import EntityProfile\n"
+    "from sendonce.backends.local import LocalBackend\n"
+    "with LocalBackend(sys.argv[1]) as store:\n"
+    "    store.create_entity(EntityProfile(sys.argv[2]))\n"
+)
+_COUNT = (
+    "import sys\n"
+    "from sendonce.backends.local import LocalBackend\n"
+    "with LocalBackend(sys.argv[1]) as store:\n"
+    "    print(len(store.message_ids(sys.argv[2])))\n"
+)
+
+
 @contextlib.contextmanager
 def emulator_from(source: str, db: Path) -> Iterator[tuple[str, int]]:
-    """``sendonce emulator`` run from the source tree ``source``: (connection string, pid)."""
-    with LocalBackend(db) as store:
-        store.create_entity(PROFILE)
+    """``sendonce emulator`` run from the source tree ``source``: (connection string, pid).
+
+    The broker file is made by that tree too (an older tree reads only its own schema).
+    """
     env = dict(os.environ, PYTHONPATH=str(Path(source).resolve()))
+    subprocess.run([sys.executable, "-c", _CREATE, str(db), PROFILE.name], env=env, check=True)
     code = "from sendonce.cli import main; main()"
     proc = subprocess.Popen(
         [sys.executable, "-c", code, "emulator", "--db", str(db), "--port", "0"],
@@ -247,10 +264,13 @@ def server_bench(args: argparse.Namespace) -> None:
                     results.setdefault((sources[i], links), []).append(
                         (args.messages / wall, 1e6 * cpu / sent)
                     )
+        stack.close()  # the emulators stop: their files are whole
         stored = []
-        for i in range(len(sources)):
-            with LocalBackend(Path(tmp) / f"bench{i}.db") as store:
-                stored.append(len(store.message_ids("orders")))
+        for i, src in enumerate(sources):
+            env = dict(os.environ, PYTHONPATH=str(Path(src).resolve()))
+            db = str(Path(tmp) / f"bench{i}.db")
+            count = [sys.executable, "-c", _COUNT, db, PROFILE.name]
+            stored.append(int(subprocess.run(count, env=env, capture_output=True).stdout))
     expected = args.rounds * sum(args.messages + links for links in args.links)
     print(
         f"emulator server benchmark: {args.rounds} interleaved rounds of {args.messages} "

@@ -77,6 +77,17 @@ class HandlerBase(Handler):
         # Session receivers: the broker's session (lock in the broker file) each link holds.
         self.sessions: dict[Any, LocalSession] = {}
 
+    # -- socket events: the I/O handler's alone -------------------------------------------
+
+    def on_selectable_readable(self, event: Any) -> None:
+        """Ignored, and answered at once: a socket event per transfer, looked up cheaply."""
+
+    def on_selectable_writable(self, event: Any) -> None:
+        """Ignored (see :meth:`on_selectable_readable`)."""
+
+    def on_transport(self, event: Any) -> None:
+        """Ignored (see :meth:`on_selectable_readable`)."""
+
     # -- storage work ---------------------------------------------------------------------
 
     def submit(

@@ -142,7 +142,9 @@ class LinkLifecycle(HandlerBase):
                 continue
             transport = state.connection.transport
             try:
-                flushed = transport is None or transport.pending() <= 0
+                # Written out only once proton has closed its output (after the close
+                # frame): nothing pending may just mean the client's handshake is late.
+                flushed = transport is None or transport.pending() < 0
             except Exception:  # proton raises once the transport is closed
                 flushed = True
             if flushed or now - state.closing_since > _CLOSING_GRACE:
