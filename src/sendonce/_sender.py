@@ -310,7 +310,10 @@ class IdempotentSender(SenderCore):
 
         def step(index: int) -> list[Part]:
             batch = batches[index]
-            with self._gate.hold(self._gate_key(batch)):
+            key = self._gate_key(batch)
+            if key is None:  # unordered: nothing to hold
+                return self._transfer(batch, started, stop)
+            with self._gate.hold(key):
                 return self._transfer(batch, started, stop)
 
         def finish(index: int, parts: list[Part]) -> None:
