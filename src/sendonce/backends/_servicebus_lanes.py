@@ -133,6 +133,10 @@ class AsyncLanes(Generic[S]):
         self._waiters: deque[asyncio.Future[bool]] = deque()
         self._idle: list[Lane[S]] = []
         self._closed = False
+        # The waiters' timers run in this context: ``_give_up`` reads no context variable,
+        # so none is copied per waiter. One per pool: a context runs one callback at a
+        # time, and pools of different event loops may fire at once.
+        self._timer_context = contextvars.Context()
 
     async def take(self, timeout: float, *, closing: bool = False) -> tuple[Lane[S] | None, bool]:
         """Wait up to ``timeout`` for a free lane: ``(idle lane or None for a new one, got)``.
@@ -145,7 +149,7 @@ class AsyncLanes(Generic[S]):
             loop = asyncio.get_running_loop()
             turn: asyncio.Future[bool] = loop.create_future()
             self._waiters.append(turn)
-            timer = loop.call_later(max(timeout, 0.0), _give_up, turn, context=_NO_CONTEXT)
+            timer = loop.call_later(max(timeout, 0.0), _give_up, turn, context=self._timer_context)
             try:
                 got = await turn
             except asyncio.CancelledError:
@@ -207,10 +211,6 @@ class AsyncLanes(Generic[S]):
                 self._release()
         idle, self._idle = self._idle, []
         return idle
-
-
-_NO_CONTEXT = contextvars.Context()
-"""The context of waiters' timers: ``_give_up`` reads no context variable, so no copy."""
 
 
 def _give_up(turn: asyncio.Future[bool]) -> None:
