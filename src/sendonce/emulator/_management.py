@@ -260,6 +260,7 @@ class Management(HandlerBase):
         status = str(body.get("disposition-status", ""))
         reason = _codec._text(body.get("deadletter-reason"))
         description = _codec._text(body.get("deadletter-description"))
+        changes = _store_work.properties_to_modify(body.get("properties-to-modify"))
         taken: list[Locked] = []
         for token in body.get("lock-tokens") or []:
             locked = self.tokens.pop(_as_uuid(token), None)
@@ -273,11 +274,11 @@ class Management(HandlerBase):
                     if status == "completed":
                         _store_work.complete(store, locked)
                     elif status == "defered":  # sic: the client's spelling
-                        _store_work.defer(store, locked)
+                        _store_work.defer(store, locked, changes)
                     elif status == "suspended":  # the management form of dead-lettering
-                        _store_work.dead_letter(store, locked, reason, description)
+                        _store_work.dead_letter(store, locked, reason, description, changes)
                     else:
-                        _store_work.abandon(store, locked)
+                        _store_work.abandon(store, locked, changes)
                 except Exception as exc:
                     if is_busy_failure(exc):
                         raise

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from ..backends.local import LocalSession
 
 __all__ = [
+    "Changes",
     "abandon",
     "check_entity",
     "complete",
@@ -27,6 +28,7 @@ __all__ = [
     "encode_received",
     "lock_session",
     "max_size",
+    "properties_to_modify",
     "send_together",
 ]
 
@@ -208,29 +210,61 @@ def complete(store: Any, locked: Locked) -> None:
     )
 
 
-def abandon(store: Any, locked: Locked) -> None:
+# Properties to modify: what a client's abandon, defer or dead-letter writes over the
+# message's application properties (None: nothing).
+Changes = dict[str, Any] | None
+
+
+def properties_to_modify(value: Any, *, without: tuple[str, ...] = ()) -> Changes:
+    """A settlement's properties to modify as the store takes them (str keys, plain values).
+
+    Sent as the modified outcome's message-annotations, in the rejected outcome's error
+    info beside the dead-letter reason (``without`` those keys), or as the management
+    request's ``properties-to-modify`` map.
+    """
+    if not isinstance(value, dict) or not value:
+        return None
+    changes = {
+        str(key): _codec._property(item) for key, item in value.items() if str(key) not in without
+    }
+    return changes or None
+
+
+def abandon(store: Any, locked: Locked, changes: Changes = None) -> None:
     if locked.session is not None:
-        locked.session.abandon(locked.lock_token)
+        locked.session.abandon(locked.lock_token, properties_to_modify=changes)
         return
     store.abandon(
         locked.entity,
         locked.lock_token,
         subscription=locked.subscription,
         sub_queue=locked.sub_queue,
+        properties_to_modify=changes,
     )
 
 
-def defer(store: Any, locked: Locked) -> None:
+def defer(store: Any, locked: Locked, changes: Changes = None) -> None:
     if locked.sub_queue is not None:
-        abandon(store, locked)  # nothing to defer to on a dead-letter subqueue
+        abandon(store, locked, changes)  # nothing to defer to on a dead-letter subqueue
         return
     if locked.session is not None:
-        locked.session.defer(locked.lock_token)
+        locked.session.defer(locked.lock_token, properties_to_modify=changes)
         return
-    store.defer(locked.entity, locked.lock_token, subscription=locked.subscription)
+    store.defer(
+        locked.entity,
+        locked.lock_token,
+        subscription=locked.subscription,
+        properties_to_modify=changes,
+    )
 
 
-def dead_letter(store: Any, locked: Locked, reason: str | None, description: str | None) -> None:
+def dead_letter(
+    store: Any,
+    locked: Locked,
+    reason: str | None,
+    description: str | None,
+    changes: Changes = None,
+) -> None:
     if locked.sub_queue is not None:
         # Service Bus: "you can't dead-letter a message from a DLQ"; the message
         # stays in the dead-letter subqueue, released (the broker decides).
@@ -239,10 +273,16 @@ def dead_letter(store: Any, locked: Locked, reason: str | None, description: str
             locked.lock_token,
             subscription=locked.subscription,
             sub_queue=locked.sub_queue,
+            properties_to_modify=changes,
         )
         return
     if locked.session is not None:
-        locked.session.dead_letter(locked.lock_token, reason=reason, error_description=description)
+        locked.session.dead_letter(
+            locked.lock_token,
+            reason=reason,
+            error_description=description,
+            properties_to_modify=changes,
+        )
         return
     store.dead_letter(
         locked.entity,
@@ -250,6 +290,7 @@ def dead_letter(store: Any, locked: Locked, reason: str | None, description: str
         subscription=locked.subscription,
         reason=reason,
         error_description=description,
+        properties_to_modify=changes,
     )
 
 
@@ -285,12 +326,18 @@ def encode_received(
     count = getattr(m, "delivery_count", None)
     reason = getattr(m, "dead_letter_reason", None)
     description = getattr(m, "dead_letter_error_description", None)
+    extra: dict[str, Any] = {}
+    modified = getattr(m, "modified_properties", ())
+    if modified:
+        # Written over the sender's by settlements (properties to modify).
+        props = m.application_properties or {}
+        extra.update({key: props.get(key) for key in modified})
     if reason is not None or description is not None:
         # Service Bus hands the reason out as application properties.
-        extra = {DEAD_LETTER_REASON: reason, DEAD_LETTER_DESCRIPTION: description}
-        raw = _codec.with_application_properties(
-            raw, {k: v for k, v in extra.items() if v is not None}
-        )
+        named = {DEAD_LETTER_REASON: reason, DEAD_LETTER_DESCRIPTION: description}
+        extra.update({k: v for k, v in named.items() if v is not None})
+    if extra:
+        raw = _codec.with_application_properties(raw, extra)
     if state is None:
         state = _STATES.get(getattr(m, "state", "active"))
     scheduled = getattr(m, "scheduled_enqueue_time", None)

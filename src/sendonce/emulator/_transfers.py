@@ -348,25 +348,36 @@ class Transfers(HandlerBase):
             return
         self.tokens.pop(locked.key, None)
         reason = description = None
+        changes: _store_work.Changes = None
         if state == Delivery.REJECTED:
             # The client dead-letters with a rejected outcome whose error
-            # (com.microsoft:dead-letter) carries the reason and description.
+            # (com.microsoft:dead-letter) carries the reason and description, and the
+            # properties to modify beside them.
             error = dlv.remote.condition
             info = {str(k): v for k, v in dict(getattr(error, "info", None) or {}).items()}
             reason = _codec._text(info.get(_store_work.DEAD_LETTER_REASON))
             description = _codec._text(info.get(_store_work.DEAD_LETTER_DESCRIPTION))
+            changes = _store_work.properties_to_modify(
+                info,
+                without=(_store_work.DEAD_LETTER_REASON, _store_work.DEAD_LETTER_DESCRIPTION),
+            )
+        elif state == Delivery.MODIFIED:
+            # Abandon and defer: the modified outcome's message-annotations are the
+            # properties to modify (AMQP 1.0, 3.4.5: annotations to combine with the
+            # message's; Service Bus applies them to its application properties).
+            changes = _store_work.properties_to_modify(_codec._copy(dlv.remote.annotations))
         undeliverable = state == Delivery.MODIFIED and bool(dlv.remote.undeliverable)
 
         def work(store: Any) -> None:
             if state == Delivery.ACCEPTED:
                 _store_work.complete(store, locked)
             elif state == Delivery.REJECTED:
-                _store_work.dead_letter(store, locked, reason, description)
+                _store_work.dead_letter(store, locked, reason, description, changes)
             elif undeliverable:
                 # the client defers with modified, undeliverable-here
-                _store_work.defer(store, locked)
+                _store_work.defer(store, locked, changes)
             else:
-                _store_work.abandon(store, locked)
+                _store_work.abandon(store, locked, changes)
 
         def done(outcome: Outcome[None]) -> None:
             if outcome.error is not None:

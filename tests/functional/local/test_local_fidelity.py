@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 
 from sendonce import Message, ValidationError
+from sendonce.backends.local import LockLostError
 
 HOUR = timedelta(hours=1)
 
@@ -118,3 +119,70 @@ def test_an_unknown_sub_queue_is_refused_naming_the_field(broker, make_entity):
     with pytest.raises(ValidationError, match="transfer_dead_letter") as refused:
         broker.peek("orders", sub_queue="transfer")
     assert refused.value.field == "sub_queue"
+
+
+def test_settlements_apply_properties_to_modify(broker, make_entity):
+    make_entity()
+    broker.send(
+        "orders",
+        [Message("x", message_id="x", application_properties={"kept": "yes", "n": 0})],
+        timeout=5,
+    )
+    (first,) = broker.receive("orders", mode="peek_lock")
+    broker.abandon("orders", first.lock_token, properties_to_modify={"n": 1, "by": b"\x01"})
+    (second,) = broker.receive("orders", mode="peek_lock")
+    assert dict(second.application_properties) == {"kept": "yes", "n": 1, "by": b"\x01"}
+    assert set(second.modified_properties) == {"n", "by"}
+    broker.defer("orders", second.lock_token, properties_to_modify={"deferred": True})
+    (deferred,) = broker.receive_deferred("orders", [second.sequence_number])
+    assert deferred.application_properties["deferred"] is True
+    broker.dead_letter(
+        "orders", deferred.lock_token, reason="r", properties_to_modify={"n": 2.5, "kept": None}
+    )
+    (dead,) = broker.receive("orders", sub_queue="dead_letter")
+    assert dict(dead.application_properties) == {
+        "kept": None,
+        "n": 2.5,
+        "by": b"\x01",
+        "deferred": True,
+    }
+    assert dead.dead_letter_reason == "r"
+
+
+def test_a_session_settlement_applies_properties_to_modify(broker, make_entity):
+    make_entity("sessions", sessions=True)
+    broker.send("sessions", [Message("x", message_id="x", session_id="s")], timeout=5)
+    with broker.accept_session("sessions", "s") as session:
+        (m,) = session.receive(mode="peek_lock")
+        session.abandon(m, properties_to_modify={"attempt": 1})
+        (m,) = session.receive(mode="peek_lock")
+        assert m.application_properties == {"attempt": 1}
+        session.dead_letter(m, properties_to_modify={"attempt": 2})
+    (dead,) = broker.peek("sessions", sub_queue="dead_letter")
+    assert dead.application_properties == {"attempt": 2}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [["n", 1], {"": 1}, {1: "one"}, {"when": object()}, {"nested": {"a": 1}}],
+)
+def test_bad_properties_to_modify_are_refused_and_nothing_changes(broker, make_entity, bad):
+    make_entity()
+    broker.send("orders", [Message("x", message_id="x")], timeout=5)
+    (m,) = broker.receive("orders", mode="peek_lock")
+    with pytest.raises(ValidationError) as refused:
+        broker.abandon("orders", m.lock_token, properties_to_modify=bad)
+    assert refused.value.field == "properties_to_modify"
+    broker.complete("orders", m.lock_token)  # still locked: the abandon did nothing
+    assert broker.peek("orders") == []
+
+
+def test_properties_to_modify_after_the_lock_is_lost_change_nothing(broker, make_entity, clock):
+    make_entity()
+    broker.send("orders", [Message("x", message_id="x")], timeout=5)
+    (m,) = broker.receive("orders", mode="peek_lock", lock_duration=timedelta(seconds=5))
+    clock.advance(seconds=6)
+    with pytest.raises(LockLostError):
+        broker.abandon("orders", m.lock_token, properties_to_modify={"n": 1})
+    (again,) = broker.peek("orders")
+    assert again.application_properties is None

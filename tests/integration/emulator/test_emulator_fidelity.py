@@ -164,3 +164,22 @@ def test_properties_over_64_kb_together_are_refused(
                     timeout=10,
                 )
     assert store.peek("orders") == []
+
+
+def test_properties_a_settlement_modified_reach_the_client(
+    emulator: Emulator, store: LocalBackend
+) -> None:
+    """A local:// consumer abandons with properties to modify (the Python client cannot send
+    them; the JavaScript scenario properties_to_modify.js sends them to the emulator): the
+    client reads them over the sender's own, which stay as sent."""
+    with ServiceBusClient.from_connection_string(emulator.connection_string) as sb:
+        with sb.get_queue_sender("orders") as sender:
+            sender.send_messages(
+                ServiceBusMessage("x", message_id="x", application_properties={"kept": "yes"})
+            )
+        (m,) = store.receive("orders", mode="peek_lock")
+        store.abandon("orders", m.lock_token, properties_to_modify={"attempt": 1, "kept": "no"})
+        with sb.get_queue_receiver("orders") as receiver:
+            (got,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
+            receiver.complete_message(got)
+    assert got.application_properties == {b"kept": b"no", b"attempt": 1}

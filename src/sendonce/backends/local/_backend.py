@@ -17,13 +17,13 @@ import contextlib
 import os
 import sqlite3
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Literal
 
 from ..._entity import EntityProfile
-from ..._message import Message
+from ..._message import Message, PropertyValue
 from ..._subscription import SubscriptionProfile
 from ...errors import ConfigurationError, LockLostError
 from .._base import Ack
@@ -424,10 +424,20 @@ class LocalBackend:
         *,
         subscription: str | None = None,
         sub_queue: SubQueue | None = None,
+        properties_to_modify: Mapping[str, PropertyValue] | None = None,
     ) -> None:
-        """Release a peek-locked message so it can be received again."""
+        """Release a peek-locked message so it can be received again.
+
+        ``properties_to_modify`` (here and in :meth:`defer` and :meth:`dead_letter`) are
+        written over the message's application properties, as Service Bus's settlements do.
+        """
         return _receiving.abandon(
-            self._store, entity, lock_token, subscription=subscription, sub_queue=sub_queue
+            self._store,
+            entity,
+            lock_token,
+            subscription=subscription,
+            sub_queue=sub_queue,
+            properties_to_modify=properties_to_modify,
         )
 
     def dead_letter(
@@ -439,6 +449,7 @@ class LocalBackend:
         reason: str | None = None,
         error_description: str | None = None,
         sub_queue: SubQueue | None = None,
+        properties_to_modify: Mapping[str, PropertyValue] | None = None,
     ) -> None:
         """Move a peek-locked message to the entity's dead-letter subqueue.
 
@@ -462,16 +473,30 @@ class LocalBackend:
             reason=reason,
             error_description=error_description,
             sub_queue=sub_queue,
+            properties_to_modify=properties_to_modify,
         )
 
-    def defer(self, entity: str, lock_token: str, *, subscription: str | None = None) -> None:
+    def defer(
+        self,
+        entity: str,
+        lock_token: str,
+        *,
+        subscription: str | None = None,
+        properties_to_modify: Mapping[str, PropertyValue] | None = None,
+    ) -> None:
         """Set a peek-locked message aside: only :meth:`receive_deferred` hands it out again.
 
         Service Bus deferral: the message stays in the entity, keeps its sequence
         number, shows in :meth:`peek`, and is not delivered by :meth:`receive`
         (https://learn.microsoft.com/azure/service-bus-messaging/message-deferral).
         """
-        return _receiving.defer(self._store, entity, lock_token, subscription=subscription)
+        return _receiving.defer(
+            self._store,
+            entity,
+            lock_token,
+            subscription=subscription,
+            properties_to_modify=properties_to_modify,
+        )
 
     def receive_deferred(
         self,

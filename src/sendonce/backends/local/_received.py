@@ -9,10 +9,19 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any, Literal
 
-from ..._message import Message, PropertyValue
+from ..._message import _PROPERTY_TYPES, Message, PropertyValue
+from ...errors import ValidationError
 from ._store import from_us
 
-__all__ = ["MessageState", "ReceivedMessage", "decode_extra", "effective_ttl", "encode_extra"]
+__all__ = [
+    "MessageState",
+    "ReceivedMessage",
+    "check_properties_to_modify",
+    "decode_extra",
+    "effective_ttl",
+    "encode_extra",
+    "modify_extra",
+]
 
 # Service Bus's ServiceBusReceivedMessage.State: deferred messages and scheduled ones not yet
 # due read differently from active ones, in a peek too.
@@ -44,6 +53,9 @@ class ReceivedMessage:
     dead_letter_reason: str | None = None
     dead_letter_error_description: str | None = None
     state: MessageState = "active"
+    # The application properties settlements changed (properties_to_modify of abandon,
+    # defer and dead_letter): the emulator writes them over the sender's encoded ones.
+    modified_properties: tuple[str, ...] = ()
 
     @property
     def expires_at(self) -> datetime | None:
@@ -94,10 +106,48 @@ def encode_extra(message: Message) -> str | None:
     return json.dumps(extra, separators=(",", ":"), ensure_ascii=False)
 
 
+def check_properties_to_modify(value: object) -> dict[str, PropertyValue] | None:
+    """``properties_to_modify`` as a dict, or a ``ValidationError`` naming the field."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ValidationError(
+            f"properties_to_modify must be a mapping, got {type(value).__name__}",
+            field="properties_to_modify",
+        )
+    for key, item in value.items():
+        if not isinstance(key, str) or not key:
+            raise ValidationError(
+                f"properties_to_modify keys must be non-empty str, got {key!r}",
+                field="properties_to_modify",
+            )
+        if not isinstance(item, _PROPERTY_TYPES):
+            raise ValidationError(
+                f"properties_to_modify[{key!r}] must be str/int/float/bool/bytes/None, "
+                f"got {type(item).__name__}",
+                field="properties_to_modify",
+            )
+    return dict(value)
+
+
+def modify_extra(text: str | None, changes: Mapping[str, PropertyValue]) -> str:
+    """The stored optional properties with ``changes`` applied to the application properties."""
+    extra: dict[str, Any] = json.loads(text) if text else {}
+    props = extra.setdefault("props", {})
+    modified = extra.setdefault("mod", [])
+    for key, value in changes.items():
+        props[key] = None if value is None else _tag(value)
+        if key not in modified:
+            modified.append(key)
+    return json.dumps(extra, separators=(",", ":"), ensure_ascii=False)
+
+
 def decode_extra(text: str | None) -> dict[str, Any]:
     if text is None:
         return {}
     extra: dict[str, Any] = json.loads(text)
+    if "mod" in extra:
+        extra["modified_properties"] = tuple(extra.pop("mod"))
     if "ttl_us" in extra:
         extra["time_to_live"] = timedelta(microseconds=extra.pop("ttl_us"))
     if "props" in extra:
@@ -174,6 +224,7 @@ def received_from_row(
         dead_letter_reason=dl_reason,
         dead_letter_error_description=dl_description,
         state=state,
+        modified_properties=fields.get("modified_properties", ()),
     )
 
 

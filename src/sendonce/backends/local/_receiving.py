@@ -10,15 +10,22 @@ from __future__ import annotations
 import json
 import sqlite3
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, NoReturn
 
 from ..._entity import EntityProfile
+from ..._message import PropertyValue
 from ...errors import LockLostError, SendOnceError, ValidationError
 from . import _session_locks
 from ._entities import lookup, place, place_settings
-from ._received import ROW_COLUMNS, ReceivedMessage, received_from_row
+from ._received import (
+    ROW_COLUMNS,
+    ReceivedMessage,
+    check_properties_to_modify,
+    modify_extra,
+    received_from_row,
+)
 from ._store import US, Store
 
 ReceiveMode = Literal["receive_and_delete", "peek_lock"]
@@ -174,12 +181,18 @@ def settle(
     sub_queue: SubQueue | None = None,
     values: tuple[Any, ...] = (),
     session: tuple[str, str] | None = None,
+    properties_to_modify: object = None,
 ) -> None:
-    """Settle a locked message; within a held session, ``session`` is (session id, token)."""
+    """Settle a locked message; within a held session, ``session`` is (session id, token).
+
+    ``properties_to_modify`` are written over the message's application properties as it
+    is settled (Service Bus's abandon, defer and dead-letter take them).
+    """
     check_sub_queue(sub_queue)
     verb, sql = _SETTLEMENTS[operation]
     if not isinstance(lock_token, str) or not lock_token:
         raise ValidationError("lock_token must be a non-empty str", field="lock_token")
+    changes = check_properties_to_modify(properties_to_modify)
 
     def work(conn: sqlite3.Connection) -> None:
         eid, profile, _, _ = lookup(conn, entity)
@@ -193,6 +206,14 @@ def settle(
         else:
             sql_here = sql
             params = (*values, eid, sub, lock_token, now)
+        if changes:
+            locked = (eid, sub, lock_token, now)
+            row = conn.execute("SELECT extra FROM messages " + _WHERE_LOCKED, locked).fetchone()
+            if row is not None:
+                conn.execute(
+                    "UPDATE messages SET extra = ? " + _WHERE_LOCKED,
+                    (modify_extra(row[0], changes), *locked),
+                )
         if conn.execute(sql_here, params).rowcount == 0:
             _lock_lost(entity, lock_token, verb)
 
@@ -218,9 +239,18 @@ def abandon(
     *,
     subscription: str | None = None,
     sub_queue: SubQueue | None = None,
+    properties_to_modify: Mapping[str, PropertyValue] | None = None,
 ) -> None:
     """Release a peek-locked message so it can be received again."""
-    settle(store, entity, lock_token, subscription, "abandon", sub_queue)
+    settle(
+        store,
+        entity,
+        lock_token,
+        subscription,
+        "abandon",
+        sub_queue,
+        properties_to_modify=properties_to_modify,
+    )
 
 
 def dead_letter(
@@ -232,12 +262,21 @@ def dead_letter(
     reason: str | None = None,
     error_description: str | None = None,
     sub_queue: SubQueue | None = None,
+    properties_to_modify: Mapping[str, PropertyValue] | None = None,
 ) -> None:
     """Move a peek-locked message to the entity's dead-letter subqueue."""
     check_reason(reason, error_description)
     if sub_queue is not None:
         check_sub_queue(sub_queue)
-        settle(store, entity, lock_token, subscription, "abandon", sub_queue)
+        settle(
+            store,
+            entity,
+            lock_token,
+            subscription,
+            "abandon",
+            sub_queue,
+            properties_to_modify=properties_to_modify,
+        )
         return
     settle(
         store,
@@ -246,12 +285,22 @@ def dead_letter(
         subscription,
         "dead_letter",
         values=(DEAD_LETTER_SUFFIX, reason, error_description),
+        properties_to_modify=properties_to_modify,
     )
 
 
-def defer(store: Store, entity: str, lock_token: str, *, subscription: str | None = None) -> None:
+def defer(
+    store: Store,
+    entity: str,
+    lock_token: str,
+    *,
+    subscription: str | None = None,
+    properties_to_modify: Mapping[str, PropertyValue] | None = None,
+) -> None:
     """Set a peek-locked message aside: only :meth:`receive_deferred` hands it out again."""
-    settle(store, entity, lock_token, subscription, "defer")
+    settle(
+        store, entity, lock_token, subscription, "defer", properties_to_modify=properties_to_modify
+    )
 
 
 def receive_deferred(

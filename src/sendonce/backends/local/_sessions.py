@@ -19,12 +19,13 @@ import math
 import sqlite3
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
 
 from ..._entity import EntityProfile
+from ..._message import PropertyValue
 from ...errors import ConfigurationError, NoSessionAvailableError, ValidationError
 from . import _inspection, _session_locks
 from ._entities import lookup, place, place_settings
@@ -164,13 +165,27 @@ class LocalSession:
         """Remove a message received in this session (by the message or its lock token)."""
         _settle(self._store, self, "complete", message)
 
-    def abandon(self, message: ReceivedMessage | str) -> None:
-        """Release a message: it is the session's next message again."""
-        _settle(self._store, self, "abandon", message)
+    def abandon(
+        self,
+        message: ReceivedMessage | str,
+        *,
+        properties_to_modify: Mapping[str, PropertyValue] | None = None,
+    ) -> None:
+        """Release a message: it is the session's next message again.
 
-    def defer(self, message: ReceivedMessage | str) -> None:
+        ``properties_to_modify`` (here, in :meth:`defer` and :meth:`dead_letter`) are
+        written over the message's application properties, as in Service Bus.
+        """
+        _settle(self._store, self, "abandon", message, properties_to_modify=properties_to_modify)
+
+    def defer(
+        self,
+        message: ReceivedMessage | str,
+        *,
+        properties_to_modify: Mapping[str, PropertyValue] | None = None,
+    ) -> None:
         """Set a message aside for :meth:`receive_deferred`."""
-        _settle(self._store, self, "defer", message)
+        _settle(self._store, self, "defer", message, properties_to_modify=properties_to_modify)
 
     def dead_letter(
         self,
@@ -178,6 +193,7 @@ class LocalSession:
         *,
         reason: str | None = None,
         error_description: str | None = None,
+        properties_to_modify: Mapping[str, PropertyValue] | None = None,
     ) -> None:
         """Move a message to the entity's dead-letter subqueue."""
         _settle(
@@ -187,6 +203,7 @@ class LocalSession:
             message,
             reason=reason,
             error_description=error_description,
+            properties_to_modify=properties_to_modify,
         )
 
     # -- the session itself -------------------------------------------------------------
@@ -440,6 +457,7 @@ def _settle(
     *,
     reason: str | None = None,
     error_description: str | None = None,
+    properties_to_modify: Mapping[str, PropertyValue] | None = None,
 ) -> None:
     token = message.lock_token if isinstance(message, ReceivedMessage) else message
     if not isinstance(token, str) or not token:
@@ -459,6 +477,7 @@ def _settle(
         operation,
         values=values,
         session=(session.session_id, session._token),
+        properties_to_modify=properties_to_modify,
     )
 
 
