@@ -8,6 +8,7 @@ times out, so that the other callers queue for a link meanwhile.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -138,7 +139,7 @@ def test_a_caller_whose_timeout_passes_while_waiting_for_a_link_is_not_sent(
 
     async def main() -> tuple[BaseException | None, list[Any]]:
         async with backend_for(emulator, 1) as backend:
-            holder = asyncio.ensure_future(backend.send("orders", [first], timeout=1.5))
+            holder = asyncio.ensure_future(backend.send("orders", [first], timeout=4))
             await stored(store, "orders", first.message_id)
             error = None
             try:
@@ -159,25 +160,38 @@ def test_a_caller_whose_timeout_passes_while_waiting_for_a_link_is_not_sent(
 
 
 def test_a_sender_retries_a_caller_that_waited_past_its_attempt_timeout(
-    broker: tuple[Emulator, LocalBackend],
+    broker: tuple[Emulator, LocalBackend], caplog: pytest.LogCaptureFixture
 ) -> None:
     emulator, store = broker
-    sent = [Message(f"body {i}", message_id=f"r-{i}") for i in range(8)]
-    # each withheld ack holds the single link for a whole attempt: the others time out waiting
-    emulator.faults.add(*[Fault(FaultAction.WITHHOLD, entity="orders")] * 2)
+    first = Message("first", message_id="r-first")
+    waiting = [Message(f"body {i}", message_id=f"r-{i}") for i in range(3)]
+    # the withheld ack holds the single link for the holder's whole 2 s attempt, so the
+    # others' 0.3 s attempts run out while they wait for it, and are retried
+    emulator.faults.add(Fault(FaultAction.WITHHOLD, entity="orders"))
+    patient = RetryPolicy(initial_backoff=0.01, max_backoff=0.05, jitter=False, attempt_timeout=2)
+    hasty = RetryPolicy(
+        initial_backoff=0.01, max_backoff=0.05, jitter=False, attempt_timeout=0.3, max_attempts=60
+    )
 
     async def main() -> list[Any]:
         async with (
             backend_for(emulator, 1) as backend,
-            aio.IdempotentSender(backend, ORDERS, retry=policy(attempt_timeout=0.5)) as sender,
+            aio.IdempotentSender(backend, ORDERS, retry=patient) as holder,
+            aio.IdempotentSender(backend, ORDERS, retry=hasty) as sender,
         ):
-            return await asyncio.gather(*(sender.send(m) for m in sent))
+            held = asyncio.ensure_future(holder.send(first))
+            await stored(store, "orders", first.message_id)  # the link is busy now
+            results = await asyncio.gather(*(sender.send(m) for m in waiting))
+            return [await held, *results]
 
-    results = asyncio.run(main())
-    assert [r.message_id for r in results] == [m.message_id for m in sent]
+    with caplog.at_level(logging.INFO, logger="sendonce.retry"):
+        results = asyncio.run(main())
+    assert [r.message_id for r in results] == [m.message_id for m in [first, *waiting]]
     assert all(r.outcome == "sent" for r in results)
+    assert any("stayed busy" in r.getMessage() for r in caplog.records)  # they did wait
     assert emulator.faults.pending == 0
-    assert Counter(store.message_ids("orders")) == {m.message_id: 1 for m in sent}
+    expected = {m.message_id: 1 for m in [first, *waiting]}
+    assert Counter(store.message_ids("orders")) == expected
 
 
 def test_a_lane_handed_over_as_its_waiter_is_cancelled_goes_to_the_next() -> None:
