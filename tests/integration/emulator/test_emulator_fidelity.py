@@ -183,3 +183,14 @@ def test_properties_a_settlement_modified_reach_the_client(
             (got,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
             receiver.complete_message(got)
     assert got.application_properties == {b"kept": b"no", b"attempt": 1}
+
+
+def test_scheduling_a_message_with_a_property_over_32_kb_is_refused(
+    emulator: Emulator, store: LocalBackend
+) -> None:
+    big = ServiceBusMessage("x", message_id="x", application_properties={"t": "x" * 40_000})
+    with ServiceBusClient.from_connection_string(emulator.connection_string) as sb:
+        with sb.get_queue_sender("orders") as sender:
+            with pytest.raises(MessageSizeExceededError, match="'t'"):
+                sender.schedule_messages(big, datetime.now(UTC) + timedelta(minutes=1))
+    assert store.peek("orders") == []
