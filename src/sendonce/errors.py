@@ -12,7 +12,7 @@ SendOnceError                                             — the base; its text
 ├── ValidationError (also ValueError)                     — bad input; nothing was sent
 │   ├── MessageIdError                                    — an id cannot be built or is refused
 │   ├── KeyRuleError                                      — partition key / session id rules
-│   ├── MessageSizeError                                  — over the entity's size limit
+│   ├── MessageSizeError                                  — over the size limit or property quotas
 │   ├── ConfigurationError                                — window out of range, unsafe setup
 │   │   └── BrokerFileError [sendonce.backends.local]     — not a broker file, damaged, moved
 │   ├── SchemaError [sendonce.spark]                      — the DataFrame cannot feed the spec
@@ -123,7 +123,7 @@ class KeyRuleError(ValidationError):
 
 
 class MessageSizeError(ValidationError):
-    """A message is larger than the entity accepts."""
+    """A message is larger than the entity accepts, or a property over Service Bus's quotas."""
 
 
 class ConfigurationError(ValidationError):
