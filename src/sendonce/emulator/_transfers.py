@@ -188,10 +188,15 @@ class Transfers(HandlerBase):
                 if send.connection not in self.connections:
                     continue  # gone meanwhile: nothing to answer
                 error = outcome.error if outcomes is None else outcomes[i].error
-                if error is not None:
-                    self.settle(send.dlv, Delivery.REJECTED, store_condition(error))
+                try:
+                    if error is not None:
+                        self.settle(send.dlv, Delivery.REJECTED, store_condition(error))
+                        continue
+                    self.after_commit(send.link, send.dlv, send.action)
+                except Exception:  # only this client's connection pays for it
+                    _log.exception("emulator failed answering a transfer")
+                    self.hard_close(send.connection)
                     continue
-                self.after_commit(send.link, send.dlv, send.action)
                 woken.add(send.entity)
             for entity in woken:
                 self.wake_receivers(entity)

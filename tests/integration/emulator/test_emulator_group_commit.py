@@ -122,3 +122,34 @@ def test_no_transfer_of_a_group_is_acknowledged_before_its_commit(
     assert [d.remote_state for d in deliveries] == [Delivery.ACCEPTED] * 4
     with LocalBackend(broker_path) as store:
         assert sorted(store.message_ids("orders")) == [f"held-{i}" for i in range(4)]
+
+
+def test_a_failure_answering_one_transfer_leaves_the_group_answered(
+    emulator: Emulator, broker_path: Path, mocker: MockerFixture
+) -> None:
+    # A bug while answering one client (no real peer causes it) must cost only that client.
+    from sendonce.emulator._transfers import Transfers
+
+    real = Transfers.after_commit
+
+    def after_commit(self: Any, link: Any, dlv: Any, action: Any) -> None:
+        if str(dlv.tag) == "answer-fails":  # proton hands the tag over as str
+            raise RuntimeError("a bug while answering")
+        real(self, link, dlv, action)
+
+    mocker.patch.object(Transfers, "after_commit", after_commit)
+    with RawClient(emulator.port) as unlucky, RawClient(emulator.port) as other:
+        unlucky.open()
+        other.open()
+        bad, good = unlucky.sender("orders"), other.sender("orders")
+        doomed = _stage(bad, "answer-fails")
+        answered = [_stage(good, f"fine-{i}") for i in range(3)]
+        unlucky.flush()
+        other.until(lambda: _answered(answered))
+        unlucky.until(lambda: unlucky.closed_by_server or doomed.remote_state != 0)
+    assert [d.remote_state for d in answered] == [Delivery.ACCEPTED] * 3
+    assert doomed.remote_state == 0  # its connection was dropped: in doubt for the client
+    assert unlucky.closed_by_server
+    with LocalBackend(broker_path) as store:
+        ids = store.message_ids("orders")
+    assert sorted(ids) == ["answer-fails", "fine-0", "fine-1", "fine-2"]  # each exactly once
