@@ -71,7 +71,8 @@ def ack_results(
             m.partition_key,
             "duplicate" if ack.outcome == "duplicate" and not in_doubt else success,
             attempts,
-            ack.sequence_number if trust_numbers else None,
+            # A duplicate's number (a dropped scheduled copy's, #265) names no message.
+            ack.sequence_number if trust_numbers and ack.outcome != "duplicate" else None,
         )
         for m, ack in zip(batch, acks, strict=True)
     ]

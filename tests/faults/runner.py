@@ -337,7 +337,14 @@ def read_broker(db: Path, schedule: dict[str, Any]) -> tuple[list[Stored], dict[
         ]
         by_sub: dict[str, list[str]] = {}
         if topic:
+            # Scheduled messages wait on the topic itself until due (no subscription has them).
+            waiting = broker.peek(entity, max_messages=1_000_000)
+            stored += [
+                Stored(m.message_id, m.body, m.enqueued_time.timestamp(), m.sequence_number)
+                for m in waiting
+            ]
             by_sub["(topic)"] = broker.message_ids(entity)
             for name in SUBSCRIPTIONS:
                 by_sub[name] = broker.message_ids(entity, subscription=name)
+                by_sub[name] += [m.message_id for m in waiting]
     return stored, by_sub

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from proton import Delivery, Endpoint, Message, symbol
 
+from ..backends.local import MessageNotFoundError
 from ..errors import SessionCannotBeLockedError, SessionLockLostError
 from . import _codec, _store_work
 from ._base import HandlerBase
@@ -175,19 +176,18 @@ class Management(HandlerBase):
             seqs = [int(s) for s in body.get("sequence-numbers") or []]
 
             def cancel(store: Any) -> None:
+                # Service Bus answers "Messages not found" for a number that names no waiting
+                # message (unknown, cancelled, or activated already) and cancels none.
                 try:
-                    missing = _store_work.cancel_scheduled(store, node.entity, seqs)
+                    store.cancel_scheduled(node.entity, seqs, missing_ok=False)
+                except MessageNotFoundError as exc:
+                    raise ManagementError(
+                        404, MESSAGE_NOT_FOUND, f"Messages not found: {describe(exc)}"
+                    ) from exc
                 except Exception as exc:
                     if is_busy_failure(exc):
                         raise
                     raise ManagementError(404, NOT_FOUND, describe(exc)) from exc
-                if missing:
-                    raise ManagementError(
-                        404,
-                        MESSAGE_NOT_FOUND,
-                        f"Messages not found: no scheduled message has sequence number "
-                        f"{', '.join(str(s) for s in missing)}",
-                    )
 
             return cancel, lambda _: ((200, None), {}), True
         if operation == "com.microsoft:update-disposition":
@@ -238,6 +238,7 @@ class Management(HandlerBase):
                 cond = store_condition(exc)
                 status = 503 if cond.name == SERVER_BUSY else 404 if cond.name == NOT_FOUND else 400
                 raise ManagementError(status, str(cond.name), cond.description or "") from exc
+            # A copy dropped as a duplicate still has its number (Azure/azure-service-bus#265).
             return [int(a.sequence_number) if a.sequence_number is not None else -1 for a in acks]
 
         def finish(seqs: list[int]) -> tuple[Status, Any]:

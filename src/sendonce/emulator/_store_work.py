@@ -95,38 +95,6 @@ def check_management(store: Any, node: Node) -> Refusal | None:
     return None
 
 
-def cancel_scheduled(store: Any, entity: str, seqs: list[int]) -> list[int]:
-    """Cancel scheduled messages; the sequence numbers that name none (nothing cancelled then).
-
-    Service Bus answers "Messages not found" for an unknown or already cancelled one.
-    """
-    places: list[str | None] = [None]
-    if getattr(store.describe(entity), "kind", "queue") == "topic":
-        places = list(store.subscriptions(entity))
-        if not places:
-            store.cancel_scheduled(entity, seqs)  # no copy anywhere to look for
-            return []
-    missing = []
-    for seq in seqs:
-        found = False
-        for place in places:
-            (first, *_) = store.peek(
-                entity, subscription=place, from_sequence_number=seq, max_messages=1
-            ) or [None]
-            if (
-                first is not None
-                and first.sequence_number == seq
-                and first.scheduled_enqueue_time is not None
-            ):
-                found = True
-                break
-        if not found:
-            missing.append(seq)
-    if not missing:
-        store.cancel_scheduled(entity, seqs)
-    return missing
-
-
 def send_together(
     store: Any, sends: list[tuple[str, list[Any], list[bytes]]], *, timeout: float
 ) -> list[Outcome[Any]]:

@@ -56,17 +56,25 @@ def test_batch_with_mixed_optional_fields(broker, make_entity, clock):
         Message("w", message_id="sched", scheduled_enqueue_time=later),
     ]
     broker.send("events", batch, timeout=5)
+    # The scheduled one waits on the topic until its time, then reaches each subscription.
+    (waiting,) = broker.peek("events", max_messages=10)
+    assert waiting.message_id == "sched" and waiting.scheduled_enqueue_time == later
+    sent_at = clock.now
     for sub in ("a", "b"):
         stored = broker.peek("events", subscription=sub, max_messages=10)
-        assert [m.message_id for m in stored] == ["plain", "keyed", "props", "sched"]
-        assert [m.session_id for m in stored] == [None, "k", None, None]
+        assert [m.message_id for m in stored] == ["plain", "keyed", "props"]
+        assert [m.session_id for m in stored] == [None, "k", None]
         assert stored[2].subject == "s" and dict(stored[2].application_properties or {}) == {"n": 1}
-        assert stored[3].scheduled_enqueue_time == later
         assert stored[0].scheduled_enqueue_time is None
-        assert [m.enqueued_time for m in stored] == [clock.now] * 4
+        assert [m.enqueued_time for m in stored] == [clock.now] * 3
     assert broker.count("events", subscription="a") == 3
     clock.advance(minutes=5)
     assert broker.count("events", subscription="a") == 4
+    for sub in ("a", "b"):
+        stored = broker.peek("events", subscription=sub, max_messages=10)
+        assert [m.message_id for m in stored] == ["plain", "keyed", "props", "sched"]
+        assert stored[3].scheduled_enqueue_time == stored[3].enqueued_time == later
+        assert [m.enqueued_time for m in stored[:3]] == [sent_at] * 3
 
 
 def test_batch_with_a_duplicate_stores_the_others(broker, make_entity):

@@ -270,10 +270,22 @@ class LocalBackend:
         return _sending.schedule(self._store, entity, messages, at, timeout=timeout, raw=raw)
 
     def cancel_scheduled(
-        self, entity: str, sequence_numbers: Sequence[int], *, timeout: float | None = None
+        self,
+        entity: str,
+        sequence_numbers: Sequence[int],
+        *,
+        timeout: float | None = None,
+        missing_ok: bool = True,
     ) -> None:
-        """Remove scheduled messages not yet delivered. Their ids stay remembered."""
-        return _sending.cancel_scheduled(self._store, entity, sequence_numbers, timeout=timeout)
+        """Remove scheduled messages still waiting for their time. Their ids stay remembered.
+
+        A number naming no waiting message (unknown, cancelled, or activated already)
+        is skipped; with ``missing_ok=False`` it raises :class:`MessageNotFoundError`
+        and nothing is cancelled, as Service Bus answers.
+        """
+        return _sending.cancel_scheduled(
+            self._store, entity, sequence_numbers, timeout=timeout, missing_ok=missing_ok
+        )
 
     def create_entity(self, profile: EntityProfile, *, exist_ok: bool = False) -> None:
         """Create a queue or topic. Its duplicate-detection settings are fixed from now on."""

@@ -18,6 +18,7 @@ from ..._entity import EntityProfile
 from ..._message import PropertyValue
 from ...errors import LockLostError, SendOnceError, ValidationError
 from . import _session_locks
+from ._activation import activate
 from ._entities import lookup, place, place_settings
 from ._received import (
     ROW_COLUMNS,
@@ -36,7 +37,8 @@ SubQueue = Literal["dead_letter", "transfer_dead_letter"]
 
 
 class MessageNotFoundError(SendOnceError):
-    """A deferred message asked for by sequence number is not there to receive."""
+    """A message asked for by sequence number is not there: a deferred one to receive, or a
+    scheduled one to cancel (unknown, cancelled, or enqueued already)."""
 
 
 def check_max(max_messages: int) -> int:
@@ -111,6 +113,7 @@ def take(
     skip_locked_sessions: bool = False,
 ) -> list[ReceivedMessage]:
     """Receive up to ``limit`` available messages (locking them until ``until``)."""
+    activate(conn, eid, now)
     query = (
         f"SELECT {ROW_COLUMNS} FROM messages WHERE eid = ? AND sub = ? "
         "AND visible <= ? AND (locked_until IS NULL OR locked_until <= ?) "
@@ -463,12 +466,14 @@ def expiry_sql(profile: EntityProfile) -> tuple[str, list[Any]]:
     """An SQL expression for a message's expiry time (µs; NULL: never) and its parameters.
 
     Service Bus: the effective time to live is the message's own, capped by the
-    entity's default; it counts from the enqueue time (the scheduled time of a
-    scheduled message)
+    entity's default; it counts from the enqueue time, which for a scheduled
+    message is its activation (its scheduled time)
     (https://learn.microsoft.com/azure/service-bus-messaging/message-expiration).
     """
     own = "json_extract(extra, '$.ttl_us')"
-    start = "COALESCE(scheduled, enqueued)"
+    # A scheduled message is enqueued at activation; rows of older files kept the
+    # schedule request's time in ``enqueued``, hence the later of the two.
+    start = "max(COALESCE(scheduled, enqueued), enqueued)"
     default = profile.default_message_time_to_live
     if default is None:
         return f"({start} + {own})", []
@@ -494,14 +499,10 @@ def _retire(
     dead-letter subqueue with MaxDeliveryCountExceeded; every peek-lock delivery
     counts, so abandons and lock expiries count alike.
     """
-    default = profile.default_message_time_to_live
-    default_us = None if default is None else default // US
     changed = False
     for r in rows:
-        seq, extra, enqueued, scheduled, delivery_count = r[0], r[5], r[6], r[7], r[10]
-        own = json.loads(extra).get("ttl_us") if extra else None
-        ttl = own if default_us is None else default_us if own is None else min(own, default_us)
-        if ttl is not None and (scheduled or enqueued) + ttl <= now:
+        seq, delivery_count = r[0], r[10]
+        if expired(profile, r, now):
             if profile.dead_lettering_on_message_expiration:
                 _to_dead_letter(
                     conn, eid, sub, seq, TTL_EXPIRED, "The message expired and was dead lettered."
@@ -523,6 +524,15 @@ def _retire(
             )
             changed = True
     return changed
+
+
+def expired(profile: EntityProfile, row: Sequence[Any], now: int) -> bool:
+    """Whether the message of a ``ROW_COLUMNS`` row has expired at ``now`` (see ``expiry_sql``)."""
+    extra, enqueued, scheduled = row[5], row[6], row[7]
+    own = json.loads(extra).get("ttl_us") if extra else None
+    default = profile.default_message_time_to_live
+    ttl = own if default is None else default // US if own is None else min(own, default // US)
+    return ttl is not None and max(scheduled or enqueued, enqueued) + ttl <= now
 
 
 def _to_dead_letter(

@@ -22,8 +22,8 @@ from ..._message import Message
 from ..._message_columns import MessageColumns
 from ...errors import MessageSizeError, PermanentSendError, ValidationError
 from .._base import Ack
+from ._activation import PENDING, activate, targets
 from ._entities import (
-    SUBSCRIPTIONS,
     IdState,
     dead_letter_sessionless,
     entity_row,
@@ -31,6 +31,7 @@ from ._entities import (
     profile_of,
 )
 from ._received import encode_extra
+from ._receiving import MessageNotFoundError
 from ._store import US, Store, positive_seconds, to_us
 
 # Expired ids forgotten per send, at least: more than a send can add, so the id
@@ -124,7 +125,7 @@ def _store(
         # Only the members the broker already holds are duplicates; the others were
         # dropped with the group and are stored nowhere: they must not look delivered.
         return [_DUPLICATE if not new else _IGNORED for new in rejected.accepted]
-    return _acks(base, accepted, count)
+    return _acks(base, accepted, count, scheduled=at is not None)
 
 
 def send_together(
@@ -191,32 +192,43 @@ def _plan(
         if batch is None or batch.text != text:
             profile = profile_of(store, entity, text)
             batch = _Batch.of(entity, text, profile, messages, at, raws)
-        return base, _store_in(store, conn, eid, batch, base, ids, atomic)
+        if batch.error is not None:
+            raise batch.error
+        now = store.now()
+        # Messages that came due take their numbers before this batch does.
+        base += activate(conn, eid, now)
+        return base, _store_in(conn, eid, batch, base, ids, atomic, now)
 
     return work, len(messages)
 
 
-def _acks(base: int, accepted: list[bool] | None, count: int) -> list[Ack]:
+def _acks(
+    base: int, accepted: list[bool] | None, count: int, *, scheduled: bool = False
+) -> list[Ack]:
     if accepted is None:
         return list(map(_accepted, range(base, base + count)))
+    if scheduled:
+        # Service Bus still returns a sequence number for a scheduled copy it drops as a
+        # duplicate (Azure/azure-service-bus#265): the one the copy took, naming no message.
+        return [
+            _accepted(base + i) if ok else Ack("duplicate", base + i)
+            for i, ok in enumerate(accepted)
+        ]
     return [_accepted(base + i) if ok else _DUPLICATE for i, ok in enumerate(accepted)]
 
 
 def _store_in(
-    store: Store,
     conn: sqlite3.Connection,
     eid: int,
     batch: _Batch,
     base: int,
     ids: IdState,
     atomic: bool,
+    now: int,
 ) -> list[bool] | None:
     """The SQL of a send, in its transaction; None when every message was new."""
-    if batch.error is not None:
-        raise batch.error
     profile = batch.profile
     n = batch.size
-    now = store.now()
     conn.execute("UPDATE entities SET next_seq = next_seq + ? WHERE eid = ?", (n, eid))
     if profile.duplicate_detection:
         accepted = _remember(conn, eid, profile, batch, base, now, ids)
@@ -225,9 +237,7 @@ def _store_in(
     all_new = all(accepted)
     if atomic and not all_new:
         raise _GroupRejected(accepted)
-    subs = [r[0] for r in conn.execute(SUBSCRIPTIONS, (eid,))] if profile.kind == "topic" else [""]
-    if not subs:
-        return None if all_new else accepted
+    subs = targets(conn, eid, profile)
     _insert_messages(conn, eid, subs, base, now, batch.fields, None if all_new else accepted)
     if profile.kind == "topic" and not profile.sessions:
         dead_letter_sessionless(conn, eid, base, base + n - 1)
@@ -235,9 +245,20 @@ def _store_in(
 
 
 def cancel_scheduled(
-    store: Store, entity: str, sequence_numbers: Sequence[int], *, timeout: float | None = None
+    store: Store,
+    entity: str,
+    sequence_numbers: Sequence[int],
+    *,
+    timeout: float | None = None,
+    missing_ok: bool = True,
 ) -> None:
-    """Remove scheduled messages not yet delivered. Their ids stay remembered."""
+    """Remove scheduled messages not yet activated. Their ids stay remembered.
+
+    A number that names no waiting message (unknown, cancelled, or activated
+    already: Service Bus cannot cancel a message once it is enqueued) is
+    skipped, or with ``missing_ok=False`` refused with
+    :class:`MessageNotFoundError`, nothing cancelled.
+    """
     seqs = list(sequence_numbers)
     for seq in seqs:
         if not isinstance(seq, int) or isinstance(seq, bool):
@@ -245,15 +266,31 @@ def cancel_scheduled(
 
     def work(conn: sqlite3.Connection) -> None:
         eid, profile, _, _ = lookup(conn, entity, sending=True)
-        subs = [""]
-        if profile.kind == "topic":
-            subs = [r[0] for r in conn.execute(SUBSCRIPTIONS, (eid,))]
         now = store.now()
-        conn.executemany(
-            "DELETE FROM messages WHERE eid = ? AND sub = ? AND seq = ? "
-            "AND scheduled IS NOT NULL AND visible > ?",
-            [(eid, sub, seq, now) for seq in seqs for sub in subs],
-        )
+        activate(conn, eid, now)  # a due message is enqueued: too late to cancel
+        missing = []
+        for seq in dict.fromkeys(seqs):
+            deleted = conn.execute(
+                f"DELETE FROM messages WHERE eid = ? AND sub = '{PENDING}' AND seq = ?",
+                (eid, seq),
+            ).rowcount
+            if not deleted:
+                # Files written before scheduled messages waited apart keep them in the
+                # queue (or each subscription), invisible until due.
+                for sub in targets(conn, eid, profile):
+                    deleted += conn.execute(
+                        "DELETE FROM messages WHERE eid = ? AND sub = ? AND seq = ? "
+                        "AND scheduled IS NOT NULL AND visible > ?",
+                        (eid, sub, seq, now),
+                    ).rowcount
+            if not deleted:
+                missing.append(seq)
+        if missing and not missing_ok:
+            raise MessageNotFoundError(
+                f"{entity!r} has no scheduled message waiting with sequence number "
+                f"{', '.join(map(str, missing))} (unknown, cancelled, or enqueued already); "
+                "nothing was cancelled"
+            )
 
     store.write(work, timeout=timeout)
 
@@ -419,6 +456,7 @@ def _insert_messages(
     ``executemany`` per subqueue, which binds per row only what the rows carry: an
     optional field no message has (a partition key, a schedule time, raw AMQP bytes)
     is a literal NULL in the statement. Message ``i`` gets sequence number ``base + i``.
+    A message scheduled for later is stored once, under ``PENDING``, until activated.
     """
     seqs: Sequence[int] = range(base, base + len(stored[0]))
     fields: Sequence[Sequence[Any]] = stored
@@ -445,6 +483,17 @@ def _insert_messages(
         f"INSERT INTO messages ({', '.join(columns)}, visible) "
         f"VALUES ({', '.join(placeholders)}, {visible})"
     )
+    if "scheduled" in columns:
+        at = columns.index("scheduled") - 4
+        later = [when is not None and when > now for when in bound[at]]
+        if any(later):
+            pending = [list(compress(values, later)) for values in (seqs, *bound)]
+            conn.executemany(
+                sql, zip(repeat(eid), repeat(PENDING), *pending[:1], repeat(now), *pending[1:])
+            )
+            ready = [not flag for flag in later]
+            seqs = list(compress(seqs, ready))
+            bound = [list(compress(values, ready)) for values in bound]
     for sub in subs:
         conn.executemany(sql, zip(repeat(eid), repeat(sub), seqs, repeat(now), *bound))
 

@@ -27,7 +27,7 @@ from typing import Any
 from ..._entity import EntityProfile
 from ..._message import PropertyValue
 from ...errors import ConfigurationError, NoSessionAvailableError, ValidationError
-from . import _inspection, _session_locks
+from . import _activation, _inspection, _session_locks
 from ._entities import lookup, place, place_settings
 from ._received import ReceivedMessage
 from ._receiving import (
@@ -310,6 +310,7 @@ def accept_session(
     def lock(conn: sqlite3.Connection) -> tuple[str, int, timedelta] | None:
         eid, sub, duration = sessionful(conn)
         now = store.now()
+        _activation.activate(conn, eid, now)
         wanted = session_id
         if wanted is None:
             row = conn.execute(_session_locks.NEXT_SESSION, (eid, sub, now)).fetchone()
@@ -325,9 +326,9 @@ def accept_session(
 
     def available(conn: sqlite3.Connection) -> bool:
         eid, sub, _ = sessionful(conn)
-        return (
-            conn.execute(_session_locks.NEXT_SESSION, (eid, sub, store.now())).fetchone()
-            is not None
+        now = store.now()
+        return _activation.has_due_session(conn, eid, sub, now) or (
+            conn.execute(_session_locks.NEXT_SESSION, (eid, sub, now)).fetchone() is not None
         )
 
     started, started_real = store.now(), time.monotonic()
@@ -387,7 +388,7 @@ def _receive(
 
     def anything(conn: sqlite3.Connection) -> bool:
         eid, sub, now, _ = _held(store, conn, session)
-        return (
+        return bool(_activation.due_count(conn, eid, now, session.session_id)) or (
             conn.execute(
                 "SELECT 1 FROM messages WHERE eid = ? AND sub = ? AND session_id = ? "
                 "AND visible <= ? AND (locked_until IS NULL OR locked_until <= ?) "
