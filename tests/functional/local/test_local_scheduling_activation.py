@@ -161,3 +161,15 @@ def test_a_due_message_expired_before_activation_is_not_peeked(broker, clock):
     clock.advance(seconds=30)
     assert broker.peek("orders") == []
     assert broker.receive("orders") == []
+
+
+def test_after_cancelling_the_earliest_the_next_still_activates_on_time(broker, make_entity, clock):
+    make_entity()
+    (first,) = broker.schedule("orders", [msg("a")], clock.now + timedelta(seconds=5), timeout=5)
+    broker.schedule("orders", [msg("b")], clock.now + timedelta(seconds=10), timeout=5)
+    broker.cancel_scheduled("orders", [first.sequence_number or 0])
+    clock.advance(seconds=5)
+    assert broker.receive("orders") == [] and broker.count("orders") == 0
+    clock.advance(seconds=5)
+    assert broker.count("orders") == 1
+    assert [m.message_id for m in broker.receive("orders")] == ["b"]

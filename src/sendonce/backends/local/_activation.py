@@ -18,6 +18,12 @@ one transaction on the shared file, so it happens exactly once whichever
 process or door (``local://`` or the emulator) triggers it, and in the order
 Service Bus would have produced. Reads never write: they show due messages as
 :func:`due` numbers them, which is what the next activation stores.
+
+No index orders the waiting messages by due time (it would cost a schema
+change), so each entity keeps the earliest due time of its waiting messages in
+the ``meta`` table (:func:`note_waiting`): every write checks that one row, and
+only an entity with a message due scans its waiting ones. The hint may be
+early (after a cancel), never late.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from ..._entity import EntityProfile
 from ._entities import SUBSCRIPTIONS, dead_letter_sessionless
 from ._received import ROW_COLUMNS
 
-__all__ = ["PENDING", "activate", "due", "due_count", "has_due_session"]
+__all__ = ["PENDING", "activate", "due", "due_count", "has_due_session", "note_waiting"]
 
 PENDING = "/$Scheduled"
 """The ``sub`` key of an entity's scheduled messages not yet activated."""
@@ -39,6 +45,35 @@ _MOVED = (
 )
 _DUE = "eid = ? AND sub = '" + PENDING + "' AND visible <= ?"
 _DUE_ORDER = " ORDER BY visible, seq"
+
+
+def _hint_key(eid: int) -> str:
+    return f"scheduled_due:{eid}"
+
+
+def note_waiting(conn: sqlite3.Connection, eid: int, earliest: int) -> None:
+    """Record that a message of the entity waits until ``earliest`` (µs)."""
+    conn.execute(
+        "INSERT INTO meta (key, value) VALUES (?1, ?2) ON CONFLICT (key) DO UPDATE "
+        "SET value = min(CAST(value AS INTEGER), CAST(excluded.value AS INTEGER))",
+        (_hint_key(eid), earliest),
+    )
+
+
+def _anything_due(conn: sqlite3.Connection, eid: int, now: int) -> bool:
+    """Whether a waiting message of the entity may be due (the hint has passed)."""
+    row = conn.execute("SELECT value FROM meta WHERE key = ?", (_hint_key(eid),)).fetchone()
+    return row is not None and int(row[0]) <= now
+
+
+def _renew_hint(conn: sqlite3.Connection, eid: int) -> None:
+    (earliest,) = conn.execute(
+        f"SELECT min(visible) FROM messages WHERE eid = ? AND sub = '{PENDING}'", (eid,)
+    ).fetchone()
+    if earliest is None:
+        conn.execute("DELETE FROM meta WHERE key = ?", (_hint_key(eid),))
+    else:
+        conn.execute("UPDATE meta SET value = ? WHERE key = ?", (earliest, _hint_key(eid)))
 
 
 def targets(conn: sqlite3.Connection, eid: int, profile: EntityProfile) -> list[str]:
@@ -58,9 +93,12 @@ def activate(conn: sqlite3.Connection, eid: int, now: int) -> int:
     dead-letters the copies without a session id that its sessionful
     subscriptions get.
     """
+    if not _anything_due(conn, eid, now):
+        return 0
     due_rows = conn.execute(f"SELECT seq FROM messages WHERE {_DUE}{_DUE_ORDER}", (eid, now))
     old = [r[0] for r in due_rows.fetchall()]
     if not old:
+        _renew_hint(conn, eid)  # early: what it announced was cancelled or purged
         return 0
     base, kind, sessions = conn.execute(
         "SELECT next_seq, profile ->> '$.kind', profile ->> '$.sessions' FROM entities "
@@ -82,6 +120,7 @@ def activate(conn: sqlite3.Connection, eid: int, now: int) -> int:
         f"DELETE FROM messages WHERE eid = ? AND sub = '{PENDING}' AND seq = ?",
         [(eid, seq) for seq in old],
     )
+    _renew_hint(conn, eid)
     return len(old)
 
 
@@ -93,6 +132,8 @@ def due(
     For reads, which cannot activate (a read-only handle, a peek): each row has
     the sequence number and enqueued time the next activation gives it.
     """
+    if not _anything_due(conn, eid, now):
+        return []
     rows = conn.execute(
         f"SELECT {ROW_COLUMNS} FROM messages WHERE {_DUE}{_DUE_ORDER}", (eid, now)
     ).fetchall()
@@ -108,6 +149,8 @@ def due(
 
 def due_count(conn: sqlite3.Connection, eid: int, now: int, session_id: str | None = None) -> int:
     """How many due messages wait for activation (of one session, when given)."""
+    if not _anything_due(conn, eid, now):
+        return 0
     sql = f"SELECT count(*) FROM messages WHERE {_DUE}"
     params: list[Any] = [eid, now]
     if session_id is not None:
@@ -118,6 +161,8 @@ def due_count(conn: sqlite3.Connection, eid: int, now: int, session_id: str | No
 
 def has_due_session(conn: sqlite3.Connection, eid: int, sub: str, now: int) -> bool:
     """Whether a due message waits for activation in a session no live lock holds on ``sub``."""
+    if not _anything_due(conn, eid, now):
+        return False
     row = conn.execute(
         f"SELECT 1 FROM messages AS m WHERE m.eid = ?1 AND m.sub = '{PENDING}' "
         "AND m.visible <= ?3 AND m.session_id IS NOT NULL AND NOT EXISTS ("

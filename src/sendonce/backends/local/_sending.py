@@ -22,7 +22,7 @@ from ..._message import Message
 from ..._message_columns import MessageColumns
 from ...errors import MessageSizeError, PermanentSendError, ValidationError
 from .._base import Ack
-from ._activation import PENDING, activate, targets
+from ._activation import PENDING, activate, note_waiting, targets
 from ._entities import (
     IdState,
     dead_letter_sessionless,
@@ -491,6 +491,7 @@ def _insert_messages(
             conn.executemany(
                 sql, zip(repeat(eid), repeat(PENDING), *pending[:1], repeat(now), *pending[1:])
             )
+            note_waiting(conn, eid, min(pending[1 + at]))
             ready = [not flag for flag in later]
             seqs = list(compress(seqs, ready))
             bound = [list(compress(values, ready)) for values in bound]
