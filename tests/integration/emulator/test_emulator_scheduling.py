@@ -13,6 +13,7 @@ import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceiveMode
 from azure.servicebus.exceptions import MessageNotFoundError
 
+from sendonce import EntityProfile
 from sendonce.backends.local import LocalBackend
 from sendonce.emulator import Emulator
 
@@ -100,3 +101,28 @@ def test_an_activated_message_can_no_longer_be_cancelled(
             with pytest.raises(MessageNotFoundError):
                 sender.cancel_scheduled_messages(seq)
     assert [m.message_id for m in store.receive("orders")] == ["x"]
+
+
+def test_a_session_gets_its_activated_message_after_those_sent_while_it_waited(
+    emulator: Emulator, store: LocalBackend
+) -> None:
+    store.create_entity(EntityProfile("carts", sessions=True))
+    at = datetime.now(UTC) + DELAY
+    with client(emulator) as sb:
+        with sb.get_queue_sender("carts") as sender:
+            (scheduled,) = sender.schedule_messages(
+                ServiceBusMessage("s", message_id="scheduled", session_id="x"), at
+            )
+            sender.send_messages(ServiceBusMessage("m", message_id="meanwhile", session_id="x"))
+        wait_until(at)
+        with sb.get_queue_receiver(
+            "carts",
+            session_id="x",
+            receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE,
+            max_wait_time=5,
+        ) as receiver:
+            got = receiver.receive_messages(max_message_count=5, max_wait_time=5)
+            while len(got) < 2 and (more := receiver.receive_messages(max_wait_time=2)):
+                got += more
+    assert [m.message_id for m in got] == ["meanwhile", "scheduled"]
+    assert got[1].sequence_number > got[0].sequence_number > scheduled
