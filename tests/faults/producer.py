@@ -707,34 +707,21 @@ class Producer:
         cancel = self.plan.get("cancels", {}).get(str(self.seq - 1))
         try:
             self._send(backend, report, api, now_, later, chunk, kind, origin, extra, cancel)
-        except asyncio.CancelledError:
-            # the application cancelled the call's task: its transfers may have been
-            # stored, so it is in flight; resume it with its original first attempt
-            # (or exit, and the restarted incarnation finds it in flight)
-            self.journal.write(
-                {"ev": "interrupted", "call": call_id, "t": self.time.now(), "how": "cancel"}
-            )
-            if self.spec.get("after_cancel") == "exit":
-                self.log(f"cancelled call {call_id}: exiting")
+        except (asyncio.CancelledError, KeyboardInterrupt) as exc:
+            # The application cancelled the call's task, or Ctrl-C came mid-call: its
+            # transfers may have been stored, so the call is in flight, as after a crash.
+            # Resume it at once with its original first attempt (or exit, and the
+            # restarted incarnation finds it in flight).
+            cancelled = isinstance(exc, asyncio.CancelledError)
+            event: dict[str, Any] = {"ev": "interrupted", "call": call_id, "t": self.time.now()}
+            if cancelled:
+                event["how"] = "cancel"
+            self.journal.write(event)
+            what = "cancelled" if cancelled else "interrupted in"
+            if self.spec.get("after_cancel" if cancelled else "after_interrupt") == "exit":
+                self.log(f"{what} call {call_id}: exiting")
                 raise SystemExit(130) from None
-            self.log(f"cancelled call {call_id}: resuming it")
-            self.send_call(
-                backend,
-                numbers,
-                kind="resume",
-                chunk=chunk,
-                origin=now if origin is None else origin,
-                resumes=call_id,
-            )
-            return
-        except KeyboardInterrupt:
-            # Ctrl-C mid-call: the call is in flight, as after a crash; resume it at once
-            # with its original first attempt (or exit and let the restart resume it)
-            self.journal.write({"ev": "interrupted", "call": call_id, "t": self.time.now()})
-            if self.spec.get("after_interrupt") == "exit":
-                self.log(f"interrupted in call {call_id}: exiting")
-                raise SystemExit(130) from None
-            self.log(f"interrupted in call {call_id}: resuming it")
+            self.log(f"{what} call {call_id}: resuming it")
             self.send_call(
                 backend,
                 numbers,
