@@ -11,7 +11,9 @@ for single sends and batches, and the ratio sendonce / raw (target: <= 1.05).
 ``--links 8 16`` measures the emulator instead (the server's own cost): the raw aio
 client works each count of sender links with one task per link, one message per
 transfer, and the emulator process's CPU (utime + stime from /proc) is divided by
-the messages it stored. ``--emulator-src DIR`` (repeatable) serves from another
+the messages it stored, at loopback unless ``--rtt-ms`` says otherwise (over a
+round trip the links' transfers reach the emulator spread out, as from a
+network). ``--emulator-src DIR`` (repeatable) serves from another
 source tree (an older commit checked out elsewhere): every tree gets its own
 emulator process and broker file, and the rounds interleave them, so a busy
 machine slows each alike.
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import os
 import statistics
 import subprocess
@@ -242,28 +245,33 @@ async def links_round(conn_str: str, links: int, n: int, tag: str) -> float:
 
 def server_bench(args: argparse.Namespace) -> None:
     sources = args.emulator_src or [str(Path(__file__).resolve().parents[1] / "src")]
-    # (source, links) -> [(msg/s, emulator CPU us per message)]
-    results: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    # (source, rtt, links) -> [(msg/s, emulator CPU us per message)]
+    results: dict[tuple[str, float, int], list[tuple[float, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         servers = [
             stack.enter_context(emulator_from(src, Path(tmp) / f"bench{i}.db"))
             for i, src in enumerate(sources)
         ]
+        # Behind a delay proxy the links' transfers reach the emulator spread out (each
+        # alone in its turn of the network loop), as from clients over a network.
+        urls = [stack.enter_context(through_rtts(conn, args.rtt_ms)) for conn, _ in servers]
         for r in range(args.rounds):
             order = list(range(len(sources)))
             if r % 2:
                 order.reverse()
-            for links in args.links:
-                for i in order:
-                    conn_str, pid = servers[i]
-                    before = process_cpu(pid)
-                    # the warm-up transfers are counted with the rest: links + n messages
-                    wall = asyncio.run(links_round(conn_str, links, args.messages, f"r{r}l{links}"))
-                    cpu = process_cpu(pid) - before
-                    sent = args.messages + links
-                    results.setdefault((sources[i], links), []).append(
-                        (args.messages / wall, 1e6 * cpu / sent)
-                    )
+            for rtt in args.rtt_ms:
+                for links in args.links:
+                    for i in order:
+                        pid = servers[i][1]
+                        before = process_cpu(pid)
+                        # the warm-up transfers are counted with the rest: links + n messages
+                        tag = f"r{r}t{rtt:g}l{links}"
+                        wall = asyncio.run(links_round(urls[i][rtt], links, args.messages, tag))
+                        cpu = process_cpu(pid) - before
+                        sent = args.messages + links
+                        results.setdefault((sources[i], rtt, links), []).append(
+                            (args.messages / wall, 1e6 * cpu / sent)
+                        )
         stack.close()  # the emulators stop: their files are whole
         stored = []
         for i, src in enumerate(sources):
@@ -271,16 +279,16 @@ def server_bench(args: argparse.Namespace) -> None:
             db = str(Path(tmp) / f"bench{i}.db")
             count = [sys.executable, "-c", _COUNT, db, PROFILE.name]
             stored.append(int(subprocess.run(count, env=env, capture_output=True).stdout))
-    expected = args.rounds * sum(args.messages + links for links in args.links)
+    expected = args.rounds * len(args.rtt_ms) * sum(args.messages + n for n in args.links)
     print(
         f"emulator server benchmark: {args.rounds} interleaved rounds of {args.messages} "
         f"single-message transfers, medians (min-max); load {load()}"
     )
     print(f"  stored messages per emulator: {stored} (expected {expected} each)")
-    for links in args.links:
-        print(f" {links} sender links, one task each")
+    for rtt, links in itertools.product(args.rtt_ms, args.links):
+        print(f" RTT {rtt:g} ms, {links} sender links, one task each")
         for src in sources:
-            rows = results[(src, links)]
+            rows = results[(src, rtt, links)]
             rates = [rate for rate, _ in rows]
             cpus = [cpu for _, cpu in rows]
             print(
@@ -295,7 +303,9 @@ def main() -> None:
     parser.add_argument("--singles", type=int, default=150, help="single sends per round")
     parser.add_argument("--batched", type=int, default=2000, help="batched messages per round")
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--rtt-ms", type=float, nargs="+", default=[0.0, 5.0])
+    parser.add_argument(
+        "--rtt-ms", type=float, nargs="+", help="round trips to measure at (0 5; --links: 0)"
+    )
     parser.add_argument(
         "--links", type=int, nargs="+", help="measure the emulator with these many sender links"
     )
@@ -307,8 +317,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.links:
+        args.rtt_ms = args.rtt_ms or [0.0]
         server_bench(args)
         return
+    args.rtt_ms = args.rtt_ms or [0.0, 5.0]
 
     measured: dict[float, dict[str, tuple[float, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:

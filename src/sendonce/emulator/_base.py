@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from proton import Condition, Endpoint, Handler
+from proton import Condition, Endpoint, Handler, ProtonException
 
 from ._conditions import SESSION_LOCK_LOST, condition
 from ._nodes import Locked, Node
@@ -69,6 +69,7 @@ class HandlerBase(Handler):
         self.emulator = emulator
         self.worker = worker
         self.acceptor: Any = None
+        self.io: Any = None  # the reactor's socket I/O handler (keeps its selector current)
         self.connections: dict[Any, ConnState] = {}
         self.nodes: dict[Any, Node] = {}
         self.locked: dict[Any, Locked] = {}  # delivery -> its lock
@@ -87,6 +88,26 @@ class HandlerBase(Handler):
 
     def on_transport(self, event: Any) -> None:
         """Ignored (see :meth:`on_selectable_readable`)."""
+
+    def flush(self, connection: Any) -> None:
+        """Write a connection's pending frames to its socket now, in this turn of the loop.
+
+        Left to the loop, an answer waits for the next turn: a select that finds the
+        socket writable and a socket event, per answer. A socket that takes only part
+        (or fails) gets the rest from the loop, as before.
+        """
+        transport = connection.transport
+        selectable = getattr(transport, "_selectable", None) if transport is not None else None
+        if selectable is None or selectable.is_terminal or self.io is None:
+            return
+        try:
+            pending = transport.pending()
+            if pending <= 0:
+                return  # nothing to write, or the transport is closed
+            transport.pop(selectable.send(transport.peek(pending)))
+        except (OSError, ProtonException):
+            return  # the socket is full or failed: the loop writes (or fails) as before
+        self.io.update(transport, selectable, selectable._reactor.now)
 
     # -- storage work ---------------------------------------------------------------------
 

@@ -299,7 +299,7 @@ class Emulator:
             # (one dispatch less per event); the socket I/O handler is installed before
             # any selectable exists, since each registers with its selector.
             container.handler = handler
-            container.global_handler = DirectIO()
+            handler.io = container.global_handler = DirectIO()
             listener = Listener(container, self.host, self._requested_port)
             self._port = listener.port
             handler.acceptor = listener

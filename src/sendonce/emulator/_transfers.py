@@ -184,6 +184,7 @@ class Transfers(HandlerBase):
         def done(outcome: Outcome[list[Outcome[Any]]]) -> None:
             outcomes = outcome.value if outcome.error is None else None
             woken: set[str] = set()
+            answered: dict[Any, None] = {}  # connections, in order
             for i, send in enumerate(staged):
                 if send.connection not in self.connections:
                     continue  # gone meanwhile: nothing to answer
@@ -197,7 +198,10 @@ class Transfers(HandlerBase):
                     _log.exception("emulator failed answering a transfer")
                     self.hard_close(send.connection)
                     continue
+                answered[send.connection] = None
                 woken.add(send.entity)
+            for connection in answered:
+                self.flush(connection)
             for entity in woken:
                 self.wake_receivers(entity)
 

@@ -153,3 +153,28 @@ def test_a_failure_answering_one_transfer_leaves_the_group_answered(
     with LocalBackend(broker_path) as store:
         ids = store.message_ids("orders")
     assert sorted(ids) == ["answer-fails", "fine-0", "fine-1", "fine-2"]  # each exactly once
+
+
+def test_an_acknowledgement_is_written_in_the_turn_of_its_commit(
+    emulator: Emulator, broker_path: Path, mocker: MockerFixture
+) -> None:
+    """The disposition goes onto the socket right after the commit, not on a later turn of
+    the loop that waits for the socket to be writable (one select and one event fewer)."""
+    from azure.servicebus import ServiceBusClient, ServiceBusMessage
+
+    from sendonce.emulator._server import DirectIO
+
+    with (
+        ServiceBusClient.from_connection_string(emulator.connection_string) as client,
+        client.get_queue_sender("orders") as sender,
+    ):
+        sender.send_messages(ServiceBusMessage(b"warm", message_id="warm"))  # attach first
+        writable = mocker.spy(DirectIO, "on_selectable_writable")
+        for i in range(10):
+            sender.send_messages(ServiceBusMessage(b"body", message_id=f"t-{i}"))
+        writes_on_later_turns = writable.call_count
+    assert writes_on_later_turns < 10  # was one per transfer, at least
+    with LocalBackend(broker_path) as store:
+        assert sorted(store.message_ids("orders")) == sorted(
+            ["warm", *(f"t-{i}" for i in range(10))]
+        )
