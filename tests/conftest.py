@@ -7,16 +7,21 @@ PostgreSQL's server binaries and psycopg. Such a test is skipped with the instal
 its reason. ``.ci/run`` installs every component and sets ``SENDONCE_REQUIRE_COMPONENTS=1``,
 which turns these skips into a failed run: CI never passes by skipping.
 ``SENDONCE_PRETEND_MISSING=java,postgresql`` makes components look missing (to test this).
+
+Tests anywhere may run the CLI in this process (click's ``CliRunner``); what it does to
+logging is undone after each test.
 """
 
 from __future__ import annotations
 
 import glob
 import importlib.util
+import logging
 import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
@@ -24,6 +29,18 @@ import pytest
 
 _SPARK_DIR = Path(__file__).resolve().parent / "integration" / "spark"
 _MISSING_TAG = "[missing component]"
+
+
+@pytest.fixture(autouse=True)
+def restore_sendonce_logging() -> Iterator[None]:
+    """``sendonce --log-level`` sets the ``sendonce`` logger's level and adds a stderr handler:
+    right for a process, but it would hide DEBUG records from later tests' ``caplog``."""
+    logger = logging.getLogger("sendonce")
+    level, handlers, propagate = logger.level, list(logger.handlers), logger.propagate
+    yield
+    logger.setLevel(level)
+    logger.handlers[:] = handlers
+    logger.propagate = propagate
 
 
 def _pretend_missing(name: str) -> bool:
