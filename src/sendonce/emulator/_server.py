@@ -19,13 +19,16 @@ import logging
 import math
 import os
 import resource
+import select
 import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
 from proton import ProtonException
+from proton._io import IO
 from proton.handlers import IOHandler
 from proton.reactor import Container
 
@@ -337,6 +340,10 @@ class DirectIO(IOHandler):
     override layer around the default one, which this server does not use.
     """
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._selector = _Selector()
+
     def update(self, transport: Any, selectable: Any, now: float) -> None:  # type: ignore[override]
         try:
             selectable.reading = transport.capacity() > 0
@@ -357,6 +364,58 @@ class DirectIO(IOHandler):
             selectable.update()  # its final event closes it
         else:
             self._selector.update(selectable)
+
+
+class _Selector(IO.Selector):
+    """Proton's selector, keeping its earliest deadline as each socket changes.
+
+    Proton's rescans every socket's deadline at each change of any one (several per
+    transfer) and twice more after each select; a deadline only ever changes through
+    :meth:`update`, so folding in the changed one is enough.
+    """
+
+    def update(self, selectable: Any) -> None:
+        if selectable.reading:
+            self._reading.add(selectable)
+        else:
+            self._reading.discard(selectable)
+        if selectable.writing:
+            self._writing.add(selectable)
+        else:
+            self._writing.discard(selectable)
+        deadline = selectable.deadline
+        if deadline and (self._deadline is None or deadline < self._deadline):
+            self._deadline = deadline
+
+    def select(self, timeout: float | None) -> tuple[list[Any], list[Any], list[Any]]:
+        """Wait for sockets (and the earliest deadline); one pass over deadlines after."""
+        reading, writing, deadline = self._reading, self._writing, self._deadline
+        wait = timeout
+        if deadline is not None:
+            left = max(0.0, deadline - time.time())
+            wait = left if timeout is None else min(timeout, left)
+        readable: list[Any] = []
+        writable: list[Any] = []
+        if reading or writing or wait is None:
+            try:
+                readable, writable, failed = select.select(reading, writing, writing, wait)
+            except InterruptedError:
+                failed = []
+            writable += failed
+        elif wait > 0:
+            time.sleep(wait)
+        now = time.time()
+        expired = []
+        earliest = None
+        for selectable in self._selectables:
+            at = selectable.deadline
+            if at:
+                if now > at:
+                    expired.append(selectable)
+                if earliest is None or at < earliest:
+                    earliest = at
+        self._deadline = earliest
+        return readable, writable, expired
 
 
 class _Completions:
