@@ -171,12 +171,9 @@ def create(
             sessions=sessions,
             id_cache_size=id_cache_size,
             persist_id_cache=not no_persist_id_cache,
-            lock_duration=DEFAULT_LOCK_DURATION if lock_duration is None else lock_duration,
-            max_delivery_count=_DEFAULT_MAX_DELIVERY_COUNT
-            if max_delivery_count is None
-            else max_delivery_count,
-            default_message_time_to_live=default_ttl,
-            dead_lettering_on_message_expiration=bool(dead_letter_on_expiry),
+            **_chosen_receive_settings(
+                lock_duration, max_delivery_count, default_ttl, dead_letter_on_expiry
+            ),
         )
     except ValidationError as exc:
         if exc.field == "duplicate_detection_window":
@@ -217,6 +214,24 @@ def create(
 
 
 _DEFAULT_WINDOW = timedelta(minutes=10)
+
+
+def _chosen_receive_settings(
+    lock_duration: timedelta | None,
+    max_delivery_count: int | None,
+    default_ttl: timedelta | None,
+    dead_letter_on_expiry: bool | None,
+) -> dict[str, Any]:
+    """The receive settings an entity or subscription is created with: the options given,
+    the broker's defaults for the rest."""
+    return {
+        "lock_duration": DEFAULT_LOCK_DURATION if lock_duration is None else lock_duration,
+        "max_delivery_count": _DEFAULT_MAX_DELIVERY_COUNT
+        if max_delivery_count is None
+        else max_delivery_count,
+        "default_message_time_to_live": default_ttl,
+        "dead_lettering_on_message_expiration": bool(dead_letter_on_expiry),
+    }
 
 
 def _receive_error(field: str, given: dict[str, Any]) -> str:
@@ -282,12 +297,9 @@ def create_subscription(
         wanted = SubscriptionProfile(
             subscription,
             sessions=bool(sessions),
-            lock_duration=DEFAULT_LOCK_DURATION if lock_duration is None else lock_duration,
-            max_delivery_count=_DEFAULT_MAX_DELIVERY_COUNT
-            if max_delivery_count is None
-            else max_delivery_count,
-            default_message_time_to_live=default_ttl,
-            dead_lettering_on_message_expiration=bool(dead_letter_on_expiry),
+            **_chosen_receive_settings(
+                lock_duration, max_delivery_count, default_ttl, dead_letter_on_expiry
+            ),
         )
     except ValidationError as exc:
         if exc.field in _RECEIVE_OPTION_OF:
