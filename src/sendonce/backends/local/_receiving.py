@@ -270,14 +270,15 @@ def dead_letter(
     """Move a peek-locked message to the entity's dead-letter subqueue."""
     check_reason(reason, error_description)
     if sub_queue is not None:
+        # a message read from a dead-letter subqueue cannot be dead-lettered again: as
+        # on Service Bus, it is released and stays where it is
         check_sub_queue(sub_queue)
-        settle(
+        abandon(
             store,
             entity,
             lock_token,
-            subscription,
-            "abandon",
-            sub_queue,
+            subscription=subscription,
+            sub_queue=sub_queue,
             properties_to_modify=properties_to_modify,
         )
         return
