@@ -3,10 +3,16 @@
 The README's ``pytest`` must be green on a laptop or a plain CI image without Java or
 PostgreSQL: the Spark suite (marked ``spark``, and everything under
 ``tests/integration/spark``) needs Java 17+ and pyspark; the ``postgres`` tests need
-PostgreSQL's server binaries and psycopg. Such a test is skipped with the install line in
-its reason. ``.ci/run`` installs every component and sets ``SENDONCE_REQUIRE_COMPONENTS=1``,
-which turns these skips into a failed run: CI never passes by skipping.
-``SENDONCE_PRETEND_MISSING=java,postgresql`` makes components look missing (to test this).
+PostgreSQL's server binaries and psycopg; the ``artemis`` tests (and everything under
+``tests/integration/artemis``) need Java 17+, python-qpid-proton, and Maven to fetch the
+broker's distribution once (``tests/artemis/install.sh``). Such a test is skipped with the
+install line in its reason. ``.ci/run`` installs every component and sets
+``SENDONCE_REQUIRE_COMPONENTS=1``, which turns these skips into a failed run: CI never passes
+by skipping. ``SENDONCE_PRETEND_MISSING=java,postgresql,maven`` makes components look missing
+(to test this).
+
+``artemis_broker`` is one real Artemis broker for the whole run (started on first use, about
+5 s; stopped at the end); ``artemis_address`` names an address no other test uses.
 
 Tests anywhere may run the CLI in this process (click's ``CliRunner``); what it does to
 logging is undone after each test.
@@ -21,13 +27,17 @@ import os
 import re
 import shutil
 import subprocess
+import uuid
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
 import pytest
 
+from artemis.broker import ArtemisBroker, cached_artemis_home
+
 _SPARK_DIR = Path(__file__).resolve().parent / "integration" / "spark"
+_ARTEMIS_DIR = Path(__file__).resolve().parent / "integration" / "artemis"
 _MISSING_TAG = "[missing component]"
 
 
@@ -52,11 +62,31 @@ def _java_problem() -> str | None:
     """Why Spark cannot start here, or None."""
     if importlib.util.find_spec("pyspark") is None:
         return "pyspark is not installed: pip install 'sendonce[spark]'"
+    return _java17_problem("Spark")
+
+
+@cache
+def _artemis_problem() -> str | None:
+    """Why a throwaway Artemis broker cannot start here, or None."""
+    if importlib.util.find_spec("proton") is None:
+        return "python-qpid-proton is not installed: pip install 'sendonce[artemis]'"
+    java = _java17_problem("the Artemis broker")
+    if java is not None:
+        return java
+    if _pretend_missing("maven") or (cached_artemis_home() is None and not shutil.which("mvn")):
+        return (
+            "Maven is not installed (it fetches the Artemis broker's distribution once, "
+            "tests/artemis/install.sh): apt-get install maven (or brew install maven)"
+        )
+    return None
+
+
+def _java17_problem(needed_by: str) -> str | None:
     home = os.environ.get("JAVA_HOME")
     java = os.path.join(home, "bin", "java") if home else shutil.which("java")
     install = "apt-get install openjdk-17-jre-headless (or brew install openjdk@17)"
     if _pretend_missing("java") or not java or not os.path.exists(java):
-        return f"Java 17+ is not installed (Spark needs it): {install}"
+        return f"Java 17+ is not installed ({needed_by} needs it): {install}"
     try:
         shown = subprocess.run(
             [java, "-version"], capture_output=True, text=True, timeout=30, check=False
@@ -68,7 +98,7 @@ def _java_problem() -> str | None:
     if major == 1 and match and match.group(2):  # "1.8.0": Java 8
         major = int(match.group(2))
     if major < 17:
-        return f"Spark needs Java 17+, {java} is Java {major or '?'}: {install}"
+        return f"{needed_by} needs Java 17+, {java} is Java {major or '?'}: {install}"
     return None
 
 
@@ -92,9 +122,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if _SPARK_DIR in Path(str(item.path)).parents:
             item.add_marker(pytest.mark.spark)
+        if _ARTEMIS_DIR in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.artemis)
         needs = [
             problem
-            for marker, problem in (("spark", _java_problem), ("postgres", _postgres_problem))
+            for marker, problem in (
+                ("spark", _java_problem),
+                ("postgres", _postgres_problem),
+                ("artemis", _artemis_problem),
+            )
             if item.get_closest_marker(marker) is not None
         ]
         for check in needs:
@@ -111,3 +147,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             f"SENDONCE_REQUIRE_COMPONENTS=1: {len(missing)} test(s) would be skipped for a "
             f"missing component (CI must not pass by skipping):\n  {reasons}"
         )
+
+
+@pytest.fixture(scope="session")
+def artemis_broker() -> Iterator[ArtemisBroker]:
+    """One real Artemis broker for the run: started on first use, removed at the end.
+
+    Tests share it (a start costs about 5 s) and keep apart by address: take
+    ``artemis_address``. A test that kills, restarts or reconfigures a broker starts its own
+    ``ArtemisBroker``."""
+    with ArtemisBroker(address_settings={"small-cache.#": {"id-cache-size": 3}}) as broker:
+        yield broker
+
+
+@pytest.fixture
+def artemis_address(request: pytest.FixtureRequest) -> str:
+    """An address name no other test of the run uses (readable: it starts with the test's)."""
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", request.node.name)[:40]
+    return f"{name}-{uuid.uuid4().hex[:8]}"

@@ -1,5 +1,6 @@
-"""Issue 23 item 8: without Java or PostgreSQL the suite skips, saying what to install;
-with ``SENDONCE_REQUIRE_COMPONENTS=1`` (set by ``.ci/run``) such a skip fails the run."""
+"""Issue 23 item 8: without Java, Maven (Artemis) or PostgreSQL the suite skips, saying what
+to install; with ``SENDONCE_REQUIRE_COMPONENTS=1`` (set by ``.ci/run``) such a skip fails
+the run."""
 
 from __future__ import annotations
 
@@ -14,8 +15,13 @@ ROOT = Path(__file__).resolve().parents[3]
 SUITES = {
     "postgresql": "tests/functional/ledger/test_ledger_postgres.py",
     "java": "tests/integration/spark/test_spark_guard.py",
+    "maven": "tests/integration/artemis/test_broker_facts.py",
 }
-INSTALL = {"postgresql": "apt-get install postgresql", "java": "apt-get install openjdk-17"}
+INSTALL = {
+    "postgresql": "apt-get install postgresql",
+    "java": "apt-get install openjdk-17",
+    "maven": "apt-get install maven",
+}
 
 
 def pytest_run(suite: str, **env: str) -> subprocess.CompletedProcess[str]:

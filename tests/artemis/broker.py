@@ -1,0 +1,325 @@
+"""A throwaway Apache ActiveMQ Artemis broker for tests, on 127.0.0.1 and free ports.
+
+``install.sh`` beside this file fetches the binary distribution once (Maven) into a cache
+folder outside the source tree. ``bin/artemis create`` makes one *template* instance per
+distribution in that cache (about 3 s, once); every broker a test run starts is a copy of it
+in a temporary folder, its paths rewritten, its ``etc/broker.xml`` written for the test:
+
+- acceptor ``amqp`` (AMQP and CORE, ``amqpDuplicateDetection=true``) and acceptor ``nodedup``
+  (AMQP, ``amqpDuplicateDetection=false``), each on a free port chosen at creation (kept
+  across restarts, so a restarted broker is where the clients left it);
+- persistence on (NIO journal) but ``journal-datasync=false``: a ``kill -9`` of the JVM loses
+  nothing (the OS still holds the written pages), only a machine crash could;
+- the critical analyzer logs instead of halting the JVM (a loaded 2-core machine stalls),
+  ``max-disk-usage`` 100 (a full shared disk is not this broker's business);
+- ``id_cache_size`` / ``persist_id_cache`` for the whole broker and ``address_settings``
+  (``{"match": {"element": "value"}}``) for addresses matching a pattern, e.g.
+  ``{"small.#": {"id-cache-size": "3"}}``;
+- a small heap (``-Xms32M -Xmx256M``, serial GC, C1 only: quick to start, not tuned for
+  throughput; ``java_args`` overrides it, as a benchmark should).
+
+``start()`` returns once the log says AMQ221007 ("Server is now active"); ``stop()`` ends the
+JVM (SIGTERM, then SIGKILL); ``kill()`` is ``kill -9``; the broker's data stays until
+``remove()``. Measured on the 2-core machine: 4.5-5 s from launch to active, most of it the
+JVM loading classes; the broker's own start-up is about 1.4 s of that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+from urllib.parse import quote
+
+__all__ = [
+    "ARTEMIS_VERSION",
+    "ArtemisBroker",
+    "artemis_home",
+    "cached_artemis_home",
+]
+
+ARTEMIS_VERSION = os.environ.get("SENDONCE_ARTEMIS_VERSION", "2.40.0")
+INSTALL_SCRIPT = Path(__file__).resolve().parent / "install.sh"
+READY_LINE = "AMQ221007"
+USER = "sendonce"
+PASSWORD = "artemis-test-secret"
+_DEFAULT_JAVA_ARGS = (
+    "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xms32M -Xmx256M -Dlog4j2.disableJmx=true "
+    "--add-opens java.base/jdk.internal.misc=ALL-UNNAMED"
+)
+# Files of an instance that hold its own absolute path (rewritten in each copy).
+_PATH_FILES = (
+    "bin/artemis",
+    "etc/artemis.profile",
+    "etc/artemis-utility.profile",
+    "etc/bootstrap.xml",
+)
+
+
+def _cache_root() -> Path:
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sendonce-artemis"
+    return Path(os.environ.get("SENDONCE_ARTEMIS_CACHE", default))
+
+
+def cached_artemis_home() -> Path | None:
+    """The unpacked distribution if ``install.sh`` already put it in the cache."""
+    home = _cache_root() / f"apache-artemis-{ARTEMIS_VERSION}"
+    return home if (home / "bin" / "artemis").exists() else None
+
+
+def artemis_home() -> Path:
+    """The unpacked distribution, fetched by ``install.sh`` (Maven) on first use."""
+    home = cached_artemis_home()
+    if home is not None:
+        return home
+    done = subprocess.run(
+        [str(INSTALL_SCRIPT)], capture_output=True, text=True, timeout=900, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{INSTALL_SCRIPT} failed:\n{done.stderr[-3000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def _template(home: Path) -> Path:
+    """One ``artemis create`` instance per distribution, copied for each broker."""
+    target = _cache_root() / f"template-{home.name}"
+    if (target / "etc" / "broker.xml").exists():
+        return target
+    work = Path(tempfile.mkdtemp(prefix=".template.", dir=_cache_root()))
+    try:
+        subprocess.run(
+            [
+                str(home / "bin" / "artemis"),
+                "create",
+                str(work / "i"),
+                "--silent",
+                "--user",
+                USER,
+                "--password",
+                PASSWORD,
+                "--allow-anonymous",
+                "--no-web",
+                "--no-autotune",
+                "--nio",
+                "--java-memory",
+                "256M",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+        (work / "i" / "template-path").write_text(str(work / "i"))  # the path inside its files
+        with contextlib.suppress(OSError):  # another run may have made it first: keep that one
+            (work / "i").rename(target)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _element(name: str, value: object) -> str:
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    return f"<{name}>{text}</{name}>"
+
+
+class ArtemisBroker:
+    """One broker instance in its own folder; a context manager that starts and removes it."""
+
+    def __init__(
+        self,
+        *,
+        id_cache_size: int | None = None,
+        persist_id_cache: bool | None = None,
+        address_settings: Mapping[str, Mapping[str, object]] | None = None,
+        java_args: str = _DEFAULT_JAVA_ARGS,
+        core_extra: str = "",
+        root: Path | None = None,
+    ) -> None:
+        home = artemis_home()
+        template = _template(home)
+        self.root = root or Path(tempfile.mkdtemp(prefix="sendonce-artemis-"))
+        self.instance = self.root / "broker"
+        shutil.copytree(template, self.instance, symlinks=True)
+        old = (template / "template-path").read_text()
+        for name in _PATH_FILES:
+            path = self.instance / name
+            path.write_text(path.read_text().replace(old, str(self.instance)))
+        self.port = _free_port()
+        self.nodedup_port = _free_port()
+        self.user, self.password = USER, PASSWORD
+        self.log_path = self.instance / "log" / "console.log"
+        self._process: subprocess.Popen[bytes] | None = None
+        self._write_profile(java_args)
+        self._write_broker_xml(id_cache_size, persist_id_cache, address_settings or {}, core_extra)
+
+    # -- configuration -----------------------------------------------------------------------
+
+    def _write_profile(self, java_args: str) -> None:
+        profile = self.instance / "etc" / "artemis.profile"
+        text = re.sub(
+            r'^(\s*)JAVA_ARGS=".*"\s*$',
+            lambda m: f'{m.group(1)}JAVA_ARGS="{java_args} "',
+            profile.read_text(),
+            count=1,
+            flags=re.M,
+        )
+        profile.write_text(text)
+
+    def _write_broker_xml(
+        self,
+        id_cache_size: int | None,
+        persist_id_cache: bool | None,
+        address_settings: Mapping[str, Mapping[str, object]],
+        core_extra: str,
+    ) -> None:
+        path = self.instance / "etc" / "broker.xml"
+        text = path.read_text()
+        common = (
+            "tcpNoDelay=true;amqpCredits=1000;amqpLowCredits=300;amqpMinLargeMessageSize=102400"
+        )
+        acceptors = (
+            "<acceptors>\n"
+            f'  <acceptor name="amqp">tcp://127.0.0.1:{self.port}?protocols=AMQP,CORE;{common};'
+            "amqpDuplicateDetection=true</acceptor>\n"
+            f'  <acceptor name="nodedup">tcp://127.0.0.1:{self.nodedup_port}?protocols=AMQP;'
+            f"{common};amqpDuplicateDetection=false</acceptor>\n"
+            "</acceptors>"
+        )
+        text = re.sub(r"<acceptors>.*?</acceptors>", lambda _: acceptors, text, count=1, flags=re.S)
+        replacements = {
+            "journal-datasync": "false",
+            "journal-file-size": "1M",
+            "critical-analyzer-policy": "LOG",
+            "max-disk-usage": "100",
+        }
+        for name, value in replacements.items():
+            text, count = re.subn(rf"<{name}>[^<]*</{name}>", _element(name, value), text)
+            if count != 1:
+                raise RuntimeError(f"broker.xml of the template has no single <{name}>")
+        extra = [core_extra]
+        if id_cache_size is not None:
+            extra.append(_element("id-cache-size", id_cache_size))
+        if persist_id_cache is not None:
+            extra.append(_element("persist-id-cache", persist_id_cache))
+        text = text.replace(
+            "<persistence-enabled>", "\n".join([*extra, "<persistence-enabled>"]), 1
+        )
+        settings = "".join(
+            f'<address-setting match="{match}">'
+            + "".join(_element(k, v) for k, v in values.items())
+            + "</address-setting>\n"
+            for match, values in address_settings.items()
+        )
+        text = text.replace("<address-settings>", "<address-settings>\n" + settings, 1)
+        path.write_text(text)
+
+    # -- addresses for clients ---------------------------------------------------------------
+
+    def url(
+        self, *, user: str | None = None, password: str | None = None, port: int | None = None
+    ) -> str:
+        """``amqp://user:password@127.0.0.1:port`` (the test user's by default)."""
+        user = self.user if user is None else user
+        password = self.password if password is None else password
+        return (
+            f"amqp://{quote(user, safe='')}:{quote(password, safe='')}@127.0.0.1:"
+            f"{port or self.port}"
+        )
+
+    # -- life cycle --------------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process and self._process.poll() is None else None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def start(self, *, timeout: float = 120.0) -> Self:
+        """Launch the JVM and return once the broker says it is active."""
+        if self.pid is not None:
+            return self
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with open(self.log_path, "ab") as out:
+            self._process = subprocess.Popen(
+                [str(self.instance / "bin" / "artemis"), "run"],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # a Ctrl-C of pytest is not the broker's
+            )
+        deadline = time.monotonic() + timeout
+        while True:
+            with open(self.log_path, "rb") as log:
+                log.seek(offset)
+                if READY_LINE.encode() in log.read():
+                    return self
+            if self._process.poll() is not None:
+                raise RuntimeError(
+                    f"the Artemis broker exited with {self._process.returncode} before it was "
+                    f"active:\n{self.log()[-3000:]}"
+                )
+            if time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(
+                    f"the Artemis broker was not active after {timeout} s:\n{self.log()[-3000:]}"
+                )
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        """``kill -9`` of the broker's JVM (``bin/artemis run`` execs it: same pid)."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+
+    def stop(self, *, timeout: float = 20.0) -> None:
+        """A clean shutdown (SIGTERM), ``kill -9`` if it takes longer than ``timeout``."""
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def restart(self) -> Self:
+        self.stop()
+        return self.start()
+
+    def remove(self) -> None:
+        self.kill()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        try:
+            return self.start()
+        except BaseException:
+            self.remove()
+            raise
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.remove()
