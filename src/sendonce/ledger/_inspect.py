@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from .._names import name_key
 from ..errors import ConfigurationError
 from ._ledger import Ledger
 from ._store import Key, LedgerStore
@@ -68,7 +69,7 @@ def unconfirmed(store: LedgerStore, entity: str, *, limit: int) -> list[Unconfir
         return [
             Unconfirmed(_unpack(packed), _micros(first), owner) for packed, first, owner in rows
         ]
-    rows = _query(store, "", _POSTGRES_UNCONFIRMED, (entity, limit))
+    rows = _query(store, "", _POSTGRES_UNCONFIRMED, (name_key(entity), limit))
     return [Unconfirmed(Key(mid, pk), first, owner) for mid, pk, first, owner in rows]
 
 
@@ -116,7 +117,7 @@ SELECT k.k, t.first_attempt, t.owner
 FROM ledger_entities AS e
 JOIN ledger_keys AS k ON k.k >= e.eid || ':' AND k.k < e.eid || ';'
 JOIN ledger_transfers AS t ON t.tid = k.tid
-WHERE e.name = ? AND coalesce(k.confirmed_at, t.confirmed_at) IS NULL
+WHERE e.name = ? COLLATE NOCASE AND coalesce(k.confirmed_at, t.confirmed_at) IS NULL
 ORDER BY t.first_attempt, k.rowid
 LIMIT ?
 """

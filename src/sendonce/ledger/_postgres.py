@@ -27,6 +27,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import tenacity
 
 from .._extras import requires_extra
+from .._names import name_key
 from ..errors import ConfigurationError, LedgerError, redact
 from ._store import Confirmation, Entry, Key
 
@@ -39,9 +40,11 @@ T = TypeVar("T")
 
 logger = logging.getLogger("sendonce.ledger")
 
-SCHEMA_VERSION = "1"
-"""The version row's value. A database written before the row existed has the same tables:
-its first open adopts it (creating whatever is missing) and writes the row."""
+SCHEMA_VERSION = "2"
+"""The version row's value. A database written before the row existed has version 1's
+tables: its first open adopts it (creating whatever is missing) and upgrades it.
+Version 2: entity names ignore case, as on Service Bus; the ``entity`` columns hold the
+name with its ASCII letters in lower case (:func:`~sendonce._names.name_key`)."""
 CONNECT_TIMEOUT = 10.0
 ATTEMPTS = 3
 
@@ -69,6 +72,20 @@ CREATE INDEX IF NOT EXISTS sendonce_ledger_transfers_age
 CREATE TABLE IF NOT EXISTS sendonce_ledger_meta (key text PRIMARY KEY, value text NOT NULL);
 """
 _VERSION = "SELECT value FROM sendonce_ledger_meta WHERE key = 'schema_version'"
+# name_key in SQL: ASCII letters only, whatever the database's collation (lower() folds
+# by locale), so a name means the same entity here, in Python and in the local broker.
+_FOLD = "translate({}, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz')"
+_NAMES = "SELECT entity FROM sendonce_ledger UNION SELECT entity FROM sendonce_ledger_transfers"
+_SPELLINGS = f"""
+SELECT a.entity, b.entity FROM ({_NAMES}) AS a JOIN ({_NAMES}) AS b
+    ON {_FOLD.format("a.entity")} = {_FOLD.format("b.entity")} AND a.entity < b.entity
+ORDER BY a.entity COLLATE "C", b.entity COLLATE "C"
+LIMIT 1
+"""
+_UPGRADE_FROM_1 = [
+    f"UPDATE {table} SET entity = {_FOLD.format('entity')} WHERE entity <> {_FOLD.format('entity')}"
+    for table in ("sendonce_ledger", "sendonce_ledger_transfers")
+]
 _RECORD_VERSION = """
 INSERT INTO sendonce_ledger_meta (key, value) VALUES ('schema_version', %(version)s)
 ON CONFLICT (key) DO UPDATE SET value = excluded.value
@@ -200,6 +217,8 @@ def _option(
 class PostgresStore:
     """Ledger rows in a PostgreSQL table (``sendonce_ledger``, created if missing).
 
+    Entity names ignore case (``Orders`` is ``orders``), as on Service Bus.
+
     ``connect_timeout`` (seconds per connection attempt, default 10) and ``attempts``
     (tries per call on a lost connection, default 3) are also read from the url
     (``postgresql://host/db?connect_timeout=5&attempts=2``), so executors that open
@@ -290,26 +309,49 @@ class PostgresStore:
         return None if row is None else str(row[0])
 
     def _ensure_schema(self, conn: psycopg.Connection[Any]) -> None:
-        """Read the version row; create the schema only when it is missing (once per database).
+        """Read the version row; create or upgrade the schema only when it is not current.
 
         DDL such as ``CREATE INDEX IF NOT EXISTS`` waits behind any open write
         transaction on the table; a read of the version row waits for nothing.
         """
         version = self._schema_version(conn)
-        if version is None:
-            # Many executors may start at once: serialise the CREATEs, then look again.
+        if version in (None, "1"):
+            # Many executors may start at once: serialise the changes, then look again.
             conn.execute("SELECT pg_advisory_xact_lock(hashtext('sendonce_ledger'))")
             version = self._schema_version(conn)
             if version is None:
-                conn.execute(_SCHEMA)
-                conn.execute(_RECORD_VERSION, {"version": SCHEMA_VERSION})
-                return
+                conn.execute(_SCHEMA)  # a database of version 1 without its row: adopted
+                version = "1"
+            if version == "1":
+                self._upgrade_from_1(conn)
+                version = SCHEMA_VERSION
         if version != SCHEMA_VERSION:
             raise ConfigurationError(
                 f"ledger {redact(self.url)!r} has schema version {version!r}; this sendonce "
                 f"reads {SCHEMA_VERSION!r}",
                 field="ledger",
             )
+
+    def _upgrade_from_1(self, conn: psycopg.Connection[Any]) -> None:
+        """Entity names as their case-insensitive key; two names of one entity are refused.
+
+        Stop producers of earlier versions first: one still running keeps writing names
+        as given (a process of an earlier version that opens the ledger later is refused).
+        """
+        clash = conn.execute(_SPELLINGS).fetchone()
+        if clash is not None:
+            raise ConfigurationError(
+                f"ledger {redact(self.url)!r} holds keys of entities {clash[0]!r} and "
+                f"{clash[1]!r}, whose names differ only by case. From ledger schema "
+                f"{SCHEMA_VERSION} entity names ignore case, as on Service Bus (where both "
+                "name one entity), and this sendonce does not merge two names' keys: use the "
+                "ledger with the sendonce version that wrote it until one name's keys are "
+                "pruned (Ledger.prune after the retention), then open it again",
+                field="ledger",
+            )
+        for statement in _UPGRADE_FROM_1:
+            conn.execute(statement)
+        conn.execute(_RECORD_VERSION, {"version": SCHEMA_VERSION})
 
     def record_intents(
         self,
@@ -323,6 +365,7 @@ class PostgresStore:
     ) -> dict[Key, Entry]:
         if not keys:
             return {}
+        entity = name_key(entity)
         params = {
             "entity": entity,
             "at": first_attempt,
@@ -361,19 +404,16 @@ class PostgresStore:
 
     def confirm(self, entity: str, confirmation: Confirmation, at: datetime) -> None:
         if confirmation:
-            self._run(lambda conn: self._confirm(conn, entity, confirmation, at))
+            key = name_key(entity)
+            self._run(lambda conn: self._confirm(conn, key, confirmation, at))
 
     def release(self, entity: str, keys: Sequence[Key], owner: str) -> None:
-        self._run(
-            lambda conn: conn.execute(_RELEASE, {"entity": entity, "owner": owner, **_keys(keys)})
-        )
+        params = {"entity": name_key(entity), "owner": owner, **_keys(keys)}
+        self._run(lambda conn: conn.execute(_RELEASE, params))
 
     def lookup(self, entity: str, keys: Sequence[Key]) -> dict[Key, Entry]:
-        return self._run(
-            lambda conn: _entries(
-                conn.execute(_LOOKUP, {"entity": entity, **_keys(keys)}).fetchall()
-            )
-        )
+        params = {"entity": name_key(entity), **_keys(keys)}
+        return self._run(lambda conn: _entries(conn.execute(_LOOKUP, params).fetchall()))
 
     def prune(self, before: datetime, limit: int) -> int:
         def work(conn: psycopg.Connection[Any]) -> int:

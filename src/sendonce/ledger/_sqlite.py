@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from .._names import ByName, name_key
 from .._sqlite_share import FileErrors, SharedHandle, creator, is_busy, open_shared
 from ..errors import ConfigurationError, LedgerError
 from ._store import Confirmation, Entry, Key
@@ -24,7 +25,7 @@ T = TypeVar("T")
 __all__ = ["SQLiteStore"]
 
 FORMAT = "sendonce-ledger"
-SCHEMA_VERSION = "2"
+SCHEMA_VERSION = "3"
 # Keys are one packed text each (entity id, ':', partition key length in 3 digits, the
 # partition key, the message id) in a rowid table with a UNIQUE index: the dedup
 # lookup and the insert are one index probe, as cheap as SQLite inserts get. The
@@ -34,10 +35,7 @@ SCHEMA_VERSION = "2"
 # outcome are set only where they differ (resent keys, partial transfers,
 # duplicates). ``keys`` counts a transfer's remaining intents, so pruning can drop
 # the transfer row with its last key.
-SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS ledger_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-INSERT OR IGNORE INTO ledger_meta VALUES
-    ('format', '{FORMAT}'), ('schema_version', '{SCHEMA_VERSION}');
+_TABLES = """
 CREATE TABLE IF NOT EXISTS ledger_entities (
     eid INTEGER PRIMARY KEY,
     name TEXT NOT NULL UNIQUE
@@ -58,13 +56,23 @@ CREATE TABLE IF NOT EXISTS ledger_keys (
     outcome TEXT
 );
 """
+# Version 3: entity names are case-insensitive, as on Service Bus and in the local
+# broker: ``Orders`` and ``orders`` are one entity (one id), the name as first
+# recorded is what the row keeps, and lookups compare ``name = ? COLLATE NOCASE``.
+_NAMES_IGNORE_CASE = (
+    "CREATE UNIQUE INDEX IF NOT EXISTS ledger_entities_name_nocase "
+    "ON ledger_entities (name COLLATE NOCASE)"
+)
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS ledger_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+INSERT OR IGNORE INTO ledger_meta VALUES
+    ('format', '{FORMAT}'), ('schema_version', '{SCHEMA_VERSION}');
+{_TABLES}
+{_NAMES_IGNORE_CASE};
+"""
 # Version 1 kept one row per key with its own first attempt, owner and confirmation;
 # each (owner, first attempt) of it becomes a transfer.
-_UPGRADE_FROM_1 = [
-    statement
-    for statement in SCHEMA.split(";")
-    if statement.strip() and "INSERT OR IGNORE" not in statement
-] + [
+_UPGRADE_FROM_1 = [statement for statement in _TABLES.split(";") if statement.strip()] + [
     "INSERT INTO ledger_entities (name) SELECT DISTINCT entity FROM sendonce_ledger",
     "INSERT INTO ledger_transfers (owner, first_attempt, keys) "
     "SELECT owner || '@' || first_attempt, first_attempt, count(*) FROM sendonce_ledger "
@@ -77,6 +85,8 @@ _UPGRADE_FROM_1 = [
     "DROP TABLE sendonce_ledger",
     "UPDATE ledger_meta SET value = '2' WHERE key = 'schema_version'",
 ]
+# Whether an entity holds keys: those whose packed text starts with its id and ':'.
+_HOLDS_KEYS = "SELECT EXISTS (SELECT 1 FROM ledger_keys WHERE k >= ?1 || ':' AND k < ?1 || ';')"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
 
@@ -118,33 +128,81 @@ def _setup(path: str) -> object:
         if rows.get("format") != FORMAT:
             raise LedgerError(f"{path!r} is a SQLite database but not a sendonce ledger")
         version = rows.get("schema_version")
-        if version == "1" and first:
-            _upgrade_from_1(conn)
+        if version in _UPGRADABLE and first:
+            _upgrade(conn, path)
             version = SCHEMA_VERSION
         if version != SCHEMA_VERSION:
             raise LedgerError(
                 f"{path!r} has ledger schema {version!r}; this sendonce reads "
                 f"{SCHEMA_VERSION!r}"
-                + (" (it is upgraded when no other process has it open)" if version == "1" else "")
+                + (
+                    " (it is upgraded when no other process has it open)"
+                    if version in _UPGRADABLE
+                    else ""
+                )
             )
 
     return setup
 
 
-def _upgrade_from_1(conn: sqlite3.Connection) -> None:
-    """In place, in one transaction: readers of version 1 are refused afterwards."""
+_UPGRADABLE = ("1", "2")
+
+
+def _upgrade(conn: sqlite3.Connection, path: str) -> None:
+    """In place, in one transaction: readers of older versions are refused afterwards."""
     conn.execute("BEGIN IMMEDIATE")
     try:
-        if conn.execute(
-            "SELECT value FROM ledger_meta WHERE key = 'schema_version'"
-        ).fetchone() == ("1",):
+        row = conn.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'").fetchone()
+        version = None if row is None else row[0]
+        if version == "1":
             for statement in _UPGRADE_FROM_1:
                 conn.execute(statement)
+            version = "2"
+        if version == "2":
+            _one_entity_per_name(conn, path)
+            conn.execute(_NAMES_IGNORE_CASE)
+            conn.execute(
+                "UPDATE ledger_meta SET value = ? WHERE key = 'schema_version'", (SCHEMA_VERSION,)
+            )
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+
+
+def _one_entity_per_name(conn: sqlite3.Connection, path: str) -> None:
+    """Make names that differ only by case one entity's, before they become one name.
+
+    A spelling that holds no keys (pruned, or never written) is only a name: it goes.
+    Two spellings that both hold keys are refused, naming both: they name one entity
+    on Service Bus, and which row wins where both hold a key is no upgrade's guess.
+    """
+    rows = conn.execute(
+        "SELECT a.eid, a.name FROM ledger_entities AS a WHERE EXISTS (SELECT 1 FROM "
+        "ledger_entities AS b WHERE b.name = a.name COLLATE NOCASE AND b.eid <> a.eid) "
+        "ORDER BY a.eid"
+    ).fetchall()
+    spellings: dict[str, list[tuple[int, str]]] = {}
+    for eid, name in rows:
+        spellings.setdefault(name_key(name), []).append((eid, name))
+    for names in spellings.values():
+        holding = [
+            (eid, name) for eid, name in names if conn.execute(_HOLDS_KEYS, (eid,)).fetchone()[0]
+        ]
+        if len(holding) > 1:
+            raise LedgerError(
+                f"ledger file {path!r} holds keys of entities {holding[0][1]!r} and "
+                f"{holding[1][1]!r}, whose names differ only by case. From ledger schema "
+                f"{SCHEMA_VERSION} entity names ignore case, as on Service Bus (where both "
+                "name one entity), and this sendonce does not merge two names' keys: use the "
+                "file with the sendonce version that wrote it until one name's keys are "
+                "pruned (Ledger.prune after the retention), then open it again"
+            )
+        keep = holding[0][0] if holding else names[0][0]
+        conn.executemany(
+            "DELETE FROM ledger_entities WHERE eid = ?", [(eid,) for eid, _ in names if eid != keep]
+        )
 
 
 def _packer(eid: int) -> Callable[[Key], str]:
@@ -225,7 +283,7 @@ class SQLiteStore:
         self.path = real
         self.url = f"sqlite://{real}" + ("?durability=full" if durability == "full" else "")
         self.busy_timeout = busy_timeout
-        self._eids: dict[str, int] = {}
+        self._eids: ByName[int] = ByName()  # entity ids by name, any spelling
         self._handle: SharedHandle = open_shared(
             real,
             create=_create,
@@ -267,14 +325,15 @@ class SQLiteStore:
         return result
 
     def _entity_id(self, entity: str) -> int:
-        """The id of ``entity`` in this file, created on first use."""
+        """The id of ``entity`` (any spelling of its name) in this file, created on first use."""
         eid = self._eids.get(entity)
         if eid is None:
 
             def work(conn: sqlite3.Connection) -> int:
+                # Another spelling of the name already recorded is this entity (NOCASE index).
                 conn.execute("INSERT OR IGNORE INTO ledger_entities (name) VALUES (?)", (entity,))
                 row = conn.execute(
-                    "SELECT eid FROM ledger_entities WHERE name = ?", (entity,)
+                    "SELECT eid FROM ledger_entities WHERE name = ? COLLATE NOCASE", (entity,)
                 ).fetchone()
                 return int(row[0])
 

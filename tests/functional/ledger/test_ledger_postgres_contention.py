@@ -187,7 +187,7 @@ def test_a_database_written_before_the_version_row_is_adopted(pg_url: str) -> No
         adopted.close()
     with psycopg.connect(pg_url, autocommit=True) as conn:
         row = conn.execute("SELECT value FROM sendonce_ledger_meta").fetchone()
-        assert row == ("1",)
+        assert row == ("2",)
         conn.execute("UPDATE sendonce_ledger_meta SET value = '99'")
     with pytest.raises(ConfigurationError) as info:
         PostgresStore(pg_url)

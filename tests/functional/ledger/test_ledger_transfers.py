@@ -270,7 +270,7 @@ def test_a_version_1_ledger_file_is_upgraded_in_place(
     assert other[Key("order-1", "")].first_attempt == T0
     check = sqlite3.connect(path)
     version = check.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'")
-    assert version.fetchone() == ("2",)
+    assert version.fetchone() == ("3",)
     assert check.execute(
         "SELECT count(*) FROM sqlite_master WHERE name = 'sendonce_ledger'"
     ).fetchone() == (0,)
