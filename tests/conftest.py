@@ -31,6 +31,7 @@ import uuid
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,6 +52,15 @@ def restore_sendonce_logging() -> Iterator[None]:
     logger.setLevel(level)
     logger.handlers[:] = handlers
     logger.propagate = propagate
+
+
+@pytest.fixture
+def otel() -> Iterator[Any]:
+    """sendonce's traces and metrics, captured in memory for this test (``otel_capture``)."""
+    from otel_capture import capturing
+
+    with capturing() as capture:
+        yield capture
 
 
 def _pretend_missing(name: str) -> bool:

@@ -17,6 +17,7 @@ EXTRA_OF_MODULE = {
     "pyarrow": "spark",
     "pandas": "spark",
     "psycopg": "postgres",
+    "opentelemetry": "otel",
 }
 
 

@@ -15,8 +15,10 @@ backend); :func:`fly` is the sync driver (a thread pool; the aio driver is in
 
 from __future__ import annotations
 
+import contextvars
 import heapq
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Hashable, Iterator, Sequence
@@ -24,6 +26,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from . import _telemetry
 from .errors import ConfigurationError
 
 __all__ = ["KeyGate", "Lanes", "Stopped", "fly", "gate_for", "in_flight_limit"]
@@ -136,11 +139,17 @@ class KeyGate:
             yield
             return
         ticket = object()
+        waited = None
         with self._lock:
             queue = self._queues.setdefault(key, deque())
             queue.append(ticket)
-            while queue[0] is not ticket:
-                self._lock.wait()
+            if queue[0] is not ticket:
+                began = time.perf_counter()
+                while queue[0] is not ticket:
+                    self._lock.wait()
+                waited = time.perf_counter() - began
+        if waited is not None:
+            _telemetry.lane_wait("key", _entity_of(key), waited)
         try:
             yield
         finally:
@@ -149,6 +158,11 @@ class KeyGate:
                 if not queue:
                     del self._queues[key]
                 self._lock.notify_all()
+
+
+def _entity_of(key: Hashable) -> str:
+    """The entity of a gate key (the sender's keys are ``(entity, (pk, sid))``)."""
+    return str(key[0]) if isinstance(key, tuple) and key else str(key)
 
 
 _GATES: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
@@ -198,7 +212,8 @@ def fly(
                 if blocker is not None:
                     break
                 lanes.take()
-                running[pool.submit(step, index)] = index
+                # In the caller's context (a transfer's span is a child of its call's).
+                running[pool.submit(contextvars.copy_context().run, step, index)] = index
             waited: set[Future[Any]] = set(running)
             if blocker is not None:
                 waited.add(blocker)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import cast
 
+from . import _telemetry
 from ._entity import EntityProfile
 from ._message import Message
 from ._message_columns import MessageColumns
@@ -84,9 +85,10 @@ class LedgerLayer:
         self, batch: Sequence[Message], keys: Sequence[Key], confirm: Confirmation | None
     ) -> Prepared:
         """Write ``batch``'s intents durably (with earlier confirmations): one round trip."""
-        return self.ledger.prepare(
-            self.entity, batch, keys, window=self.window, margin=self.margin, confirm=confirm
-        )
+        with _telemetry.ledger_write("intent", self.entity, self.ledger.store, keys=len(keys)):
+            return self.ledger.prepare(
+                self.entity, batch, keys, window=self.window, margin=self.margin, confirm=confirm
+            )
 
     def resumed(self, prepared: Prepared, started: float | None) -> float | None:
         """The retry deadline's start: a resumed key keeps its first attempt's deadline."""
@@ -99,7 +101,14 @@ class LedgerLayer:
     def confirm_quietly(self, confirmation: Confirmation) -> None:
         """Record acknowledgements; a failure is logged (they stay intents, decided later)."""
         try:
-            self.ledger.confirm(self.entity, confirmation)
+            with _telemetry.ledger_write(
+                "confirm",
+                self.entity,
+                self.ledger.store,
+                transfers=len(confirmation.transfers),
+                keys=len(confirmation.keys),
+            ):
+                self.ledger.confirm(self.entity, confirmation)
         except Exception as exc:
             logger.warning(
                 "ledger: acknowledged message(s) to %r could not be confirmed (%s); "
@@ -111,7 +120,8 @@ class LedgerLayer:
     def release_quietly(self, keys: Sequence[Key], owner: str) -> None:
         """Give back intents of messages never sent; a failure leaves them to a re-run."""
         try:
-            self.ledger.release(self.entity, keys, owner)
+            with _telemetry.ledger_write("release", self.entity, self.ledger.store, keys=len(keys)):
+                self.ledger.release(self.entity, keys, owner)
         except Exception as exc:
             logger.warning("ledger: intents of unsent messages could not be released (%s)", exc)
 
@@ -144,6 +154,7 @@ class LedgerLayer:
                 message_id=message.message_id,
                 partition_key=message.partition_key,
             )
+            _telemetry.in_doubt(error, "ledger")
             report.failures.append(SendFailure(message.message_id, message.partition_key, error))
             failed[key_of(message)] = error
 

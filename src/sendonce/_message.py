@@ -344,6 +344,26 @@ _new = object.__new__
 )
 
 
+_FIELDS = tuple(f for f in Message.__slots__ if f != "__weakref__")
+
+
+def with_properties(message: Message, extra: Mapping[str, str]) -> Message:
+    """A copy of ``message`` that also carries the text properties ``extra`` (trace context).
+
+    The id, keys and body are the same objects, so the payload and duplicate-detection
+    checks see the same message; only its properties and size grow. ``extra`` must not
+    name a property the message already has (the caller checks).
+    """
+    copy = _new(Message)
+    for name in _FIELDS:
+        object.__setattr__(copy, name, getattr(message, name))
+    props = dict(message.application_properties or ())
+    props.update(extra)
+    _SET_PROPS(copy, MappingProxyType(props))
+    _SET_SIZE(copy, message._size + sum(len(k) + len(v) for k, v in extra.items()))
+    return copy
+
+
 def _rebuild_message(*args: Any) -> Message:
     (
         body,

@@ -10,7 +10,7 @@ transfer planning and the local broker read its columns instead.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from itertools import repeat
 from typing import Any, overload
 
@@ -107,6 +107,31 @@ class MessageColumns(Sequence[Message]):
 
     def __len__(self) -> int:
         return len(self.message_ids)
+
+    def with_properties(self, extra: Mapping[str, str]) -> MessageColumns:
+        """The same messages also carrying the text properties ``extra`` (trace context).
+
+        Ids, keys and bodies are shared, so payload and duplicate checks see the same
+        messages; ``extra`` must not name a property the factory already sets.
+        """
+        shared = self.factory
+        props = dict(shared._constant or {})
+        props.update(extra)
+        factory = MessageFactory(
+            subject=shared._subject,
+            content_type=shared._content_type,
+            application_properties=props,
+        )
+        grow = factory.fixed_size - shared.fixed_size
+        return MessageColumns(
+            factory,
+            self.bodies,
+            self.message_ids,
+            self.partition_keys,
+            self.session_ids,
+            [size + grow for size in self.sizes],
+            self.hashes,
+        )
 
     @overload
     def __getitem__(self, index: int) -> Message: ...

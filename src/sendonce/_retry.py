@@ -21,6 +21,7 @@ from typing import Any, Generic, TypeVar
 import tenacity
 from tenacity import RetryCallState
 
+from . import _telemetry
 from .errors import (
     ConfigurationError,
     InDoubtError,
@@ -361,7 +362,7 @@ class _Call:
             raise _Refused(exc) from None
 
     def announce(self, retry_state: RetryCallState) -> None:
-        """Log each retry, so a slow or unreachable broker is never silent."""
+        """Log each retry (and trace it), so a slow or unreachable broker is never silent."""
         error = retry_state.outcome.exception() if retry_state.outcome else None
         sleep = retry_state.next_action.sleep if retry_state.next_action else 0.0
         logger.info(
@@ -372,6 +373,7 @@ class _Call:
             error,
             sleep,
         )
+        _telemetry.retried(retry_state.attempt_number, error, sleep)
 
     def stop(self) -> tenacity.stop.stop_base:
         return tenacity.stop_after_attempt(self.policy.max_attempts) | self.at_deadline

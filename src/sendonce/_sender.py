@@ -10,6 +10,7 @@ input message ends in the report as sent, duplicate or failed.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import threading
@@ -19,6 +20,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, cast
 
+from . import _telemetry
 from ._entity import EntityProfile
 from ._inflight import KeyGate, Stopped, fly, gate_for, in_flight_limit
 from ._ledger_layer import LEDGER_FAILURES, LedgerRun
@@ -202,11 +204,13 @@ class IdempotentSender(SenderCore):
         first = batch[0]
         attempts = tried if tried is not None else [0]
 
+        wire = batch  # what goes to the broker: with its trace context when traced
+
         def attempt(timeout: float) -> list[Ack]:
             if stop is not None and stop.is_set():
                 raise Stopped(attempts[0])
             attempts[0] += 1
-            acks = backend.send(entity, batch, timeout=timeout, atomic=atomic)
+            acks = backend.send(entity, wire, timeout=timeout, atomic=atomic)
             if len(acks) != len(batch):
                 raise PermanentSendError(
                     f"backend returned {len(acks)} acks for {len(batch)} messages",
@@ -215,13 +219,22 @@ class IdempotentSender(SenderCore):
             return acks
 
         label = first.message_id if len(batch) == 1 else f"{first.message_id} (+{len(batch) - 1})"
-        return self.retry.call(
-            attempt,
-            window=self.profile.window,
-            message_id=label,
-            partition_key=first.partition_key,
-            started=started,
-        )
+
+        def retried() -> Attempted[list[Ack]]:
+            return self.retry.call(
+                attempt,
+                window=self.profile.window,
+                message_id=label,
+                partition_key=first.partition_key,
+                started=started,
+            )
+
+        telemetry = _telemetry.active()
+        if telemetry is None:
+            return retried()
+        with telemetry.transfer(self, batch) as scope:  # a span; its context in each message
+            wire = scope.wire(batch)
+            return scope.acked(retried())
 
     def _check_open(self) -> None:
         if self._closed:
@@ -233,6 +246,7 @@ class IdempotentSender(SenderCore):
                 field="transaction",
             )
 
+    @_telemetry.sender_call("send")
     def send(
         self, message: Message, *, first_attempt: float | datetime | None = None
     ) -> SendResult:
@@ -263,6 +277,7 @@ class IdempotentSender(SenderCore):
             raise report.failures[0].error
         return report.results[0]
 
+    @_telemetry.sender_call("send_many")
     def send_many(
         self, messages: Iterable[Message], *, first_attempt: float | datetime | None = None
     ) -> SendReport:
@@ -403,7 +418,9 @@ class IdempotentSender(SenderCore):
                 return
             w, messages, keys, carried = request
             writing[:] = [w, messages, None, carried]
-            writing[2] = pool.submit(write, w, messages, keys, carried)
+            # In the caller's context: the write's span is a child of the call's.
+            run_in = contextvars.copy_context().run
+            writing[2] = pool.submit(run_in, write, w, messages, keys, carried)
 
         def collect(then_next: bool) -> None:
             w, messages, future, carried = writing
@@ -459,6 +476,7 @@ class IdempotentSender(SenderCore):
         layer.ledger.maybe_prune()
         return run.reordered
 
+    @_telemetry.sender_call("schedule")
     def schedule(
         self, message: Message, at: datetime, *, first_attempt: float | datetime | None = None
     ) -> SendResult:
@@ -494,18 +512,29 @@ class IdempotentSender(SenderCore):
             prepared = decided
             started = layer.resumed(prepared, started)
 
-        def attempt(timeout: float) -> list[Ack]:
-            return backend.schedule(entity, [message], at, timeout=timeout)
+        wire: Sequence[Message] = [message]
 
+        def attempt(timeout: float) -> list[Ack]:
+            return backend.schedule(entity, wire, at, timeout=timeout)
+
+        def retried() -> Attempted[list[Ack]]:
+            return self.retry.call(
+                attempt,
+                window=self.profile.window,
+                message_id=message.message_id,
+                partition_key=message.partition_key,
+                started=started,
+            )
+
+        telemetry = _telemetry.active()
         try:
             with self._gate.hold(self._gate_key([message])):
-                attempted = self.retry.call(
-                    attempt,
-                    window=self.profile.window,
-                    message_id=message.message_id,
-                    partition_key=message.partition_key,
-                    started=started,
-                )
+                if telemetry is None:
+                    attempted = retried()
+                else:
+                    with telemetry.transfer(self, wire, "schedule") as scope:
+                        wire = scope.wire(wire)
+                        attempted = scope.acked(retried())
         except PermanentSendError:
             if layer is not None and prepared is not None:  # refused: nothing was stored
                 layer.release_quietly(prepared.refused([message]), prepared.owner)
@@ -555,6 +584,7 @@ class IdempotentSender(SenderCore):
         self._transaction = None
         tx._commit()
 
+    @_telemetry.sender_call("transaction")
     def _send_atomic(self, messages: list[Message], started: float | None = None) -> SendReport:
         self._plan_remembered(messages, what="transaction", batch=False)
         report = SendReport()

@@ -91,6 +91,11 @@ class FaultyBackend:
         """Whether the wrapped backend can send all-or-nothing groups."""
         return getattr(self.inner, "supports_atomic", None)
 
+    @property
+    def messaging_system(self) -> str:
+        """The wrapped backend's OpenTelemetry ``messaging.system``."""
+        return str(getattr(self.inner, "messaging_system", "unknown"))
+
     def _next(self, method: str, entity: str, messages: Sequence[Message]) -> Fault:
         with self._lock:
             index = len(self.calls)

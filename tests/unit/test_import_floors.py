@@ -26,6 +26,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("_property_quotas",),  # the size quotas of message properties
     ("_entity", "_message_columns"),  # entity rules; messages as columns
     ("_subscription",),  # a subscription's own receive settings
+    ("_telemetry",),  # OpenTelemetry spans and metrics behind one seam
     # Mechanisms.
     # retry policy; one SQLite connection per file; transfers in flight (one per key at a time)
     ("_retry", "_sqlite_share", "_inflight"),

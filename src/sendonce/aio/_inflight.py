@@ -8,11 +8,13 @@ never overlap and start in input order (:class:`~sendonce._inflight.Lanes`), and
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-from .._inflight import Lanes
+from .. import _telemetry
+from .._inflight import Lanes, _entity_of
 
 __all__ = ["AsyncKeyGate", "afly", "cancelled_meanwhile", "cancelling"]
 
@@ -41,8 +43,14 @@ class AsyncKeyGate:
         lock, users = entry
         users[0] += 1
         try:
-            async with lock:
-                yield
+            if lock.locked():  # another transfer of this key is in flight: wait for it
+                began = time.perf_counter()
+                async with lock:
+                    _telemetry.lane_wait("key", _entity_of(key), time.perf_counter() - began)
+                    yield
+            else:
+                async with lock:
+                    yield
         finally:
             users[0] -= 1
             if not users[0]:

@@ -21,6 +21,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Literal
 
+from .. import _telemetry
 from .._entity import EntityProfile
 from .._inflight import gate_for, in_flight_limit
 from .._ledger_layer import LEDGER_FAILURES, LedgerLayer, LedgerRun
@@ -224,11 +225,12 @@ class IdempotentSender(SenderCore):
         entity = self.profile.name
         backend = self._backend
         first = batch[0]
+        wire = batch  # what goes to the broker: with its trace context when traced
 
         async def attempt(timeout: float) -> list[Ack]:
             if tried is not None:
                 tried[0] += 1
-            acks = await backend.send(entity, batch, timeout=timeout, atomic=atomic)
+            acks = await backend.send(entity, wire, timeout=timeout, atomic=atomic)
             if len(acks) != len(batch):
                 raise PermanentSendError(
                     f"backend returned {len(acks)} acks for {len(batch)} messages",
@@ -237,14 +239,24 @@ class IdempotentSender(SenderCore):
             return acks
 
         label = first.message_id if len(batch) == 1 else f"{first.message_id} (+{len(batch) - 1})"
-        return await self.retry.acall(
-            attempt,
-            window=self.profile.window,
-            message_id=label,
-            partition_key=first.partition_key,
-            started=started,
-        )
 
+        async def retried() -> Attempted[list[Ack]]:
+            return await self.retry.acall(
+                attempt,
+                window=self.profile.window,
+                message_id=label,
+                partition_key=first.partition_key,
+                started=started,
+            )
+
+        telemetry = _telemetry.active()
+        if telemetry is None:
+            return await retried()
+        with telemetry.transfer(self, batch) as scope:  # a span; its context in each message
+            wire = scope.wire(batch)
+            return scope.acked(await retried())
+
+    @_telemetry.async_sender_call("send")
     async def send(
         self, message: Message, *, first_attempt: float | datetime | None = None
     ) -> SendResult:
@@ -277,6 +289,7 @@ class IdempotentSender(SenderCore):
             raise report.failures[0].error
         return report.results[0]
 
+    @_telemetry.async_sender_call("send_many")
     async def send_many(
         self, messages: Iterable[Message], *, first_attempt: float | datetime | None = None
     ) -> SendReport:
@@ -435,6 +448,7 @@ class IdempotentSender(SenderCore):
         await asyncio.to_thread(layer.ledger.maybe_prune)
         return run.reordered
 
+    @_telemetry.async_sender_call("schedule")
     async def schedule(
         self, message: Message, at: datetime, *, first_attempt: float | datetime | None = None
     ) -> SendResult:
@@ -465,19 +479,30 @@ class IdempotentSender(SenderCore):
             prepared = decided
             started = layer.resumed(prepared, started)
 
-        async def attempt(timeout: float) -> list[Ack]:
-            return await backend.schedule(entity, [message], at, timeout=timeout)
+        wire: Sequence[Message] = [message]
 
+        async def attempt(timeout: float) -> list[Ack]:
+            return await backend.schedule(entity, wire, at, timeout=timeout)
+
+        async def retried() -> Attempted[list[Ack]]:
+            return await self.retry.acall(
+                attempt,
+                window=self.profile.window,
+                message_id=message.message_id,
+                partition_key=message.partition_key,
+                started=started,
+            )
+
+        telemetry = _telemetry.active()
         before = cancelling()
         try:
             async with self._gate.hold(self._gate_key([message])):
-                attempted = await self.retry.acall(
-                    attempt,
-                    window=self.profile.window,
-                    message_id=message.message_id,
-                    partition_key=message.partition_key,
-                    started=started,
-                )
+                if telemetry is None:
+                    attempted = await retried()
+                else:
+                    with telemetry.transfer(self, wire, "schedule") as scope:
+                        wire = scope.wire(wire)
+                        attempted = scope.acked(await retried())
         except PermanentSendError:
             if layer is not None and prepared is not None:  # refused: nothing was stored
                 keys = prepared.refused([message])
@@ -519,6 +544,7 @@ class IdempotentSender(SenderCore):
         yield tx  # an exception in the block discards the group: nothing is sent
         tx.report = await self._send_atomic(tx.messages)
 
+    @_telemetry.async_sender_call("transaction")
     async def _send_atomic(self, messages: list[Message]) -> SendReport:
         self._check_open()
         self._plan_remembered(messages, what="transaction", batch=False)

@@ -40,6 +40,7 @@ from azure.core.exceptions import (
 from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
 from azure.servicebus.exceptions import MessageSizeExceededError
 
+from .. import _telemetry
 from .._entity import EntityKind, EntityProfile
 from .._message import Message
 from ..backends._base import Ack
@@ -84,6 +85,9 @@ class AzureServiceBusBackend:
     reads the administration API (``azure.servicebus.aio.management``, which
     needs ``aiohttp``).
     """
+
+    messaging_system = "servicebus"
+    """OpenTelemetry's ``messaging.system`` for what this backend sends to."""
 
     def __init__(
         self,
@@ -351,8 +355,9 @@ class AzureServiceBusBackend:
         started = time.monotonic()
         lanes = self._entity_lanes(entity)
         taken, got = lanes.take_now()
-        if not got:
+        if not got:  # every link busy: wait for one
             taken, got = await lanes.take(timeout)
+            _telemetry.lane_wait("link", entity, time.monotonic() - started)
         if not got:
             raise NotSentError(
                 f"all {lanes.size} links to {entity!r} stayed busy for the {timeout:g} s "

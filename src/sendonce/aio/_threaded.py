@@ -68,6 +68,11 @@ class ThreadedBackend:
         """Whether the wrapped backend can send all-or-nothing groups."""
         return getattr(self._inner, "supports_atomic", None)
 
+    @property
+    def messaging_system(self) -> str:
+        """The wrapped backend's OpenTelemetry ``messaging.system``."""
+        return str(getattr(self._inner, "messaging_system", "unknown"))
+
     async def run(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """Run ``fn(*args, **kwargs)`` on the backend's worker thread and await it."""
         if self._closed:

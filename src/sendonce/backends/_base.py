@@ -50,6 +50,10 @@ class Backend(Protocol):
     must then be safe to call that many at a time; the sender reads it with
     ``getattr(backend, "max_in_flight", 1)`` and keeps the order per partition
     key itself. Without it, the sender calls one at a time.
+
+    A backend may also have a str attribute ``messaging_system``: OpenTelemetry's name for
+    the broker it sends to (``"servicebus"``, ``"activemq"``...), put on the sender's spans
+    and metrics (``"unknown"`` without it).
     """
 
     def describe(self, entity: str) -> EntityProfile:

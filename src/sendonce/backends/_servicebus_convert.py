@@ -14,6 +14,7 @@ from typing import Any
 from azure.servicebus import ServiceBusMessage
 
 from .._message import Message, PropertyValue
+from .._telemetry import PROPAGATION_PROPERTIES, TRACEPARENT
 from ..errors import MessageIdError, ValidationError
 
 __all__ = ["from_servicebus_message", "to_servicebus_message"]
@@ -35,6 +36,13 @@ def to_servicebus_message(
     props: dict[Any, Any] | None = (
         None if message.application_properties is None else dict(message.application_properties)
     )
+    if props and TRACEPARENT in props:
+        # Under the client's own names (bytes keys): with azure-core tracing on, the client
+        # adds its trace context only where these are absent, so the sender's is kept
+        # rather than sent twice under one name.
+        for name in PROPAGATION_PROPERTIES:
+            if name in props:
+                props[name.encode("ascii")] = props.pop(name)
     try:
         converted = ServiceBusMessage(
             message.body,

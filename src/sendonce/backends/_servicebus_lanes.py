@@ -79,6 +79,15 @@ class Lanes(Generic[S]):
         """Wait up to ``timeout`` for a free lane: ``(idle lane or None for a new one, got)``."""
         if not self._free.acquire(timeout=max(timeout, 0.0)):
             return None, False
+        return self._lend()
+
+    def take_now(self) -> tuple[Lane[S] | None, bool]:
+        """:meth:`take` without waiting: ``got`` is False when the caller must wait."""
+        if not self._free.acquire(blocking=False):
+            return None, False
+        return self._lend()
+
+    def _lend(self) -> tuple[Lane[S] | None, bool]:
         with self._guard:
             if self._closed:
                 self._free.release()

@@ -33,6 +33,7 @@ from azure.core.exceptions import (
 from azure.servicebus import ServiceBusClient, ServiceBusSender
 from azure.servicebus.exceptions import MessageSizeExceededError
 
+from .. import _telemetry
 from .._entity import DEFAULT_WINDOW, EntityKind, EntityProfile
 from .._message import Message
 from ..errors import (
@@ -82,6 +83,9 @@ class AzureServiceBusBackend:
     read (the emulator, a send-only key). ``kinds`` maps entity names to
     ``"queue"`` or ``"topic"`` when no profile says which.
     """
+
+    messaging_system = "servicebus"
+    """OpenTelemetry's ``messaging.system`` for what this backend sends to."""
 
     def __init__(
         self,
@@ -296,7 +300,10 @@ class AzureServiceBusBackend:
         """A lane for one transfer and the time left of ``timeout`` once it is free."""
         started = time.monotonic()
         lanes = self._entity_lanes(entity)
-        lane, got = lanes.take(timeout)
+        lane, got = lanes.take_now()
+        if not got:  # every link busy: wait for one
+            lane, got = lanes.take(timeout)
+            _telemetry.lane_wait("link", entity, time.monotonic() - started)
         if not got:
             raise NotSentError(
                 f"all {lanes.size} links to {entity!r} stayed busy for the {timeout:g} s timeout "

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from .. import _telemetry
 from .._entity import EntityProfile
 from .._message import MessageSpec
 from .._retry import RetryPolicy
@@ -352,6 +353,7 @@ def publish(
         progress=None if board is None else board.line,
         placement=Placement.of(url),
         keep_connection=_keep(keep_connections),
+        trace_context=_telemetry.carrier(),
         **_ledger_fields(ledger_plan),
     )
     selected = df.select(*[quoted(c) for c in plan.columns])
@@ -519,6 +521,7 @@ def partition_publisher(
         raise_on_failure=True,
         placement=Placement.of(url),
         keep_connection=_keep(keep_connections),
+        trace_context=_telemetry.carrier(),
         **_ledger_fields(ledger_plan),
     )
     return PartitionPublisher(job)

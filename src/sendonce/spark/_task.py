@@ -10,13 +10,14 @@ refuses a re-executed attempt that could outlive that memory.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import UTC, timedelta
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+from .. import _telemetry
 from .._entity import EntityProfile
 from .._message import MessageSpec
 from .._retry import RetryPolicy
@@ -190,9 +191,35 @@ class TaskJob:
     task's ledger applies them."""
     ledger_placement: LedgerPlacement | None = None
     """Set for a SQLite ledger: checked before anything is sent."""
+    trace_context: Mapping[str, str] | None = None
+    """The driver's trace context (W3C ``traceparent``), so each task's span joins its trace."""
 
     def run(self, batches: Iterable[tuple[dict[str, list[Any]], int]]) -> PartitionResult:
-        """Publish a partition given as batches of (columns, row count)."""
+        """Publish a partition given as batches of (columns, row count), in a span if traced.
+
+        An executor is a process of its own: its provider comes from ``$SENDONCE_OTEL_SETUP``
+        (docs/observability.md), and what it buffered is flushed when the task ends.
+        """
+        _telemetry.worker_setup()
+        partition, attempt = _task_context()
+        entity = self.entity if isinstance(self.entity, str) else self.entity.name
+        scope = _telemetry.spark_task(entity, partition, attempt, self.trace_context)
+        if scope is _telemetry.OFF:
+            return self._publish(batches)
+        try:
+            with scope:
+                result = self._publish(batches)
+                scope.set(
+                    rows=result.rows,
+                    sent=result.sent,
+                    duplicates=result.duplicates,
+                    failed=result.failed,
+                )
+        finally:
+            _telemetry.flush()
+        return result
+
+    def _publish(self, batches: Iterable[tuple[dict[str, list[Any]], int]]) -> PartitionResult:
         partition, attempt = _task_context()
         if self.placement is not None:
             self.placement.check()

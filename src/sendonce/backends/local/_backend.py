@@ -85,6 +85,9 @@ class LocalBackend:
     would write raises :class:`~sendonce.errors.ConfigurationError` naming the file.
     """
 
+    messaging_system = "sendonce_local"
+    """OpenTelemetry's ``messaging.system``: the embedded broker's own value."""
+
     def __init__(
         self,
         path: str | os.PathLike[str],

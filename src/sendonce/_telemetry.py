@@ -1,0 +1,880 @@
+"""OpenTelemetry traces and metrics behind one small seam: what the sender, the ledger,
+the Spark task and the outbox relay call.
+
+Nothing here costs anything unless OpenTelemetry is in use: :func:`active` is one
+module-global check while the ``opentelemetry`` API has not been imported or no
+provider has been set (it never imports the API itself), and every caller keeps its
+untraced path behind ``if telemetry is None``. Once a tracer or meter provider is set
+(``opentelemetry.trace.set_tracer_provider`` / ``metrics.set_meter_provider``, or
+:func:`use` for sendonce alone), the instruments are built once and kept.
+
+What is emitted follows the OpenTelemetry messaging semantic conventions
+(``messaging.system``, ``messaging.operation.type = send``, ``messaging.destination.name``,
+``messaging.message.id``, ``messaging.batch.message_count``, ``error.type``); the rest is
+named ``sendonce.*``. ``docs/observability.md`` lists every span, event, metric and
+attribute. A transfer's trace context travels in each of its messages' application
+properties (``traceparent`` and ``Diagnostic-Id``, as the azure-servicebus client writes
+them), set once per transfer so every resend carries the same one.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import importlib
+import importlib.metadata
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+
+from .errors import (
+    InDoubtError,
+    LedgerError,
+    NotStoredError,
+    PayloadConflictError,
+    PermanentSendError,
+    SendError,
+    ValidationError,
+)
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import Span, TracerProvider
+
+    from ._entity import EntityProfile
+    from ._message import Message
+
+__all__ = [
+    "OFF",
+    "PROPAGATION_PROPERTIES",
+    "RESERVE",
+    "Telemetry",
+    "active",
+    "async_sender_call",
+    "carrier",
+    "error_type",
+    "flush",
+    "in_doubt",
+    "lane_wait",
+    "ledger_write",
+    "outcome_of",
+    "relay_backlog",
+    "relay_batch",
+    "reset",
+    "retried",
+    "sender_call",
+    "spark_task",
+    "use",
+    "worker_setup",
+]
+
+logger = logging.getLogger("sendonce.telemetry")
+
+# -- names (docs/observability.md has the table) ------------------------------------------
+
+SYSTEM = "messaging.system"
+DESTINATION = "messaging.destination.name"
+OPERATION_TYPE = "messaging.operation.type"
+OPERATION_NAME = "messaging.operation.name"
+BATCH_COUNT = "messaging.batch.message_count"
+MESSAGE_ID = "messaging.message.id"
+ERROR_TYPE = "error.type"
+OUTCOME = "sendonce.outcome"
+
+TRACEPARENT = "traceparent"
+DIAGNOSTIC_ID = "Diagnostic-Id"
+TRACESTATE = "tracestate"
+PROPAGATION_PROPERTIES = (TRACEPARENT, DIAGNOSTIC_ID, TRACESTATE)
+"""The application properties a producer's trace context travels in (azure-servicebus's
+names: its consumers read ``traceparent``, then ``Diagnostic-Id``)."""
+
+_RESERVED_BYTES = 160
+"""What the trace properties add to a message at most, as ``Message.size`` counts:
+``traceparent`` and ``Diagnostic-Id`` (55 characters each) with their names, and room for
+a short ``tracestate``. The sender plans transfers with it while tracing is on."""
+_MAX_TRACESTATE = _RESERVED_BYTES - 2 * 55 - len(TRACEPARENT) - len(DIAGNOSTIC_ID) - len(TRACESTATE)
+
+RESERVE = 0
+"""Bytes the sender's planning keeps free per message for the trace properties: 0 unless
+tracing is on."""
+
+SETUP_VARIABLE = "SENDONCE_OTEL_SETUP"
+"""``module:function`` a process without a provider calls once before its first Spark task
+(executors are processes of their own: they need their own provider)."""
+
+_NAME = "sendonce"
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version(_NAME)
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - run from a checkout
+        return "unknown"
+
+_SCHEMA_URL = "https://opentelemetry.io/schemas/1.27.0"
+
+T = TypeVar("T")
+A = TypeVar("A")
+F = TypeVar("F", bound=Callable[..., Any])
+
+# -- the switch ---------------------------------------------------------------------------
+
+_active: Telemetry | None = None
+_explicit = False  # set by use(): the global providers are not consulted
+_lock = threading.Lock()
+_current_transfer: contextvars.ContextVar[TransferScope | None] = contextvars.ContextVar(
+    "sendonce_transfer", default=None
+)
+
+
+def active() -> Telemetry | None:
+    """The instruments, or None while OpenTelemetry is not in use (the common, free case)."""
+    telemetry = _active
+    if telemetry is not None:
+        return telemetry
+    return _probe()
+
+
+def _probe() -> Telemetry | None:
+    """Whether a global provider has been set since the last look (never imports the API)."""
+    modules = sys.modules
+    trace_api = modules.get("opentelemetry.trace")
+    metrics_api = modules.get("opentelemetry.metrics._internal")
+    traced = trace_api is not None and getattr(trace_api, "_TRACER_PROVIDER", None) is not None
+    metered = metrics_api is not None and getattr(metrics_api, "_METER_PROVIDER", None) is not None
+    if not traced and not metered:
+        return None
+    global _active
+    with _lock:
+        if _active is None and not _explicit:
+            _switch(Telemetry(None, None))
+    return _active
+
+
+def _switch(telemetry: Telemetry | None) -> None:
+    global _active, RESERVE
+    _active = telemetry
+    RESERVE = _RESERVED_BYTES if telemetry is not None and telemetry.tracer is not None else 0
+
+
+def use(
+    tracer_provider: TracerProvider | None = None, meter_provider: MeterProvider | None = None
+) -> None:
+    """Send sendonce's spans and metrics to these providers, whatever the global ones are.
+
+    ``use()`` with neither turns sendonce's telemetry off; :func:`reset` goes back to the
+    global providers.
+    """
+    global _explicit
+    with _lock:
+        _explicit = True
+        if tracer_provider is None and meter_provider is None:
+            _switch(None)
+        else:
+            _switch(Telemetry(tracer_provider, meter_provider, explicit=True))
+
+
+def reset() -> None:
+    """Forget :func:`use`: follow the global providers again (looked up on the next call)."""
+    global _explicit
+    with _lock:
+        _explicit = False
+        _switch(None)
+
+
+# -- what the sender passes around --------------------------------------------------------
+
+
+def error_type(exc: BaseException) -> str:
+    """``error.type``: the broker's condition when known, else the exception's full name."""
+    for error in (exc, getattr(exc, "last_error", None)):
+        condition = getattr(error, "condition", None)
+        if isinstance(condition, str) and condition:
+            return condition
+    kind = type(exc)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+Outcome = Literal[
+    "sent",
+    "duplicate",
+    "scheduled",
+    "in_doubt",
+    "not_stored",
+    "payload_conflict",
+    "ledger_error",
+    "refused",
+    "invalid",
+    "failed",
+]
+
+
+def outcome_of(error: BaseException) -> Outcome:
+    """The ``sendonce.outcome`` of a message that failed with ``error``."""
+    if isinstance(error, InDoubtError):
+        return "in_doubt"
+    if isinstance(error, NotStoredError):
+        return "not_stored"
+    if isinstance(error, PayloadConflictError):
+        return "payload_conflict"
+    if isinstance(error, LedgerError):
+        return "ledger_error"
+    if isinstance(error, PermanentSendError):
+        return "refused"
+    if isinstance(error, ValidationError):
+        return "invalid"
+    return "failed"
+
+
+def _target(sender: Any) -> tuple[str, str]:
+    """(messaging.system, destination) of a sender (its backend's system, its entity)."""
+    backend = getattr(sender, "_backend", None)
+    system = getattr(backend, "messaging_system", None)
+    profile = getattr(sender, "profile", None)
+    entity = getattr(profile, "name", None) or getattr(sender, "_entity_arg", None)
+    entity = getattr(entity, "name", entity)
+    return (system if isinstance(system, str) else "unknown"), str(entity)
+
+
+# -- the instruments ----------------------------------------------------------------------
+
+
+class Telemetry:
+    """The tracer and the metric instruments, built once when OpenTelemetry turns on."""
+
+    def __init__(
+        self,
+        tracer_provider: TracerProvider | None,
+        meter_provider: MeterProvider | None,
+        *,
+        explicit: bool = False,
+    ) -> None:
+        from opentelemetry import context, metrics, trace
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        self._trace = trace
+        self._context = context
+        self._propagator = TraceContextTextMapPropagator()
+        self.tracer_provider = tracer_provider
+        self.meter_provider = meter_provider
+        self.tracer: Any = None
+        if tracer_provider is not None or (
+            not explicit and getattr(trace, "_TRACER_PROVIDER", None) is not None
+        ):
+            provider = tracer_provider or trace.get_tracer_provider()
+            if not isinstance(provider, trace.NoOpTracerProvider):
+                self.tracer = provider.get_tracer(_NAME, _version(), schema_url=_SCHEMA_URL)
+        if meter_provider is None and explicit:
+            meter_provider = metrics.NoOpMeterProvider()
+        meter = (meter_provider or metrics.get_meter_provider()).get_meter(
+            _NAME, _version(), schema_url=_SCHEMA_URL
+        )
+        self.messages = meter.create_counter(
+            "sendonce.messages",
+            unit="{message}",
+            description="Messages handed to a sender, by what became of each (sendonce.outcome)",
+        )
+        self.duration = meter.create_histogram(
+            "messaging.client.operation.duration",
+            unit="s",
+            description="Duration of one transfer to the broker, its retries included",
+        )
+        self.retries = meter.create_counter(
+            "sendonce.retries",
+            unit="{retry}",
+            description="Transfer attempts retried, by the failure's condition (error.type)",
+        )
+        self.in_flight = meter.create_up_down_counter(
+            "sendonce.transfers.in_flight",
+            unit="{transfer}",
+            description="Transfers started and not yet over",
+        )
+        self.lane_waits = meter.create_histogram(
+            "sendonce.lane.wait.duration",
+            unit="s",
+            description="Time a transfer waited for its key's turn or for a free link",
+        )
+        self.ledger_duration = meter.create_histogram(
+            "sendonce.ledger.operation.duration",
+            unit="s",
+            description="Duration of one ledger write (intent, confirm or release)",
+        )
+        self.relay_lag = meter.create_gauge(
+            "sendonce.outbox.lag",
+            unit="s",
+            description="Age of the oldest outbox row not yet published",
+        )
+        self.relay_pending = meter.create_gauge(
+            "sendonce.outbox.rows_pending",
+            unit="{row}",
+            description="Outbox rows not yet published",
+        )
+
+    def _span(
+        self, name: str, kind: str, attributes: dict[str, Any], parent: Any = None
+    ) -> Span | None:
+        tracer = self.tracer
+        if tracer is None:
+            return None
+        span: Span = tracer.start_span(
+            name,
+            context=parent,
+            kind=getattr(self._trace.SpanKind, kind),
+            attributes=attributes,
+        )
+        return span
+
+    # -- sender calls ---------------------------------------------------------------
+
+    def run_call(
+        self, operation: str, sender: Any, method: Callable[..., T], args: Any, kwargs: Any
+    ) -> T:
+        """``method(sender, *args, **kwargs)`` inside a call span, its outcomes counted."""
+        scope = CallScope(self, operation, sender, args)
+        with scope:
+            result = method(sender, *args, **kwargs)
+            scope.done(result)
+        return result
+
+    async def arun_call(
+        self,
+        operation: str,
+        sender: Any,
+        method: Callable[..., Awaitable[T]],
+        args: Any,
+        kwargs: Any,
+    ) -> T:
+        """The asyncio :meth:`run_call`."""
+        scope = CallScope(self, operation, sender, args)
+        with scope:
+            result = await method(sender, *args, **kwargs)
+            scope.done(result)
+        return result
+
+    def transfer(
+        self, sender: Any, batch: Sequence[Message], operation: str = "send"
+    ) -> TransferScope:
+        """The scope of one transfer and its retries: a child span, in-flight and duration."""
+        return TransferScope(self, sender, batch, operation)
+
+    def count(self, attributes: dict[str, Any], outcomes: Mapping[str, int]) -> None:
+        for outcome, count in outcomes.items():
+            if count:
+                self.messages.add(count, {**attributes, OUTCOME: outcome})
+
+
+class CallScope:
+    """One sender call (``send``, ``send_many``, ``schedule``, a transaction's commit)."""
+
+    __slots__ = ("attributes", "counted", "single", "span", "telemetry", "token")
+
+    def __init__(self, telemetry: Telemetry, operation: str, sender: Any, args: Any) -> None:
+        system, entity = _target(sender)
+        self.telemetry = telemetry
+        self.attributes: dict[str, Any] = {
+            SYSTEM: system,
+            DESTINATION: entity,
+            OPERATION_TYPE: "send",
+            OPERATION_NAME: operation,
+        }
+        self.single = operation in ("send", "schedule")
+        attributes = dict(self.attributes)
+        message_id = getattr(args[0], "message_id", None) if args else None
+        if self.single and isinstance(message_id, str):
+            attributes[MESSAGE_ID] = message_id
+        self.span = telemetry._span(f"{operation} {entity}", "CLIENT", attributes)
+        self.token: Any = None
+        self.counted = False
+
+    def __enter__(self) -> CallScope:
+        if self.span is not None:
+            telemetry = self.telemetry
+            self.token = telemetry._context.attach(telemetry._trace.set_span_in_context(self.span))
+        return self
+
+    def done(self, result: Any) -> None:
+        """Record what the call returned: a ``SendResult`` or a ``SendReport``."""
+        self.counted = True
+        span = self.span
+        outcome = getattr(result, "outcome", None)
+        if isinstance(outcome, str):  # a SendResult
+            self.telemetry.count(self.attributes, {outcome: 1})
+            if span is not None:
+                span.set_attribute(OUTCOME, outcome)
+            return
+        failures = getattr(result, "failures", None)
+        if failures is None:
+            return
+        outcomes: dict[str, int] = {"sent": result.sent, "duplicate": result.duplicates}
+        for failure in failures:
+            kind = outcome_of(failure.error)
+            outcomes[kind] = outcomes.get(kind, 0) + 1
+        self.telemetry.count(self.attributes, outcomes)
+        if span is not None:
+            total = sum(outcomes.values())
+            if total != 1:
+                span.set_attribute(BATCH_COUNT, total)
+            span.set_attribute("sendonce.sent", outcomes["sent"])
+            span.set_attribute("sendonce.duplicates", outcomes["duplicate"])
+            span.set_attribute("sendonce.failed", len(failures))
+            if failures:
+                first = failures[0].error
+                span.set_attribute(ERROR_TYPE, error_type(first))
+                span.set_status(
+                    self.telemetry._trace.Status(
+                        self.telemetry._trace.StatusCode.ERROR,
+                        f"{len(failures)} message(s) failed, first {type(first).__name__}",
+                    )
+                )
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is not None and not self.counted and isinstance(exc, SendError | ValidationError):
+            # A single send that failed, or a call refused before anything was sent (the
+            # message that made it fail is counted; the others of the call were not sent).
+            self.telemetry.count(self.attributes, {outcome_of(exc): 1})
+        span = self.span
+        if span is None:
+            return
+        if exc is not None:
+            kind = outcome_of(exc) if isinstance(exc, SendError | ValidationError) else None
+            if kind is not None:
+                span.set_attribute(OUTCOME, kind)
+            _fail_span(self.telemetry, span, exc)
+        self.telemetry._context.detach(self.token)
+        span.end()
+
+
+def _fail_span(telemetry: Telemetry, span: Span, exc: BaseException) -> None:
+    span.set_attribute(ERROR_TYPE, error_type(exc))
+    span.set_status(telemetry._trace.Status(telemetry._trace.StatusCode.ERROR, type(exc).__name__))
+
+
+class TransferScope:
+    """One transfer with its retries: a PRODUCER span whose context each message carries."""
+
+    __slots__ = (
+        "attributes",
+        "batch",
+        "began",
+        "headers",
+        "profile",
+        "span",
+        "telemetry",
+        "token",
+        "transfer_token",
+    )
+
+    def __init__(
+        self, telemetry: Telemetry, sender: Any, batch: Sequence[Message], operation: str
+    ) -> None:
+        system, entity = _target(sender)
+        self.telemetry = telemetry
+        self.batch = batch
+        self.profile: EntityProfile | None = getattr(sender, "profile", None)
+        self.attributes: dict[str, Any] = {
+            SYSTEM: system,
+            DESTINATION: entity,
+            OPERATION_TYPE: "send",
+            OPERATION_NAME: operation,
+        }
+        self.headers: dict[str, str] | None = None
+        self.span: Span | None = None
+        self.token: Any = None
+        self.transfer_token: Any = None
+        self.began = 0.0
+
+    def __enter__(self) -> TransferScope:
+        telemetry = self.telemetry
+        batch = self.batch
+        attributes = dict(self.attributes)
+        if len(batch) == 1:
+            attributes[MESSAGE_ID] = batch[0].message_id
+        else:
+            attributes[BATCH_COUNT] = len(batch)
+        entity = self.attributes[DESTINATION]
+        span = telemetry._span(
+            f"{self.attributes[OPERATION_NAME]} {entity}", "PRODUCER", attributes
+        )
+        self.span = span
+        if span is not None:
+            trace = telemetry._trace
+            context = trace.set_span_in_context(span)
+            self.token = telemetry._context.attach(context)
+            if span.get_span_context().is_valid:
+                carrier: dict[str, str] = {}
+                telemetry._propagator.inject(carrier, context=context)
+                parent = carrier.get(TRACEPARENT)
+                if parent:
+                    headers = {TRACEPARENT: parent, DIAGNOSTIC_ID: parent}
+                    state = carrier.get(TRACESTATE)
+                    if state and len(state) <= _MAX_TRACESTATE:
+                        headers[TRACESTATE] = state
+                    self.headers = headers
+        self.transfer_token = _current_transfer.set(self)
+        telemetry.in_flight.add(1, self.attributes)
+        self.began = time.perf_counter()
+        return self
+
+    def wire(self, batch: Sequence[Message]) -> Sequence[Message]:
+        """``batch`` as it goes on the wire: each message carrying this transfer's context.
+
+        Computed once per transfer, so every attempt (every resend) carries the same
+        context. The id, keys and body are untouched, so duplicate detection and the
+        payload checks see the same message. A message that already carries trace
+        properties keeps its own; one the entity would refuse with them goes without.
+        """
+        headers = self.headers
+        if headers is None:
+            return batch
+        from ._message import with_properties
+        from ._message_columns import MessageColumns
+
+        if isinstance(batch, MessageColumns):
+            constant = batch.factory._constant or {}
+            if any(name in constant for name in PROPAGATION_PROPERTIES):
+                return batch
+            return batch.with_properties(headers)
+        profile = self.profile
+        limit = profile._check_above if profile is not None else None
+        grow = sum(len(k) + len(v) for k, v in headers.items())
+        wire: list[Message] = []
+        for message in batch:
+            props = message.application_properties
+            if props and any(name in props for name in PROPAGATION_PROPERTIES):
+                wire.append(message)
+                continue
+            traced = with_properties(message, headers)
+            if limit is not None and profile is not None and message._size + grow > limit:
+                try:
+                    profile.check(traced)
+                except ValidationError:
+                    traced = message  # the context would make it too large: send it without
+            wire.append(traced)
+        return wire
+
+    def acked(self, attempted: A) -> A:
+        """Note the broker's answer (an ``Attempted[list[Ack]]``) on the span; returns it."""
+        span = self.span
+        if span is not None:
+            attempted_: Any = attempted
+            span.set_attribute("sendonce.attempts", attempted_.attempts)
+            if attempted_.in_doubt_before:
+                # A duplicate ack now is the earlier, in-doubt attempt's copy: ours, sent.
+                span.set_attribute("sendonce.in_doubt_before", True)
+            else:
+                duplicates = sum(1 for ack in attempted_.value if ack.outcome == "duplicate")
+                if duplicates:
+                    span.set_attribute("sendonce.duplicates", duplicates)
+        return attempted
+
+    def retried(self, attempt: int, error: BaseException | None, backoff: float) -> None:
+        kind = error_type(error) if error is not None else "unknown"
+        self.telemetry.retries.add(1, {**self.attributes, ERROR_TYPE: kind})
+        if self.span is not None:
+            self.span.add_event(
+                "sendonce.retry",
+                {"sendonce.attempt": attempt, ERROR_TYPE: kind, "sendonce.backoff": backoff},
+            )
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        telemetry = self.telemetry
+        elapsed = time.perf_counter() - self.began
+        _current_transfer.reset(self.transfer_token)
+        telemetry.in_flight.add(-1, self.attributes)
+        if exc is None:
+            telemetry.duration.record(elapsed, self.attributes)
+        else:
+            telemetry.duration.record(elapsed, {**self.attributes, ERROR_TYPE: error_type(exc)})
+        span = self.span
+        if span is None:
+            return
+        if exc is not None:
+            if isinstance(exc, InDoubtError):
+                span.add_event("sendonce.in_doubt", _in_doubt_attributes(exc, "retries"))
+            attempts = getattr(exc, "attempts", None)
+            if isinstance(attempts, int):
+                span.set_attribute("sendonce.attempts", attempts)
+            _fail_span(telemetry, span, exc)
+        telemetry._context.detach(self.token)
+        span.end()
+
+
+def _in_doubt_attributes(error: InDoubtError, reason: str) -> dict[str, Any]:
+    attributes: dict[str, Any] = {"sendonce.reason": reason, ERROR_TYPE: error_type(error)}
+    if error.message_id:
+        attributes[MESSAGE_ID] = error.message_id
+    if error.attempts:
+        attributes["sendonce.attempts"] = error.attempts
+    if error.elapsed is not None:
+        attributes["sendonce.elapsed"] = error.elapsed.total_seconds()
+    return attributes
+
+
+# -- hooks the retry policy, the ledger and the lanes call ------------------------------
+
+
+def retried(attempt: int, error: BaseException | None, backoff: float) -> None:
+    """A transfer attempt failed and will be retried after ``backoff`` seconds."""
+    if _active is None:
+        return
+    scope = _current_transfer.get()
+    if scope is not None:
+        scope.retried(attempt, error, backoff)
+
+
+def in_doubt(error: InDoubtError, reason: str) -> None:
+    """An in-doubt decision made without a transfer (the ledger's): an event on the call."""
+    telemetry = _active
+    if telemetry is None or telemetry.tracer is None:
+        return
+    span = telemetry._trace.get_current_span()
+    if span.is_recording():
+        span.add_event("sendonce.in_doubt", _in_doubt_attributes(error, reason))
+
+
+def lane_wait(kind: str, entity: str, seconds: float) -> None:
+    """A transfer waited ``seconds`` for its key's turn (``key``) or a free link (``link``)."""
+    telemetry = _active
+    if telemetry is not None:
+        telemetry.lane_waits.record(seconds, {DESTINATION: entity, "sendonce.lane": kind})
+
+
+class _Timed:
+    """A ledger write, a Spark task or a relay batch: a span (if tracing) and a duration."""
+
+    __slots__ = ("attributes", "began", "histogram", "span", "telemetry", "token")
+
+    def __init__(
+        self,
+        telemetry: Telemetry,
+        name: str,
+        kind: str,
+        attributes: dict[str, Any],
+        histogram: Any = None,
+        parent: Any = None,
+    ) -> None:
+        self.telemetry = telemetry
+        self.attributes = attributes
+        self.histogram = histogram
+        self.span = telemetry._span(name, kind, attributes, parent)
+        self.token: Any = None
+        self.began = 0.0
+
+    def __enter__(self) -> _Timed:
+        if self.span is not None:
+            telemetry = self.telemetry
+            self.token = telemetry._context.attach(telemetry._trace.set_span_in_context(self.span))
+        self.began = time.perf_counter()
+        return self
+
+    def set(self, **attributes: Any) -> None:
+        """Add ``sendonce.<name>`` attributes (counts known at the end)."""
+        if self.span is not None:
+            for name, value in attributes.items():
+                self.span.set_attribute(f"sendonce.{name}", value)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.histogram is not None:
+            attributes = self.attributes
+            if exc is not None:
+                attributes = {**attributes, ERROR_TYPE: error_type(exc)}
+            self.histogram.record(time.perf_counter() - self.began, attributes)
+        span = self.span
+        if span is None:
+            return
+        if exc is not None:
+            _fail_span(self.telemetry, span, exc)
+        self.telemetry._context.detach(self.token)
+        span.end()
+
+
+class _Untimed:
+    """The scope when telemetry is off: does nothing (one shared instance)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> _Untimed:
+        return self
+
+    def set(self, **attributes: Any) -> None:
+        pass
+
+    def __exit__(self, *exc_info: object) -> None:
+        pass
+
+
+OFF = _Untimed()
+Scope = _Timed | _Untimed
+
+
+def ledger_write(operation: str, entity: str, store: object, **counts: int) -> Scope:
+    """A ledger write (``intent``, ``confirm`` or ``release``); ``counts`` name what it
+    writes (``keys=``, ``transfers=``)."""
+    telemetry = active()
+    if telemetry is None:
+        return OFF
+    kind = type(store).__name__.removesuffix("Store").lower()
+    attributes = {
+        DESTINATION: entity,
+        "sendonce.ledger.operation": operation,
+        "sendonce.ledger.store": kind or "unknown",
+    }
+    scope = _Timed(
+        telemetry, f"ledger {operation} {entity}", "INTERNAL", attributes, telemetry.ledger_duration
+    )
+    scope.set(**counts)
+    return scope
+
+
+def carrier() -> dict[str, str] | None:
+    """The current trace context as W3C headers (``traceparent``), to ship to another
+    process (a Spark task); None when not traced."""
+    telemetry = active()
+    if telemetry is None or telemetry.tracer is None:
+        return None
+    headers: dict[str, str] = {}
+    telemetry._propagator.inject(headers)
+    return headers or None
+
+
+def spark_task(
+    entity: str, partition: int, attempt: int, parent: Mapping[str, str] | None = None
+) -> Scope:
+    """One Spark task's publish, a child of ``parent`` (the driver's :func:`carrier`); its
+    counts are set at the end (``scope.set(...)``)."""
+    telemetry = active()
+    if telemetry is None:
+        return OFF
+    attributes = {
+        DESTINATION: entity,
+        OPERATION_TYPE: "send",
+        OPERATION_NAME: "publish",
+        "sendonce.spark.partition": partition,
+        "sendonce.spark.attempt": attempt,
+    }
+    context = telemetry._propagator.extract(parent) if parent else None
+    return _Timed(telemetry, f"publish {entity}", "INTERNAL", attributes, parent=context)
+
+
+def relay_batch(entity: str | None, rows: int, *, system: str | None = None) -> Scope:
+    """One outbox relay batch of ``rows`` claimed rows (counts set at the end)."""
+    telemetry = active()
+    if telemetry is None:
+        return OFF
+    attributes: dict[str, Any] = {OPERATION_TYPE: "send", OPERATION_NAME: "relay"}
+    if entity is not None:
+        attributes[DESTINATION] = entity
+    if system is not None:
+        attributes[SYSTEM] = system
+    scope = _Timed(telemetry, f"relay {entity or 'outbox'}", "INTERNAL", attributes)
+    scope.set(rows=rows)
+    return scope
+
+
+def relay_backlog(lag_seconds: float, rows_pending: int, *, outbox: str | None = None) -> None:
+    """The outbox's backlog: the oldest unpublished row's age and how many rows wait."""
+    telemetry = active()
+    if telemetry is None:
+        return
+    attributes = {} if outbox is None else {"sendonce.outbox.name": outbox}
+    telemetry.relay_lag.set(lag_seconds, attributes)
+    telemetry.relay_pending.set(rows_pending, attributes)
+
+
+# -- sender methods -----------------------------------------------------------------------
+
+
+def sender_call(operation: str) -> Callable[[F], F]:
+    """Trace a sync sender method: a span per call, its messages counted by outcome."""
+
+    def wrap(method: F) -> F:
+        @functools.wraps(method)
+        def traced(self: Any, *args: Any, **kwargs: Any) -> Any:
+            telemetry = _active if _active is not None else _probe()
+            if telemetry is None:
+                return method(self, *args, **kwargs)
+            return telemetry.run_call(operation, self, method, args, kwargs)
+
+        return cast(F, traced)
+
+    return wrap
+
+
+def async_sender_call(operation: str) -> Callable[[F], F]:
+    """Trace an asyncio sender method (see :func:`sender_call`)."""
+
+    def wrap(method: F) -> F:
+        @functools.wraps(method)
+        async def traced(self: Any, *args: Any, **kwargs: Any) -> Any:
+            telemetry = _active if _active is not None else _probe()
+            if telemetry is None:
+                return await method(self, *args, **kwargs)
+            return await telemetry.arun_call(operation, self, method, args, kwargs)
+
+        return cast(F, traced)
+
+    return wrap
+
+
+# -- processes of their own (Spark executors) ---------------------------------------------
+
+_setup_done = False
+
+
+def worker_setup() -> None:
+    """Once per process: call ``$SENDONCE_OTEL_SETUP`` (``module:function``) if it is set and
+    no provider is. A failing setup is logged, never raised: telemetry must not fail a send."""
+    global _setup_done
+    if _setup_done:
+        return
+    _setup_done = True
+    spec = os.environ.get(SETUP_VARIABLE, "").strip()
+    if not spec or active() is not None:
+        return
+    module, _, name = spec.partition(":")
+    try:
+        setup = getattr(importlib.import_module(module), name or "configure")
+        setup()
+    except Exception as exc:
+        logger.warning("%s=%r failed, telemetry stays off: %r", SETUP_VARIABLE, spec, exc)
+
+
+def flush(timeout_millis: int = 10_000) -> None:
+    """Export what is buffered (a Spark task's end: its worker may be killed, not exited)."""
+    telemetry = _active
+    if telemetry is None:
+        return
+    providers: list[Any] = [telemetry.tracer_provider, telemetry.meter_provider]
+    if telemetry.tracer_provider is None:
+        providers[0] = telemetry._trace.get_tracer_provider()
+    if telemetry.meter_provider is None:
+        from opentelemetry import metrics
+
+        providers[1] = metrics.get_meter_provider()
+    for provider in providers:
+        force = getattr(provider, "force_flush", None)
+        if callable(force):
+            try:
+                force(timeout_millis)
+            except Exception as exc:  # pragma: no cover - an exporter's own failure
+                logger.warning("telemetry flush failed: %r", exc)

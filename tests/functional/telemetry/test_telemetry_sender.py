@@ -1,0 +1,325 @@
+"""The sync sender's traces and metrics over the real local broker, every outcome.
+
+Spans and metric points are read back through the OpenTelemetry SDK's in-memory exporter
+and reader (the ``otel`` fixture); the messages are read back from the broker file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.trace import SpanKind, StatusCode
+
+from sendonce import (
+    EntityProfile,
+    IdempotentSender,
+    InDoubtError,
+    Ledger,
+    Message,
+    PayloadConflictError,
+    PermanentSendError,
+    RetryPolicy,
+)
+from sendonce.backends import LocalBackend
+from sendonce.backends._base import Ack
+from sendonce.testing import Fault, FaultyBackend
+
+ORDERS = EntityProfile("orders")
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Any:
+    backend = LocalBackend(tmp_path / "broker.db")
+    backend.create_entity(ORDERS)
+    yield backend
+    backend.close()
+
+
+def no_wait() -> RetryPolicy:
+    return RetryPolicy(sleep=lambda seconds: None, jitter=False, max_attempts=3)
+
+
+def msg(i: int | str, body: str = "body", **kw: Any) -> Message:
+    return Message(body, message_id=f"order-{i}", **kw)
+
+
+def stored(broker: LocalBackend) -> dict[str, dict[str, Any]]:
+    """Every message of the queue, by id, with its application properties."""
+    got = broker.receive("orders", max_messages=100)
+    return {m.message_id: dict(m.application_properties or {}) for m in got}
+
+
+def traceparent_of(span: Any) -> str:
+    ctx = span.context
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"
+
+
+class Recording:
+    """Passes every call to the broker and keeps the properties each attempt carried."""
+
+    def __init__(self, inner: LocalBackend) -> None:
+        self.inner = inner
+        self.sent: list[list[dict[str, Any]]] = []
+
+    messaging_system = "sendonce_local"
+
+    def describe(self, entity: str) -> EntityProfile:
+        return self.inner.describe(entity)
+
+    def send(
+        self, entity: str, messages: Sequence[Message], *, timeout: float, atomic: bool = False
+    ) -> list[Ack]:
+        self.sent.append([dict(m.application_properties or {}) for m in messages])
+        return self.inner.send(entity, messages, timeout=timeout, atomic=atomic)
+
+    def schedule(self, *args: Any, **kwargs: Any) -> list[Ack]:
+        return self.inner.schedule(*args, **kwargs)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_sent_message_gives_a_call_span_a_transfer_span_and_carries_its_context(
+    otel: Any, broker: LocalBackend
+) -> None:
+    with IdempotentSender(broker, "orders") as sender:
+        result = sender.send(msg(1))
+    assert result.outcome == "sent"
+    [call] = [s for s in otel.named("send orders") if s.kind is SpanKind.CLIENT]
+    [transfer] = [s for s in otel.named("send orders") if s.kind is SpanKind.PRODUCER]
+    assert transfer.parent is not None and transfer.parent.span_id == call.context.span_id
+    for span in (call, transfer):
+        attributes = dict(span.attributes or {})
+        assert attributes["messaging.system"] == "sendonce_local"
+        assert attributes["messaging.destination.name"] == "orders"
+        assert attributes["messaging.operation.type"] == "send"
+        assert attributes["messaging.message.id"] == "order-1"
+        assert "messaging.batch.message_count" not in attributes
+    assert call.attributes["messaging.operation.name"] == "send"
+    assert call.attributes["sendonce.outcome"] == "sent"
+    assert transfer.attributes["sendonce.attempts"] == 1
+    assert call.status.status_code is StatusCode.UNSET
+    # The consumer finds the transfer's context in the message, under both names.
+    properties = stored(broker)["order-1"]
+    assert properties["traceparent"] == traceparent_of(transfer)
+    assert properties["Diagnostic-Id"] == properties["traceparent"]
+    assert otel.outcomes(destination="orders") == {"sent": 1}
+    (attributes, point), *_ = otel.points("messaging.client.operation.duration")
+    assert point.count == 1 and attributes["messaging.system"] == "sendonce_local"
+
+
+def test_a_duplicate_is_counted_and_marked_on_both_spans(otel: Any, broker: LocalBackend) -> None:
+    with IdempotentSender(broker, "orders") as first:
+        first.send(msg(1))
+    with IdempotentSender(broker, "orders") as second:  # a new sender: no memory of it
+        assert second.send(msg(1)).outcome == "duplicate"
+    call = [s for s in otel.named("send orders") if s.kind is SpanKind.CLIENT][-1]
+    transfer = [s for s in otel.named("send orders") if s.kind is SpanKind.PRODUCER][-1]
+    assert call.attributes["sendonce.outcome"] == "duplicate"
+    assert transfer.attributes["sendonce.duplicates"] == 1
+    assert otel.outcomes() == {"sent": 1, "duplicate": 1}
+    assert list(stored(broker)) == ["order-1"]
+
+
+def test_a_retry_is_an_event_with_attempt_condition_and_backoff_and_the_resend_carries_the_same_context(  # noqa: E501
+    otel: Any, broker: LocalBackend
+) -> None:
+    recording = Recording(broker)
+    faulty = FaultyBackend(recording, [Fault.AFTER_COMMIT])
+    policy = RetryPolicy(sleep=lambda s: None, jitter=False, initial_backoff=0.25)
+    with IdempotentSender(faulty, "orders", retry=policy) as sender:
+        result = sender.send(msg(1))
+    assert result.outcome == "sent" and result.attempts == 2
+    transfer = next(s for s in otel.named("send orders") if s.kind is SpanKind.PRODUCER)
+    [(span, event)] = otel.events("sendonce.retry")
+    assert span is transfer
+    assert event == {
+        "sendonce.attempt": 1,
+        "error.type": "amqp:connection:forced",
+        "sendonce.backoff": 0.25,
+    }
+    assert transfer.attributes["sendonce.attempts"] == 2
+    assert transfer.attributes["sendonce.in_doubt_before"] is True
+    assert "sendonce.duplicates" not in transfer.attributes  # our own earlier copy: sent
+    # Both attempts carried one context, the one the stored copy has.
+    first, second = recording.sent
+    assert first == second
+    assert first[0]["traceparent"] == traceparent_of(transfer)
+    assert stored(broker)["order-1"]["traceparent"] == traceparent_of(transfer)
+    [(attributes, point)] = otel.points("sendonce.retries")
+    assert point.value == 1 and attributes["error.type"] == "amqp:connection:forced"
+    assert otel.outcomes() == {"sent": 1}
+
+
+def test_in_doubt_is_an_error_with_the_broker_condition_and_an_in_doubt_event(
+    otel: Any, broker: LocalBackend
+) -> None:
+    faulty = FaultyBackend(broker, [Fault.AFTER_COMMIT] * 3)
+    with IdempotentSender(faulty, "orders", retry=no_wait()) as sender:
+        with pytest.raises(InDoubtError):
+            sender.send(msg(1))
+    call = next(s for s in otel.named("send orders") if s.kind is SpanKind.CLIENT)
+    transfer = next(s for s in otel.named("send orders") if s.kind is SpanKind.PRODUCER)
+    assert call.status.status_code is StatusCode.ERROR
+    assert call.attributes["error.type"] == "amqp:connection:forced"
+    assert call.attributes["sendonce.outcome"] == "in_doubt"
+    assert transfer.attributes["sendonce.attempts"] == 3
+    assert [e["sendonce.attempt"] for _, e in otel.events("sendonce.retry")] == [1, 2]
+    [(span, event)] = otel.events("sendonce.in_doubt")
+    assert span is transfer
+    assert event["messaging.message.id"] == "order-1"
+    assert event["sendonce.attempts"] == 3 and event["sendonce.reason"] == "retries"
+    assert event["error.type"] == "amqp:connection:forced"
+    assert otel.outcomes() == {"in_doubt": 1}
+    [(attributes, point)] = otel.points("messaging.client.operation.duration")
+    assert attributes["error.type"] == "amqp:connection:forced" and point.count == 1
+    assert list(stored(broker)) == ["order-1"]  # every attempt landed once
+
+
+def test_a_refusal_and_a_payload_conflict_are_outcomes_of_their_own(
+    otel: Any, broker: LocalBackend
+) -> None:
+    faulty = FaultyBackend(broker, [Fault.PERMANENT])
+    with IdempotentSender(faulty, "orders", retry=no_wait()) as sender:
+        with pytest.raises(PermanentSendError):
+            sender.send(msg(1))
+        sender.send(msg(2, "first body"))
+        with pytest.raises(PayloadConflictError):
+            sender.send(msg(2, "another body"))
+    conflict = [s for s in otel.named("send orders") if s.kind is SpanKind.CLIENT][-1]
+    assert conflict.attributes["sendonce.outcome"] == "payload_conflict"
+    assert conflict.attributes["error.type"] == "sendonce.errors.PayloadConflictError"
+    assert otel.children(conflict) == []  # refused before any transfer
+    refused = next(s for s in otel.named("send orders") if s.kind is SpanKind.PRODUCER)
+    assert refused.attributes["error.type"] == "amqp:unauthorized-access"
+    assert otel.outcomes() == {"refused": 1, "sent": 1, "payload_conflict": 1}
+    assert list(stored(broker)) == ["order-2"]
+
+
+def test_send_many_counts_each_outcome_of_its_report_and_spans_each_transfer(
+    otel: Any, broker: LocalBackend
+) -> None:
+    # Distinct partition keys: one transfer each; order-0 is a duplicate (sent before),
+    # order-1 is refused, order-2 in doubt.
+    keyed = EntityProfile("keyed")
+    broker.create_entity(keyed)
+    faults = [Fault.NONE, Fault.NONE, Fault.PERMANENT] + [Fault.AFTER_COMMIT] * 3
+    faulty = FaultyBackend(broker, faults)
+    batch = [msg(i, partition_key=f"pk-{i}") for i in range(3)]
+    with IdempotentSender(faulty, keyed, retry=no_wait()) as sender:
+        sender.send(batch[0])
+        report = sender.send_many([*batch, batch[0]])  # the repeat: an in-call duplicate
+    assert (report.sent, report.duplicates, report.failed) == (0, 2, 2)
+    call = otel.one("send_many keyed")
+    assert call.kind is SpanKind.CLIENT
+    assert call.attributes["messaging.batch.message_count"] == 4
+    assert (call.attributes["sendonce.sent"], call.attributes["sendonce.failed"]) == (0, 2)
+    assert call.status.status_code is StatusCode.ERROR
+    transfers = otel.children(call)
+    assert len(transfers) == 3
+    assert {s.attributes["messaging.message.id"] for s in transfers} == {
+        "order-0",
+        "order-1",
+        "order-2",
+    }
+    assert otel.outcomes(operation="send_many") == {
+        "duplicate": 2,
+        "refused": 1,
+        "in_doubt": 1,
+    }
+
+
+def test_a_batch_transfer_names_its_count_not_an_id(otel: Any, broker: LocalBackend) -> None:
+    with IdempotentSender(broker, "orders") as sender:
+        report = sender.send_many([msg(i) for i in range(100)])
+    assert report.sent == 100
+    [transfer] = otel.children(otel.one("send_many orders"))
+    assert transfer.attributes["messaging.batch.message_count"] == 100
+    assert "messaging.message.id" not in transfer.attributes
+    contexts = {props["traceparent"] for props in stored(broker).values()}
+    assert contexts == {traceparent_of(transfer)}
+
+
+def test_a_message_with_its_own_trace_context_keeps_it(otel: Any, broker: LocalBackend) -> None:
+    upstream = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    with IdempotentSender(broker, "orders") as sender:
+        sender.send(msg(1, application_properties={"traceparent": upstream, "k": "v"}))
+    assert stored(broker)["order-1"] == {"traceparent": upstream, "k": "v"}
+
+
+def test_without_telemetry_messages_leave_unchanged(broker: LocalBackend) -> None:
+    with IdempotentSender(broker, "orders") as sender:
+        sender.send(msg(1, application_properties={"k": "v"}))
+        sender.send_many([msg(2), msg(3)])
+    assert stored(broker) == {"order-1": {"k": "v"}, "order-2": {}, "order-3": {}}
+
+
+def test_schedule_and_a_transaction_are_operations_of_their_own(
+    otel: Any, broker: LocalBackend
+) -> None:
+    at = datetime.now(UTC) + timedelta(hours=1)
+    with IdempotentSender(broker, "orders") as sender:
+        assert sender.schedule(msg(1), at).outcome == "scheduled"
+        with sender.transaction() as tx:
+            tx.send(msg(2))
+            tx.send(msg(3))
+    schedule = next(s for s in otel.named("schedule orders") if s.kind is SpanKind.CLIENT)
+    assert schedule.attributes["sendonce.outcome"] == "scheduled"
+    [transfer] = otel.children(schedule)
+    assert transfer.attributes["messaging.operation.name"] == "schedule"
+    commit = otel.one("transaction orders")
+    assert commit.attributes["sendonce.sent"] == 2
+    assert otel.outcomes() == {"scheduled": 1, "sent": 2}
+
+
+def test_ledger_writes_are_spans_of_the_call_and_its_in_doubt_decision_an_event(
+    otel: Any, broker: LocalBackend, tmp_path: Path
+) -> None:
+    # No duplicate detection: an unconfirmed intent is in doubt at once (docs/ledger.md).
+    plain = EntityProfile("plain", duplicate_detection=False)
+    broker.create_entity(plain)
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    faulty = FaultyBackend(broker, [Fault.AFTER_COMMIT])
+    with Ledger(url) as ledger, IdempotentSender(faulty, plain, ledger=ledger) as sender:
+        with pytest.raises(InDoubtError):
+            sender.send(msg(1))
+        report = sender.send_many([msg(1), msg(2)])
+    assert report.in_doubt == ["order-1"] and report.sent == 1
+    call = otel.one("send_many plain")
+    children = otel.children(call)
+    assert {s.name for s in children} == {
+        "ledger intent plain",
+        "ledger confirm plain",
+        "send plain",
+    }
+    [transfer] = [s for s in children if s.kind is SpanKind.PRODUCER]
+    assert transfer.attributes["messaging.message.id"] == "order-2"  # order-1 was not resent
+    intent = next(s for s in otel.named("ledger intent plain") if s.parent == call.context)
+    assert intent.attributes["sendonce.keys"] == 2
+    assert intent.attributes["sendonce.ledger.store"] == "sqlite"
+    ledger_events = [e for s, e in otel.events("sendonce.in_doubt") if s is call]
+    assert [e["sendonce.reason"] for e in ledger_events] == ["ledger"]
+    assert ledger_events[0]["messaging.message.id"] == "order-1"
+    durations = {
+        a["sendonce.ledger.operation"] for a, _ in otel.points("sendonce.ledger.operation.duration")
+    }
+    assert durations >= {"intent", "confirm"}
+    assert otel.outcomes(operation="send_many") == {"in_doubt": 1, "sent": 1}
+
+
+def test_transfers_in_flight_from_threads_are_children_of_their_call(
+    otel: Any, broker: LocalBackend
+) -> None:
+    keyed = EntityProfile("keyed")
+    broker.create_entity(keyed)
+    batch = [msg(i, partition_key=f"pk-{i % 4}") for i in range(8)]
+    with IdempotentSender(broker, keyed, max_in_flight=4) as sender:
+        assert sender.send_many(batch).sent == 8
+    call = otel.one("send_many keyed")
+    assert len(otel.children(call)) == 4
+    [(_, point)] = otel.points("sendonce.transfers.in_flight")
+    assert point.value == 0  # every transfer started has ended
