@@ -20,7 +20,6 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, cast
 
-from . import _telemetry
 from ._entity import EntityProfile
 from ._inflight import KeyGate, Stopped, fly, gate_for, in_flight_limit
 from ._ledger_layer import LEDGER_FAILURES, LedgerRun
@@ -229,7 +228,7 @@ class IdempotentSender(SenderCore):
                 started=started,
             )
 
-        telemetry = _telemetry.active()
+        telemetry = self._otel
         if telemetry is None:
             return retried()
         with telemetry.transfer(self, batch) as scope:  # a span; its context in each message
@@ -246,7 +245,6 @@ class IdempotentSender(SenderCore):
                 field="transaction",
             )
 
-    @_telemetry.sender_call("send")
     def send(
         self, message: Message, *, first_attempt: float | datetime | None = None
     ) -> SendResult:
@@ -277,7 +275,6 @@ class IdempotentSender(SenderCore):
             raise report.failures[0].error
         return report.results[0]
 
-    @_telemetry.sender_call("send_many")
     def send_many(
         self, messages: Iterable[Message], *, first_attempt: float | datetime | None = None
     ) -> SendReport:
@@ -476,7 +473,6 @@ class IdempotentSender(SenderCore):
         layer.ledger.maybe_prune()
         return run.reordered
 
-    @_telemetry.sender_call("schedule")
     def schedule(
         self, message: Message, at: datetime, *, first_attempt: float | datetime | None = None
     ) -> SendResult:
@@ -526,7 +522,7 @@ class IdempotentSender(SenderCore):
                 started=started,
             )
 
-        telemetry = _telemetry.active()
+        telemetry = self._otel
         try:
             with self._gate.hold(self._gate_key([message])):
                 if telemetry is None:
@@ -584,7 +580,6 @@ class IdempotentSender(SenderCore):
         self._transaction = None
         tx._commit()
 
-    @_telemetry.sender_call("transaction")
     def _send_atomic(self, messages: list[Message], started: float | None = None) -> SendReport:
         self._plan_remembered(messages, what="transaction", batch=False)
         report = SendReport()

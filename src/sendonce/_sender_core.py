@@ -18,6 +18,7 @@ from itertools import accumulate, filterfalse
 from operator import attrgetter
 from typing import Any
 
+from . import _telemetry
 from ._entity import EntityProfile
 from ._ledger_layer import LedgerLayer
 from ._message import Message
@@ -126,6 +127,8 @@ class SenderCore:
     retry: RetryPolicy
     max_batch_messages: int
     _memory: _IdMemory
+    _otel: _telemetry.Telemetry | None
+    """The sender's telemetry, decided once when it is configured (None: off, free)."""
 
     def _configure(
         self,
@@ -164,6 +167,7 @@ class SenderCore:
         # Calls from many threads share the id memory: planning reads it and
         # remembering writes it, so a call does both under this lock (never a transfer).
         self._state_lock = threading.Lock()
+        _telemetry.instrument(self)
 
     @property
     def entity(self) -> str:

@@ -23,6 +23,7 @@ import contextvars
 import functools
 import importlib
 import importlib.metadata
+import inspect
 import logging
 import os
 import sys
@@ -30,7 +31,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from .errors import (
     InDoubtError,
@@ -55,11 +56,11 @@ __all__ = [
     "RESERVE",
     "Telemetry",
     "active",
-    "async_sender_call",
     "carrier",
     "error_type",
     "flush",
     "in_doubt",
+    "instrument",
     "lane_wait",
     "ledger_write",
     "outcome_of",
@@ -67,7 +68,6 @@ __all__ = [
     "relay_batch",
     "reset",
     "retried",
-    "sender_call",
     "spark_task",
     "use",
     "worker_setup",
@@ -120,7 +120,6 @@ _SCHEMA_URL = "https://opentelemetry.io/schemas/1.27.0"
 
 T = TypeVar("T")
 A = TypeVar("A")
-F = TypeVar("F", bound=Callable[..., Any])
 
 # -- the switch ---------------------------------------------------------------------------
 
@@ -289,8 +288,13 @@ class Telemetry:
             unit="{retry}",
             description="Transfer attempts retried, by the failure's condition (error.type)",
         )
-        self.in_flight = meter.create_up_down_counter(
+        # Counted here, read when the metrics are collected: two dict updates per transfer
+        # instead of two SDK measurements.
+        self._in_flight: dict[tuple[str, str, str], int] = {}
+        self._in_flight_lock = threading.Lock()
+        meter.create_observable_up_down_counter(
             "sendonce.transfers.in_flight",
+            callbacks=[self._observe_in_flight],
             unit="{transfer}",
             description="Transfers started and not yet over",
         )
@@ -314,6 +318,21 @@ class Telemetry:
             unit="{row}",
             description="Outbox rows not yet published",
         )
+
+    def in_flight(self, key: tuple[str, str, str], change: int) -> None:
+        """A transfer of (system, destination, operation) started (+1) or ended (-1)."""
+        with self._in_flight_lock:
+            self._in_flight[key] = self._in_flight.get(key, 0) + change
+
+    def _observe_in_flight(self, options: Any) -> list[Any]:
+        from opentelemetry.metrics import Observation
+
+        with self._in_flight_lock:
+            counts = list(self._in_flight.items())
+        return [
+            Observation(count, {SYSTEM: s, DESTINATION: d, OPERATION_NAME: o})
+            for (s, d, o), count in counts
+        ]
 
     def _span(
         self, name: str, kind: str, attributes: dict[str, Any], parent: Any = None
@@ -355,6 +374,20 @@ class Telemetry:
             result = await method(sender, *args, **kwargs)
             scope.done(result)
         return result
+
+    def bind(self, operation: str, sender: Any, method: Callable[..., Any]) -> Callable[..., Any]:
+        """``method`` bound to ``sender``, each call in a call span (sync or async alike)."""
+        if inspect.iscoroutinefunction(method):
+
+            async def traced_async(*args: Any, **kwargs: Any) -> Any:
+                return await self.arun_call(operation, sender, method, args, kwargs)
+
+            return functools.update_wrapper(traced_async, method)
+
+        def traced(*args: Any, **kwargs: Any) -> Any:
+            return self.run_call(operation, sender, method, args, kwargs)
+
+        return functools.update_wrapper(traced, method)
 
     def transfer(
         self, sender: Any, batch: Sequence[Message], operation: str = "send"
@@ -521,9 +554,13 @@ class TransferScope:
                         headers[TRACESTATE] = state
                     self.headers = headers
         self.transfer_token = _current_transfer.set(self)
-        telemetry.in_flight.add(1, self.attributes)
+        telemetry.in_flight(self.key(), 1)
         self.began = time.perf_counter()
         return self
+
+    def key(self) -> tuple[str, str, str]:
+        a = self.attributes
+        return (a[SYSTEM], a[DESTINATION], a[OPERATION_NAME])
 
     def wire(self, batch: Sequence[Message]) -> Sequence[Message]:
         """``batch`` as it goes on the wire: each message carrying this transfer's context.
@@ -595,7 +632,7 @@ class TransferScope:
         telemetry = self.telemetry
         elapsed = time.perf_counter() - self.began
         _current_transfer.reset(self.transfer_token)
-        telemetry.in_flight.add(-1, self.attributes)
+        telemetry.in_flight(self.key(), -1)
         if exc is None:
             telemetry.duration.record(elapsed, self.attributes)
         else:
@@ -801,39 +838,31 @@ def relay_backlog(lag_seconds: float, rows_pending: int, *, outbox: str | None =
     telemetry.relay_pending.set(rows_pending, attributes)
 
 
-# -- sender methods -----------------------------------------------------------------------
+# -- senders ------------------------------------------------------------------------------
+
+_TRACED_METHODS = (
+    ("send", "send"),
+    ("send_many", "send_many"),
+    ("schedule", "schedule"),
+    ("_send_atomic", "transaction"),
+)
 
 
-def sender_call(operation: str) -> Callable[[F], F]:
-    """Trace a sync sender method: a span per call, its messages counted by outcome."""
+def instrument(sender: Any) -> None:
+    """Decide once, as a sender is configured, whether it is traced: ``sender._otel``.
 
-    def wrap(method: F) -> F:
-        @functools.wraps(method)
-        def traced(self: Any, *args: Any, **kwargs: Any) -> Any:
-            telemetry = _active if _active is not None else _probe()
-            if telemetry is None:
-                return method(self, *args, **kwargs)
-            return telemetry.run_call(operation, self, method, args, kwargs)
-
-        return cast(F, traced)
-
-    return wrap
-
-
-def async_sender_call(operation: str) -> Callable[[F], F]:
-    """Trace an asyncio sender method (see :func:`sender_call`)."""
-
-    def wrap(method: F) -> F:
-        @functools.wraps(method)
-        async def traced(self: Any, *args: Any, **kwargs: Any) -> Any:
-            telemetry = _active if _active is not None else _probe()
-            if telemetry is None:
-                return await method(self, *args, **kwargs)
-            return await telemetry.arun_call(operation, self, method, args, kwargs)
-
-        return cast(F, traced)
-
-    return wrap
+    A traced sender gets its calls (``send``, ``send_many``, ``schedule``, a transaction's
+    commit) wrapped in spans on the instance; an untraced one is left as it is, so its calls
+    cost nothing more. A sender made before a provider was set stays untraced.
+    """
+    telemetry = active()
+    sender._otel = telemetry
+    if telemetry is None:
+        return
+    for name, operation in _TRACED_METHODS:
+        method = getattr(type(sender), name, None)
+        if method is not None:
+            sender.__dict__[name] = telemetry.bind(operation, sender, method)
 
 
 # -- processes of their own (Spark executors) ---------------------------------------------

@@ -21,7 +21,6 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Literal
 
-from .. import _telemetry
 from .._entity import EntityProfile
 from .._inflight import gate_for, in_flight_limit
 from .._ledger_layer import LEDGER_FAILURES, LedgerLayer, LedgerRun
@@ -249,14 +248,13 @@ class IdempotentSender(SenderCore):
                 started=started,
             )
 
-        telemetry = _telemetry.active()
+        telemetry = self._otel
         if telemetry is None:
             return await retried()
         with telemetry.transfer(self, batch) as scope:  # a span; its context in each message
             wire = scope.wire(batch)
             return scope.acked(await retried())
 
-    @_telemetry.async_sender_call("send")
     async def send(
         self, message: Message, *, first_attempt: float | datetime | None = None
     ) -> SendResult:
@@ -289,7 +287,6 @@ class IdempotentSender(SenderCore):
             raise report.failures[0].error
         return report.results[0]
 
-    @_telemetry.async_sender_call("send_many")
     async def send_many(
         self, messages: Iterable[Message], *, first_attempt: float | datetime | None = None
     ) -> SendReport:
@@ -448,7 +445,6 @@ class IdempotentSender(SenderCore):
         await asyncio.to_thread(layer.ledger.maybe_prune)
         return run.reordered
 
-    @_telemetry.async_sender_call("schedule")
     async def schedule(
         self, message: Message, at: datetime, *, first_attempt: float | datetime | None = None
     ) -> SendResult:
@@ -493,7 +489,7 @@ class IdempotentSender(SenderCore):
                 started=started,
             )
 
-        telemetry = _telemetry.active()
+        telemetry = self._otel
         before = cancelling()
         try:
             async with self._gate.hold(self._gate_key([message])):
@@ -544,7 +540,6 @@ class IdempotentSender(SenderCore):
         yield tx  # an exception in the block discards the group: nothing is sent
         tx.report = await self._send_atomic(tx.messages)
 
-    @_telemetry.async_sender_call("transaction")
     async def _send_atomic(self, messages: list[Message]) -> SendReport:
         self._check_open()
         self._plan_remembered(messages, what="transaction", batch=False)
