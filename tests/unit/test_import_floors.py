@@ -35,7 +35,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("_ledger_layer",),  # the ledger around the transfer step: intents, confirmations
     ("_sender_core",),  # what every sender does: validation, batching, memory, accounting
     # The senders and what serves or wraps a backend.
-    ("_sender", "emulator", "testing"),
+    ("_sender", "emulator", "testing", "telemetry"),
     ("aio", "spark"),  # the asyncio mirror; Spark publishing
     # The facade and the command line.
     ("sendonce",),  # sendonce/__init__.py: the public names

@@ -82,6 +82,7 @@ CONTRACT = {
         "LockLostError",
     ],
     "sendonce.testing": ["FaultyBackend", "Fault"],
+    "sendonce.telemetry": ["configure", "use", "reset", "Exporting"],
     "sendonce.emulator": ["Emulator"],
     "sendonce.spark": [
         "publish",

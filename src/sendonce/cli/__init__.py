@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 
 import click
 
 from .._extras import EXTRA_OF_MODULE, hint
-from ._words import EXIT_CODES_HELP, InputError
+from ..errors import ConfigurationError
+from ._words import EXIT_CODES_HELP, InputError, cli_text
 
 __all__ = ["main"]
 
@@ -34,7 +36,17 @@ _LOG_LEVELS = ["debug", "info", "warning", "error"]
     show_default=True,
     help="Log messages of the library at this level and above on stderr.",
 )
-def main(log_level: str) -> None:
+@click.option(
+    "--otel",
+    type=click.Choice(["otlp", "console"], case_sensitive=False),
+    default=None,
+    metavar="otlp|console",
+    help="Export traces and metrics of what the command does (OpenTelemetry): over OTLP "
+    "(to OTEL_EXPORTER_OTLP_ENDPOINT, by default http://localhost:4318) or to the console "
+    "(stderr). Without it, OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER turn it on. Needs "
+    "the OpenTelemetry SDK and the OTLP exporter (see docs/observability.md).",
+)
+def main(log_level: str, otel: str | None) -> None:
     """Idempotent message publishing: every business message exactly once."""
     logger = logging.getLogger("sendonce")
     for old in [h for h in logger.handlers if getattr(h, "_sendonce_cli", False)]:
@@ -44,6 +56,22 @@ def main(log_level: str) -> None:
     handler._sendonce_cli = True  # type: ignore[attr-defined]
     logger.addHandler(handler)
     logger.setLevel(log_level.upper())
+    if otel is not None or any(os.environ.get(v) for v in _OTEL_VARIABLES):
+        _export_telemetry(otel)
+
+
+_OTEL_VARIABLES = ("OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER")
+
+
+def _export_telemetry(exporter: str | None) -> None:
+    """Set up the OpenTelemetry SDK for this process; flushed when the command ends."""
+    from ..telemetry import configure
+
+    try:
+        exporting = configure(None if exporter is None else exporter.lower())
+    except ConfigurationError as exc:
+        raise InputError(f"--otel: {cli_text(exc)}") from None
+    click.get_current_context().call_on_close(exporting.shutdown)
 
 
 def _missing(name: str, extra: str, exc: ModuleNotFoundError) -> click.Command:
