@@ -14,7 +14,9 @@ in a temporary folder, its paths rewritten, its ``etc/broker.xml`` written for t
   ``max-disk-usage`` 100 (a full shared disk is not this broker's business);
 - ``id_cache_size`` / ``persist_id_cache`` for the whole broker and ``address_settings``
   (``{"match": {"element": "value"}}``) for addresses matching a pattern, e.g.
-  ``{"small.#": {"id-cache-size": "3"}}``;
+  ``{"small.#": {"id-cache-size": "3"}}``; the broker-wide ``id-cache-size`` is always
+  written (20,000 unless given), because Artemis 2.40 otherwise takes an address
+  setting's as the broker-wide one (``explicit_global_cache=False`` shows it);
 - a small heap (``-Xms32M -Xmx256M``, serial GC, C1 only: quick to start, not tuned for
   throughput; ``java_args`` overrides it, as a benchmark should).
 
@@ -27,6 +29,7 @@ JVM loading classes; the broker's own start-up is about 1.4 s of that.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import re
 import shutil
@@ -57,6 +60,7 @@ _DEFAULT_JAVA_ARGS = (
     "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xms32M -Xmx256M -Dlog4j2.disableJmx=true "
     "--add-opens java.base/jdk.internal.misc=ALL-UNNAMED"
 )
+_TEMPLATE_FORM = "v1"  # changes with the ``artemis create`` options below
 # Files of an instance that hold its own absolute path (rewritten in each copy).
 _PATH_FILES = (
     "bin/artemis",
@@ -92,7 +96,7 @@ def artemis_home() -> Path:
 
 def _template(home: Path) -> Path:
     """One ``artemis create`` instance per distribution, copied for each broker."""
-    target = _cache_root() / f"template-{home.name}"
+    target = _cache_root() / f"template-{_TEMPLATE_FORM}-{home.name}"
     if (target / "etc" / "broker.xml").exists():
         return target
     work = Path(tempfile.mkdtemp(prefix=".template.", dir=_cache_root()))
@@ -126,6 +130,16 @@ def _template(home: Path) -> Path:
     return target
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: the kernel kills the broker when the test process dies
+    (even by SIGKILL), so no broker outlives its run. Linux only; elsewhere a no-op."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -149,6 +163,7 @@ class ArtemisBroker:
         java_args: str = _DEFAULT_JAVA_ARGS,
         core_extra: str = "",
         root: Path | None = None,
+        explicit_global_cache: bool = True,
     ) -> None:
         home = artemis_home()
         template = _template(home)
@@ -165,9 +180,30 @@ class ArtemisBroker:
         self.log_path = self.instance / "log" / "console.log"
         self._process: subprocess.Popen[bytes] | None = None
         self._write_profile(java_args)
+        self._require_login()
+        # Written out by default: Artemis 2.40 takes the first <id-cache-size> of the file,
+        # even an address setting's, as the broker-wide size (test_broker_facts.py shows it).
+        if id_cache_size is None and explicit_global_cache:
+            id_cache_size = 20_000
         self._write_broker_xml(id_cache_size, persist_id_cache, address_settings or {}, core_extra)
 
     # -- configuration -----------------------------------------------------------------------
+
+    def _require_login(self) -> None:
+        """Only the test user logs in: ``artemis create`` leaves a guest login beside the
+        user file, which would take any password (no SASL failure could be tested)."""
+        path = self.instance / "etc" / "login.config"
+        text = path.read_text()
+        text = re.sub(
+            r"\s*org\.apache\.activemq\.artemis\.spi\.core\.security\.jaas\.GuestLoginModule"
+            r"[^;]*;",
+            "",
+            text,
+        )
+        text = text.replace("PropertiesLoginModule sufficient", "PropertiesLoginModule required")
+        if "GuestLoginModule" in text or "PropertiesLoginModule required" not in text:
+            raise RuntimeError(f"unexpected login.config in the template:\n{text}")
+        path.write_text(text)
 
     def _write_profile(self, java_args: str) -> None:
         profile = self.instance / "etc" / "artemis.profile"
@@ -263,6 +299,9 @@ class ArtemisBroker:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # a Ctrl-C of pytest is not the broker's
+                # The broker dies with the thread that started it (PR_SET_PDEATHSIG): start
+                # brokers from the test's own thread, not from a short-lived helper thread.
+                preexec_fn=_die_with_parent,
             )
         deadline = time.monotonic() + timeout
         while True:

@@ -14,6 +14,8 @@ A comment on the line before a fence says how to run the block:
   ``broker.db`` of the directory at the address the docs use.
 - ``<!-- snippet: spark -->``: needs a local Spark session (run under the Spark lock,
   with ``spark`` and a small ``orders_df``/``df`` defined first).
+- ``<!-- snippet: artemis -->``: runs against the session's real Artemis broker, its url
+  put where the docs write ``amqp://app:secret@127.0.0.1:5672``.
 """
 
 from __future__ import annotations
@@ -84,8 +86,13 @@ orders_df = df = spark.createDataFrame(
 """
 
 
-def _prepare(code: str, workdir: Path, port: int | None) -> str:
+ARTEMIS_DOC_URL = "amqp://app:secret@127.0.0.1:5672"
+
+
+def _prepare(code: str, workdir: Path, port: int | None, artemis: str | None = None) -> str:
     code = code.replace("/tmp/", f"{workdir}/").replace("/data/", f"{workdir}/")
+    if artemis is not None:
+        code = code.replace(ARTEMIS_DOC_URL, artemis)
     if port is not None:
         code = code.replace("127.0.0.1:5672", f"127.0.0.1:{port}")
     return code
@@ -102,10 +109,12 @@ def _reader_environment() -> dict[str, str]:
     return env
 
 
-def _run(doc: Path, blocks: list[Snippet], workdir: Path, port: int | None) -> None:
+def _run(
+    doc: Path, blocks: list[Snippet], workdir: Path, port: int | None, artemis: str | None = None
+) -> None:
     import json
 
-    payload = [(b.line, _prepare(b.code, workdir, port)) for b in blocks]
+    payload = [(b.line, _prepare(b.code, workdir, port, artemis)) for b in blocks]
     if any(b.mark == "spark" for b in blocks):
         payload.insert(0, (0, _SPARK_PRELUDE))
     proc = subprocess.run(
@@ -124,7 +133,11 @@ CASES = [
     pytest.param(
         doc,
         id=str(doc.relative_to(ROOT)),
-        marks=[pytest.mark.spark] if any(s.mark == "spark" for s in snippets(doc)) else [],
+        marks=[
+            getattr(pytest.mark, kind)
+            for kind in ("spark", "artemis")
+            if any(s.mark == kind for s in snippets(doc))
+        ],
     )
     for doc in DOCS
     if snippets(doc)
@@ -132,7 +145,9 @@ CASES = [
 
 
 @pytest.mark.parametrize("doc", CASES)
-def test_every_snippet_of_the_document_runs(doc: Path, tmp_path: Path) -> None:
+def test_every_snippet_of_the_document_runs(
+    doc: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     blocks = [s for s in snippets(doc) if s.mark != "skip"]
     for skipped in (s for s in snippets(doc) if s.mark == "skip"):
         assert skipped.why, f"{doc.name}:{skipped.line}: a skipped snippet must say why"
@@ -144,6 +159,8 @@ def test_every_snippet_of_the_document_runs(doc: Path, tmp_path: Path) -> None:
 
         with Emulator(tmp_path / "broker.db", port=0) as emulator:
             _run(doc, blocks, tmp_path, emulator.port)
+    elif any(b.mark == "artemis" for b in blocks):
+        _run(doc, blocks, tmp_path, None, request.getfixturevalue("artemis_broker").url())
     else:
         _run(doc, blocks, tmp_path, None)
 

@@ -8,12 +8,14 @@ from ._base import Ack, AckOutcome, Backend
 from ._url import connect, connect_local, describe_url
 
 if TYPE_CHECKING:
+    from .artemis import ArtemisBackend
     from .local import LocalBackend, LocalSession, ReceivedMessage
     from .servicebus import AzureServiceBusBackend
 
 __all__ = [
     "Ack",
     "AckOutcome",
+    "ArtemisBackend",
     "AzureServiceBusBackend",
     "Backend",
     "LocalBackend",
@@ -38,4 +40,11 @@ def __getattr__(name: str) -> Any:
             from .servicebus import AzureServiceBusBackend
 
         return AzureServiceBusBackend
+    if name == "ArtemisBackend":
+        from .._extras import requires_extra
+
+        with requires_extra("sendonce.backends.ArtemisBackend", "artemis"):
+            from .artemis import ArtemisBackend
+
+        return ArtemisBackend
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

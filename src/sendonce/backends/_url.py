@@ -9,6 +9,7 @@ from urllib.parse import unquote, urlsplit
 
 from .._extras import requires_extra
 from ..errors import ConfigurationError, redact
+from ._artemis_url import is_amqp_url
 from ._base import Backend
 
 if TYPE_CHECKING:
@@ -121,6 +122,8 @@ def connect(url: str, **options: Any) -> Backend:
       (query options such as ``?durability=full`` are passed to ``LocalBackend``).
     - ``Endpoint=sb://...;SharedAccessKeyName=...;SharedAccessKey=...``: Azure
       Service Bus (or its emulator with ``UseDevelopmentEmulator=true``).
+    - ``amqp://user:password@host:5672`` or ``amqps://...``: Red Hat AMQ Broker / Apache
+      ActiveMQ Artemis (``ArtemisBackend``; the ``artemis`` extra).
     """
     if not isinstance(url, str) or not url.strip():
         raise ConfigurationError("url must be a non-empty str", field="url")
@@ -136,9 +139,15 @@ def connect(url: str, **options: Any) -> Backend:
             from .servicebus import AzureServiceBusBackend
 
         return AzureServiceBusBackend.from_connection_string(url, **options)
+    if is_amqp_url(url):
+        with requires_extra("an amqp:// url (AMQ Broker / Apache ActiveMQ Artemis)", "artemis"):
+            from .artemis import ArtemisBackend
+
+        return ArtemisBackend.from_url(url, **options)
     raise ConfigurationError(
-        f"unrecognised backend url {redact(url)[:80]!r}: expected local:///path/broker.db or a "
-        "Service Bus connection string (Endpoint=sb://...)",
+        f"unrecognised backend url {redact(url)[:80]!r}: expected local:///path/broker.db, a "
+        "Service Bus connection string (Endpoint=sb://...) or an Artemis url "
+        "(amqp://user:password@host:5672)",
         field="url",
     )
 

@@ -1,0 +1,836 @@
+"""The proton event loop of one ``ArtemisBackend``: one thread owns every proton object.
+
+proton-python is single-threaded: its ``Container`` runs in one thread per backend, and
+callers hand it work through an ``EventInjector`` (a pipe the loop selects on) as
+:class:`Request` objects whose results they wait for. Nothing outside this thread touches
+a proton object.
+
+One AMQP connection carries everything: a sender link per (address, routing capability),
+each with as many unsettled deliveries as the broker's credit allows (Artemis grants
+1,000 by default), so many transfers are in flight at once on one link; the sender keeps
+order per key by never having two transfers of a key outstanding. A transactional
+transfer declares its own AMQP transaction on the connection (one at a time).
+
+The connection is opened on first use and verified before any transfer goes out: the
+peer must say it is Artemis (``product`` in its open frame) and, where management may be
+read, the acceptor it came in on must have ``amqpDuplicateDetection`` on. A lost
+connection fails every request on it — in doubt for deliveries sent and not settled,
+"not sent" for the rest — and the next request opens a new one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from proton import Condition, Delivery, Endpoint, Handler, Link, Message, SSLDomain, symbol
+from proton.handlers import MessagingHandler, TransactionHandler
+from proton.reactor import ApplicationEvent, Container, EventInjector, LinkOption
+
+from ..errors import ConfigurationError, SendError, TransientSendError, redact
+from ._artemis_errors import (
+    attach_error,
+    connection_error,
+    culprit_of,
+    lost_error,
+    outcome_error,
+    peer_error,
+)
+
+__all__ = ["ArtemisLoop", "Connect", "ManagementCall", "ManagementRefused", "Request", "Transfer"]
+
+logger = logging.getLogger("sendonce.artemis")
+
+ARTEMIS_PRODUCT = "apache-activemq-artemis"
+MANAGEMENT_ADDRESS = "activemq.management"
+_WORK = "sendonce_work"
+_TRANSACTIONAL_STATE = 0x34
+
+
+class Request:
+    """Work a caller hands to the loop and waits for; finished or abandoned exactly once."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._done = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.abandoned = False
+        self.started = time.monotonic()
+
+    def finish(self, value: Any = None, error: BaseException | None = None) -> None:
+        with self.lock:
+            if self._done.is_set() or self.abandoned:
+                return
+            self.value, self.error = value, error
+            self._done.set()
+
+    @property
+    def finished(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float) -> bool:
+        return self._done.wait(max(timeout, 0.0))
+
+    def abandon(self) -> bool:
+        """Stop waiting; False when it had finished already (its result stands)."""
+        with self.lock:
+            if self._done.is_set():
+                return False
+            self.abandoned = True
+            return True
+
+
+class Transfer(Request):
+    """One ``send`` call: its encoded messages and what the broker said of each."""
+
+    def __init__(
+        self,
+        entity: str,
+        capability: str | None,
+        payloads: list[bytes],
+        ids: list[tuple[str, str | None]],
+        *,
+        atomic: bool,
+    ) -> None:
+        super().__init__()
+        self.entity = entity
+        self.capability = capability
+        self.payloads = payloads
+        self.ids = ids
+        self.atomic = atomic
+        self.sent = 0  # deliveries handed to proton (under ``lock``)
+        self.settled = 0
+        self.outcomes: list[tuple[str, str | None, str | None] | None] = [None] * len(payloads)
+        self.commit_sent = False
+        self.txn: Any = None
+
+    def claim_next(self) -> int | None:
+        """The index of the next message to send, or None once abandoned or all sent."""
+        with self.lock:
+            if self.abandoned or self._done.is_set() or self.sent >= len(self.payloads):
+                return None
+            self.sent += 1
+            return self.sent - 1
+
+    @property
+    def in_doubt(self) -> bool:
+        """Something may have reached the broker: a delivery sent and not settled, or a
+        commit sent without its outcome."""
+        if self.atomic:
+            return self.commit_sent
+        return self.sent > self.settled
+
+
+class ManagementCall(Request):
+    """One broker management operation (``activemq.management``), answered as JSON."""
+
+    def __init__(self, resource: str, operation: str, params: list[Any]) -> None:
+        super().__init__()
+        self.resource = resource
+        self.operation = operation
+        self.params = params
+        self.correlation = uuid.uuid4().hex
+
+
+class Connect(Request):
+    """Open (and verify) the connection now; finishes with None once it is ready."""
+
+
+@dataclass(eq=False)
+class _SenderLink:
+    link: Any
+    address: str
+    capability: str | None
+    attached: bool = False
+    queue: deque[Transfer] = field(default_factory=deque)  # waiting for credit
+    waiting: list[Transfer] = field(default_factory=list)  # waiting for the attach
+    transfers: set[Transfer] = field(default_factory=set)  # with a delivery on this link
+
+
+class _Capability(LinkOption):
+    """The target capability that picks the routing type: ``queue`` anycast, ``topic``
+    multicast (what Artemis reads on an AMQP sender link)."""
+
+    def __init__(self, capability: str | None) -> None:
+        self.capability = capability
+
+    def apply(self, link: Link) -> None:
+        if self.capability is not None:
+            link.target.capabilities.put_object(symbol(self.capability))
+
+
+class _Stop(Handler):
+    """A timer task that stops the container (closing, when the broker does not answer)."""
+
+    def __init__(self, container: Container) -> None:
+        self.container = container
+
+    def on_timer_task(self, event: Any) -> None:
+        self.container.stop()
+
+
+class ArtemisLoop(MessagingHandler, TransactionHandler):
+    """The event loop thread and everything it owns (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        host: str,
+        port: int,
+        user: str | None,
+        password: str | None,
+        ssl_domain: SSLDomain | None,
+        heartbeat: float,
+        require_artemis: bool,
+        check_acceptor: bool,
+    ) -> None:
+        super().__init__(prefetch=0, auto_accept=True, auto_settle=True)
+        self.host, self.port = host, port
+        self.where = f"{host}:{port}"
+        self._user, self._password = user, password
+        self._ssl_domain = ssl_domain
+        self._heartbeat = heartbeat
+        self._require_artemis = require_artemis
+        self._check_acceptor = check_acceptor
+        self._commands: deque[Callable[[], None]] = deque()
+        self._injector = EventInjector()
+        self._container = Container(self)
+        self._container.selectable(self._injector)
+        # Connection state (loop thread only).
+        self._conn: Any = None
+        self._ready = False
+        self._waiting: list[Request] = []  # until the connection is ready
+        self._links: dict[tuple[str, str | None], _SenderLink] = {}
+        self._transfers: set[Transfer] = set()
+        self._mgmt_sender: Any = None
+        self._mgmt_receiver: Any = None
+        self._reply_to: str | None = None
+        self._mgmt_waiting: list[ManagementCall] = []
+        self._mgmt_calls: dict[str, ManagementCall] = {}
+        self._verify_call: ManagementCall | None = None
+        self._txn_queue: deque[Transfer] = deque()
+        self._txn_active: Transfer | None = None
+        self._last_heard = time.monotonic()
+        self._closing = False
+        self._stop_task: Any = None
+        self.acceptor: dict[str, Any] | None = None  # the acceptor's parameters, when read
+        self.peer: dict[str, Any] = {}
+        self._thread = threading.Thread(
+            target=self._run, name=f"sendonce-artemis-{self.where}", daemon=True
+        )
+        self._thread.start()
+
+    # -- for caller threads -------------------------------------------------------------
+
+    def submit(self, request: Request) -> None:
+        """Hand ``request`` to the loop (thread-safe)."""
+        self.call(lambda: self._start(request))
+
+    def call(self, command: Callable[[], None]) -> None:
+        if not self._thread.is_alive():
+            raise ConfigurationError("the Artemis backend is closed", field="backend")
+        self._commands.append(command)
+        self._injector.trigger(ApplicationEvent(_WORK))
+
+    def abandon(self, request: Request) -> bool:
+        """The caller stopped waiting: forget ``request`` (False: it had finished)."""
+        if not request.abandon():
+            return False
+        if self._thread.is_alive():
+            self.call(lambda: self._forget(request))
+        return True
+
+    def close(self, wait: float) -> None:
+        if not self._thread.is_alive():
+            return
+        self.call(lambda: self._shut(wait))
+        self._injector.close()
+        self._thread.join(wait + 1.0)
+
+    # -- the loop thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._container.run()
+        except Exception:  # pragma: no cover - a bug in a callback: fail everything, loudly
+            logger.exception("the Artemis event loop for %s failed", self.where)
+            self._drop(
+                lambda r: SendError(f"the Artemis event loop for {self.where} failed"), close=False
+            )
+
+    def on_sendonce_work(self, event: Any) -> None:
+        while self._commands:
+            command = self._commands.popleft()
+            try:
+                command()
+            except Exception:  # pragma: no cover - keep the loop alive for the others
+                logger.exception("an Artemis loop command failed")
+
+    def _start(self, request: Request) -> None:
+        if request.abandoned:
+            return
+        if self._closing:
+            request.finish(error=ConfigurationError("the backend is closed", field="backend"))
+            return
+        if self._conn is None:
+            self._open()
+        if not self._ready:
+            self._waiting.append(request)
+            return
+        self._dispatch(request)
+
+    def _dispatch(self, request: Request) -> None:
+        if isinstance(request, Connect):
+            request.finish(None)
+        elif isinstance(request, ManagementCall):
+            self._manage(request)
+        elif isinstance(request, Transfer):
+            self._transfers.add(request)
+            if request.atomic:
+                self._txn_queue.append(request)
+                self._next_transaction()
+            else:
+                self._route(request)
+
+    def _open(self) -> None:
+        options: dict[str, Any] = {
+            "reconnect": False,
+            "heartbeat": self._heartbeat,
+            "ssl_domain": self._ssl_domain,
+            "allow_insecure_mechs": True,
+            "sasl_enabled": True,
+        }
+        if self._user is not None:
+            # PLAIN only: never fall back to ANONYMOUS when the credentials are refused.
+            options.update(user=self._user, password=self._password or "", allowed_mechs="PLAIN")
+        else:
+            options["allowed_mechs"] = "ANONYMOUS"
+        scheme = "amqps" if self._ssl_domain is not None else "amqp"
+        logger.debug("connecting to %s://%s", scheme, self.where)
+        self._conn = self._container.connect(url=f"{scheme}://{self.where}", **options)
+        self._ready = False
+
+    def on_connection_opened(self, event: Any) -> None:
+        if event.connection != self._conn:
+            return
+        self._heard()
+        props = event.connection.remote_properties or {}
+        self.peer = {str(k): v for k, v in props.items()}
+        product = self.peer.get("product")
+        if self._require_artemis and product != ARTEMIS_PRODUCT:
+            self._drop(lambda r: peer_error(self.where, product), close=True)
+            return
+        if self._check_acceptor and product == ARTEMIS_PRODUCT:
+            call = ManagementCall("broker", "getAcceptorsAsJSON", [])
+            self._verify_call = call
+            self._manage(call)
+            return
+        self._become_ready()
+
+    def _become_ready(self) -> None:
+        self._ready = True
+        waiting, self._waiting = self._waiting, []
+        for request in waiting:
+            if not request.abandoned:
+                self._dispatch(request)
+
+    def _verified(self, call: ManagementCall) -> None:
+        """The acceptor list came back (or could not be read): check ours, then go."""
+        self._verify_call = None
+        if call.error is None:
+            acceptor = self.acceptor = _our_acceptor(call.value, self.port)
+            if acceptor is not None and _flag(acceptor, "amqpDuplicateDetection") is False:
+                name = acceptor.get("name")
+                self._drop(
+                    lambda r: ConfigurationError(
+                        f"the broker's acceptor {name!r} at {self.where} has "
+                        "amqpDuplicateDetection=false: it ignores _AMQ_DUPL_ID, so a resend "
+                        "after an in-doubt failure would be stored twice. Connect to an "
+                        "acceptor with duplicate detection on (the default), or pass "
+                        "require_duplicate_detection=False to accept at-least-once delivery.",
+                        field="url",
+                    ),
+                    close=True,
+                )
+                return
+        else:
+            logger.info(
+                "cannot read the acceptors of %s (%s): its amqpDuplicateDetection is not checked",
+                self.where,
+                call.error,
+            )
+        self._become_ready()
+
+    # -- sender links and deliveries ------------------------------------------------------
+
+    def _link_for(self, transfer: Transfer) -> _SenderLink:
+        key = (transfer.entity, transfer.capability)
+        found = self._links.get(key)
+        if found is None:
+            link = self._container.create_sender(
+                self._conn,
+                target=transfer.entity,
+                name=f"sendonce-{uuid.uuid4().hex[:12]}",
+                options=_Capability(transfer.capability),
+            )
+            found = _SenderLink(link, transfer.entity, transfer.capability)
+            link.sendonce_link = found
+            self._links[key] = found
+        return found
+
+    def _route(self, transfer: Transfer) -> None:
+        sl = self._link_for(transfer)
+        if not sl.attached:
+            sl.waiting.append(transfer)
+            return
+        sl.queue.append(transfer)
+        self._pump(sl)
+
+    def on_link_opened(self, event: Any) -> None:
+        self._heard()
+        link = event.link
+        sl: _SenderLink | None = getattr(link, "sendonce_link", None) if link.is_sender else None
+        if sl is None:
+            if link.is_receiver and link == self._mgmt_receiver:
+                self._reply_to = link.remote_source.address
+                calls, self._mgmt_waiting = self._mgmt_waiting, []
+                for call in calls:
+                    self._manage(call)
+            return
+        if link.remote_target is None or link.remote_target.address is None:
+            return  # a refused attach: the detach with its error follows
+        sl.attached = True
+        waiting, sl.waiting = sl.waiting, []
+        sl.queue.extend(waiting)
+        self._pump(sl)
+
+    def on_sendable(self, event: Any) -> None:
+        sl = getattr(event.link, "sendonce_link", None)
+        if sl is not None:
+            self._pump(sl)
+
+    def _pump(self, sl: _SenderLink) -> None:
+        link = sl.link
+        queue = sl.queue
+        while queue and link.credit > 0:
+            transfer = queue[0]
+            index = transfer.claim_next()
+            if index is None:
+                queue.popleft()
+                if transfer.atomic and not transfer.abandoned and not transfer.commit_sent:
+                    self._commit(transfer)
+                continue
+            delivery = link.delivery(link.delivery_tag())
+            link.stream(transfer.payloads[index])
+            link.advance()
+            if transfer.txn is not None:
+                delivery.local.data = [transfer.txn.id]
+                delivery.update(_TRANSACTIONAL_STATE)
+            delivery.sendonce_slot = (transfer, index)
+            sl.transfers.add(transfer)
+        # A transaction whose last message just went out commits now, not on the next credit.
+        if queue and queue[0].atomic and queue[0].sent >= len(queue[0].payloads):
+            transfer = queue.popleft()
+            if not transfer.abandoned and not transfer.commit_sent:
+                self._commit(transfer)
+
+    def on_settled(self, event: Any) -> None:
+        delivery = event.delivery
+        slot = getattr(delivery, "sendonce_slot", None) if delivery.link.is_sender else None
+        if slot is None:
+            return
+        self._heard()
+        transfer, index = slot
+        delivery.sendonce_slot = None
+        transfer.settled += 1
+        state = delivery.remote_state
+        if state == _TRANSACTIONAL_STATE:
+            return  # the commit's outcome decides
+        if transfer.outcomes[index] is None:
+            condition = delivery.remote.condition if state == Delivery.REJECTED else None
+            transfer.outcomes[index] = (
+                _outcome_name(state),
+                None if condition is None else str(condition.name),
+                None if condition is None else condition.description,
+            )
+        if transfer.settled >= len(transfer.payloads) and not transfer.atomic:
+            self._complete(transfer)
+
+    def _complete(self, transfer: Transfer) -> None:
+        """Every delivery of a plain transfer is settled: the acks, or its first refusal."""
+        self._transfers.discard(transfer)
+        for sl in self._links.values():
+            sl.transfers.discard(transfer)
+        outcomes = transfer.outcomes
+        refused = [(i, o) for i, o in enumerate(outcomes) if o is not None and o[0] != "accepted"]
+        if not refused:
+            transfer.finish(["accepted"] * len(outcomes))
+            return
+        index, (outcome, condition, description) = refused[0]
+        message_id, partition_key = transfer.ids[index]
+        error = outcome_error(
+            outcome,
+            condition,
+            description,
+            entity=transfer.entity,
+            message_id=message_id,
+            partition_key=partition_key,
+        )
+        if len(refused) < len(outcomes):
+            # Some of the transfer were stored, some refused: the transfer as a whole is
+            # reported in doubt (retried: the stored ones are dropped as duplicates).
+            error = TransientSendError(
+                f"{len(outcomes) - len(refused)} of {len(outcomes)} messages to "
+                f"{transfer.entity!r} were accepted, the others refused (first: {error}); the "
+                "transfer is retried whole (the accepted ones are dropped as duplicates)",
+                condition=getattr(error, "condition", None),
+            )
+        transfer.finish(error=error)
+
+    # -- transactions -----------------------------------------------------------------------
+
+    def _next_transaction(self) -> None:
+        while self._txn_active is None and self._txn_queue:
+            transfer = self._txn_queue.popleft()
+            if transfer.abandoned:
+                continue
+            self._txn_active = transfer
+            transfer.txn = self._container.declare_transaction(self._conn, handler=self)
+
+    def _active(self, event: Any) -> Transfer | None:
+        transfer = self._txn_active
+        if transfer is None or event.transaction is not transfer.txn:
+            return None
+        return transfer
+
+    def on_transaction_declared(self, event: Any) -> None:
+        self._heard()
+        transfer = self._active(event)
+        if transfer is None:
+            return
+        if transfer.abandoned:
+            transfer.txn.abort()
+            self._txn_done(transfer)
+            return
+        self._route(transfer)
+
+    def on_transaction_declare_failed(self, event: Any) -> None:
+        transfer = self._active(event)
+        if transfer is None:
+            return
+        condition = event.delivery.remote.condition
+        transfer.finish(
+            error=attach_error(
+                None if condition is None else str(condition.name),
+                None if condition is None else condition.description,
+                entity=transfer.entity,
+                host=self.where,
+            )
+        )
+        self._txn_done(transfer)
+
+    def _commit(self, transfer: Transfer) -> None:
+        transfer.commit_sent = True
+        transfer.txn.commit()
+
+    def on_transaction_committed(self, event: Any) -> None:
+        self._heard()
+        transfer = self._active(event)
+        if transfer is None:
+            return
+        transfer.finish(["accepted"] * len(transfer.payloads))
+        self._txn_done(transfer)
+
+    def on_transaction_commit_failed(self, event: Any) -> None:
+        self._heard()
+        transfer = self._active(event)
+        if transfer is None:
+            return
+        condition = event.delivery.remote.condition
+        name = None if condition is None else str(condition.name)
+        description = None if condition is None else condition.description
+        culprit = culprit_of(description)
+        if name in ("failed", "amqp:transaction:rollback") and culprit is not None:
+            # Rolled back for a duplicate: Artemis names the first one it met.
+            transfer.finish(("duplicate-group", culprit))
+        else:
+            transfer.finish(
+                error=outcome_error(
+                    "rejected",
+                    name or "amqp:transaction:rollback",
+                    description,
+                    entity=transfer.entity,
+                    message_id=transfer.ids[0][0],
+                )
+            )
+        self._txn_done(transfer)
+
+    def on_transaction_aborted(self, event: Any) -> None:
+        transfer = self._active(event)
+        if transfer is not None:
+            self._txn_done(transfer)
+
+    def _txn_done(self, transfer: Transfer) -> None:
+        self._transfers.discard(transfer)
+        for sl in self._links.values():
+            sl.transfers.discard(transfer)
+        self._txn_active = None
+        self._next_transaction()
+
+    # -- management -------------------------------------------------------------------------
+
+    def _manage(self, call: ManagementCall) -> None:
+        if self._mgmt_receiver is None:
+            self._mgmt_receiver = self._container.create_receiver(
+                self._conn, None, dynamic=True, name=f"sendonce-reply-{uuid.uuid4().hex[:8]}"
+            )
+            self._mgmt_receiver.flow(100)
+            self._mgmt_sender = self._container.create_sender(
+                self._conn, MANAGEMENT_ADDRESS, name=f"sendonce-mgmt-{uuid.uuid4().hex[:8]}"
+            )
+        if self._reply_to is None:
+            self._mgmt_waiting.append(call)
+            return
+        self._mgmt_calls[call.correlation] = call
+        request = Message(
+            body=json.dumps(call.params),
+            reply_to=self._reply_to,
+            correlation_id=call.correlation,
+            properties={"_AMQ_ResourceName": call.resource, "_AMQ_OperationName": call.operation},
+        )
+        request.id = call.correlation
+        self._mgmt_sender.send(request)
+
+    def on_message(self, event: Any) -> None:
+        self._heard()
+        reply = event.message
+        key = reply.correlation_id
+        call = self._mgmt_calls.pop(str(key), None) if key is not None else None
+        if call is None:
+            return
+        props = reply.properties or {}
+        try:
+            body = json.loads(reply.body) if isinstance(reply.body, str) else reply.body
+        except ValueError:
+            body = reply.body
+        if props.get("_AMQ_OperationSucceeded") is True:
+            value = body[0] if isinstance(body, list) and len(body) == 1 else body
+            if isinstance(value, str) and value[:1] in "[{":
+                with contextlib.suppress(ValueError):
+                    value = json.loads(value)
+            call.finish(value)
+        else:
+            said = body[0] if isinstance(body, list) and body else body
+            call.finish(error=ManagementRefused(f"{call.resource}.{call.operation}: {said}"))
+        if call is self._verify_call:
+            self._verified(call)
+
+    # -- failures -------------------------------------------------------------------------
+
+    def _heard(self) -> None:
+        self._last_heard = time.monotonic()
+
+    def on_link_error(self, event: Any) -> None:
+        self._link_gone(event.link, event.link.remote_condition)
+
+    def on_link_closed(self, event: Any) -> None:
+        self._link_gone(event.link, event.link.remote_condition)
+
+    def _link_gone(self, link: Any, condition: Condition | None) -> None:
+        if link == self._mgmt_receiver or link == self._mgmt_sender:
+            self._fail_management(condition)
+            return
+        sl: _SenderLink | None = getattr(link, "sendonce_link", None)
+        if sl is None or self._links.get((sl.address, sl.capability)) is not sl:
+            return
+        del self._links[(sl.address, sl.capability)]
+        if link.state & Endpoint.LOCAL_ACTIVE:
+            link.close()
+        name = None if condition is None else str(condition.name)
+        description = None if condition is None else condition.description
+        affected = set(sl.waiting) | set(sl.queue) | sl.transfers
+        for transfer in affected:
+            if transfer.in_doubt:
+                error: BaseException = lost_error(
+                    f"the sender link was detached ({name})",
+                    entity=transfer.entity,
+                    host=self.where,
+                    in_doubt=True,
+                    count=transfer.sent - transfer.settled,
+                )
+            else:
+                error = attach_error(name, description, entity=sl.address, host=self.where)
+            self._end(transfer, error)
+
+    def _fail_management(self, condition: Condition | None) -> None:
+        said = "the management link closed" if condition is None else str(condition)
+        calls = list(self._mgmt_calls.values()) + self._mgmt_waiting
+        self._mgmt_calls.clear()
+        self._mgmt_waiting = []
+        self._mgmt_receiver = self._mgmt_sender = None
+        self._reply_to = None
+        for call in calls:
+            call.finish(error=ManagementRefused(f"{call.resource}.{call.operation}: {said}"))
+            if call is self._verify_call:
+                self._verified(call)
+
+    def on_transport_error(self, event: Any) -> None:
+        condition = event.transport.condition
+        self._connection_lost(condition)
+
+    def on_connection_error(self, event: Any) -> None:
+        self._connection_lost(event.connection.remote_condition)
+
+    def on_disconnected(self, event: Any) -> None:
+        if event.connection == self._conn:
+            self._connection_lost(None)
+
+    def on_connection_closed(self, event: Any) -> None:
+        if event.connection == self._conn and not self._closing:
+            self._connection_lost(event.connection.remote_condition)
+
+    def _connection_lost(self, condition: Condition | None) -> None:
+        if self._conn is None:
+            return
+        name = None if condition is None else str(condition.name)
+        description = None if condition is None else condition.description
+        was_ready = self._ready
+        if name is not None:
+            logger.info(
+                "the connection to %s ended: %s", self.where, redact(f"{name} {description}")
+            )
+
+        def error_for(request: Request) -> BaseException:
+            if not was_ready or not isinstance(request, Transfer):
+                if isinstance(request, ManagementCall) and was_ready:
+                    return ManagementRefused(f"the connection to {self.where} was lost")
+                return connection_error(name, description, host=self.where)
+            return lost_error(
+                f"the connection was lost ({name or 'closed'})",
+                entity=request.entity,
+                host=self.where,
+                in_doubt=request.in_doubt,
+                count=max(request.sent - request.settled, 1),
+            )
+
+        self._drop(error_for, close=True)
+
+    def _drop(self, error_for: Callable[[Request], BaseException], *, close: bool) -> None:
+        """Fail every request of the current connection and forget it."""
+        conn, self._conn = self._conn, None
+        self._ready = False
+        requests: list[Request] = list(self._waiting) + list(self._transfers)
+        requests += list(self._mgmt_calls.values()) + self._mgmt_waiting
+        for sl in self._links.values():
+            requests += sl.waiting + list(sl.queue) + list(sl.transfers)
+        if self._txn_active is not None:
+            requests.append(self._txn_active)
+        requests += list(self._txn_queue)
+        self._waiting, self._mgmt_waiting = [], []
+        self._links.clear()
+        self._transfers.clear()
+        self._mgmt_calls.clear()
+        self._txn_queue.clear()
+        self._txn_active = None
+        self._mgmt_receiver = self._mgmt_sender = self._reply_to = None
+        self._verify_call = None
+        seen: set[int] = set()
+        for request in requests:
+            if id(request) in seen:
+                continue
+            seen.add(id(request))
+            request.finish(error=error_for(request))
+        if close and conn is not None and not conn.state & Endpoint.LOCAL_CLOSED:
+            conn.close()
+
+    def _end(self, transfer: Transfer, error: BaseException) -> None:
+        self._transfers.discard(transfer)
+        for sl in self._links.values():
+            sl.transfers.discard(transfer)
+            if transfer in sl.queue:
+                sl.queue.remove(transfer)
+        transfer.finish(error=error)
+
+    def _forget(self, request: Request) -> None:
+        """A caller gave up on ``request``. If nothing was heard from the broker since it
+        started, the connection is presumed stuck: it is closed, so the next call opens a
+        new one (requests still on it fail, in doubt where something was sent)."""
+        if isinstance(request, Transfer):
+            self._transfers.discard(request)
+            for sl in self._links.values():
+                if request in sl.queue:
+                    sl.queue.remove(request)
+        if isinstance(request, ManagementCall):
+            self._mgmt_calls.pop(request.correlation, None)
+        if self._conn is not None and (not self._ready or self._last_heard < request.started):
+            logger.info(
+                "nothing heard from %s for %.1f s: closing the connection; the next call "
+                "opens a new one",
+                self.where,
+                time.monotonic() - self._last_heard,
+            )
+            self._connection_lost(
+                Condition("amqp:resource-limit-exceeded", "the broker stopped answering")
+            )
+
+    def _shut(self, wait: float) -> None:
+        self._closing = True
+        connected = self._conn is not None
+        self._drop(
+            lambda r: ConfigurationError("the backend was closed", field="backend"), close=True
+        )
+        if connected:  # stop once the broker answered our close, or after ``wait``
+            self._stop_task = self._container.schedule(max(wait, 0.0), _Stop(self._container))
+        else:
+            self._container.stop()
+
+    def on_transport_closed(self, event: Any) -> None:
+        # Stop the container now: left alone it would idle in select for up to 3 s more.
+        if self._closing:
+            self._container.stop()
+
+
+class ManagementRefused(Exception):
+    """A management operation failed or could not be asked. Internal: the backend turns it
+    into what the caller sees (an unknown address, or a profile to pass)."""
+
+
+def _outcome_name(state: int) -> str:
+    if state == Delivery.ACCEPTED:
+        return "accepted"
+    if state == Delivery.REJECTED:
+        return "rejected"
+    if state == Delivery.MODIFIED:
+        return "modified"
+    if state == Delivery.RELEASED:
+        return "released"
+    return "released"  # settled with no outcome: the broker did not take it
+
+
+def _our_acceptor(acceptors: Any, port: int) -> dict[str, Any] | None:
+    """The acceptor listening on ``port`` (its params and extra properties merged)."""
+    if not isinstance(acceptors, list):
+        return None
+    for entry in acceptors:
+        if not isinstance(entry, dict):
+            continue
+        params = {**(entry.get("params") or {}), **(entry.get("extraProps") or {})}
+        if str(params.get("port")) == str(port):
+            return {"name": entry.get("name"), **params}
+    return None
+
+
+def _flag(params: dict[str, Any], name: str) -> bool | None:
+    value = params.get(name)
+    if value is None:
+        return None
+    return str(value).strip().lower() == "true"

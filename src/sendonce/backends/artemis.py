@@ -1,0 +1,514 @@
+"""``ArtemisBackend``: Red Hat AMQ Broker / Apache ActiveMQ Artemis over AMQP 1.0 (proton).
+
+Duplicate detection on Artemis is the ``_AMQ_DUPL_ID`` message property, remembered in a
+count-bounded ring per address (``id-cache-size``). This backend:
+
+- sets ``_AMQ_DUPL_ID`` (a string) and the AMQP ``message-id`` to the business id
+  (``_artemis_convert``);
+- learns each message's fate from its delivery's disposition: Accepted is stored (a
+  duplicate outside a transaction is Accepted too: Artemis drops it silently, as Service
+  Bus does); Rejected / Released / Modified is a specific error, nothing stored; a
+  connection or link lost before the disposition is *in doubt* and retried with the same
+  id (``_artemis_errors``);
+- keeps many transfers in flight on one connection and one link per address (unsettled
+  deliveries, as many as the broker's credit allows); ``max_in_flight`` is how many
+  transfers the sender hands it at once, and the sender keeps order per key
+  (``_artemis_loop``);
+- makes the count-bounded window real: a resend reaching further back than a safe part of
+  the address's id cache is reported in doubt instead of sent (``_artemis_reach``);
+- sends ``sender.transaction()`` groups as one AMQP transaction: all or nothing, and a
+  duplicate member rolls the whole group back;
+- refuses a peer that is not Artemis, or an acceptor with ``amqpDuplicateDetection=false``,
+  before anything is sent.
+
+Addresses: an entity name is an Artemis address. An anycast address is a ``queue`` entity
+(sender link capability ``queue``), a multicast one a ``topic`` (capability ``topic``);
+``describe`` reads the address's routing types through the broker's management address,
+or ``EntityProfile(kind=...)`` / ``kinds=`` says which. docs/artemis.md has the details.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Literal
+
+from proton import SSLDomain
+
+from .._entity import DEFAULT_ID_CACHE_SIZE, EntityKind, EntityProfile
+from .._message import Message
+from ..errors import (
+    ConfigurationError,
+    InDoubtError,
+    NotSentError,
+    PermanentSendError,
+    SendError,
+    TransientSendError,
+    ValidationError,
+    redact,
+)
+from ._artemis_convert import encode
+from ._artemis_loop import ArtemisLoop, Connect, ManagementCall, ManagementRefused, Transfer
+from ._artemis_reach import ResendReach
+from ._base import Ack
+from ._servicebus_lanes import check_max_in_flight
+
+__all__ = ["ArtemisBackend"]
+
+logger = logging.getLogger("sendonce.artemis")
+
+DEFAULT_PORT = 5672
+DEFAULT_TLS_PORT = 5671
+DEFAULT_MAX_IN_FLIGHT = 16
+DEFAULT_REACH = 0.5
+DEFAULT_MAX_MESSAGE_SIZE = 100 * 1024 * 1024
+"""Artemis sets no message size limit over AMQP (large messages go to files); the sender
+still plans transfers by a size, and this one bounds them."""
+_GROUP_MEMORY = 10_000
+
+
+def _check_entity(entity: object) -> str:
+    if not isinstance(entity, str) or not entity.strip():
+        raise ConfigurationError("entity must be a non-empty address name", field="entity")
+    return entity
+
+
+def _positive(value: object, name: str) -> float:
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ConfigurationError(f"{name} must be a positive number of seconds", field=name)
+    return float(value)
+
+
+class ArtemisBackend:
+    """A backend that sends to Red Hat AMQ Broker / Apache ActiveMQ Artemis over AMQP 1.0.
+
+    ``ArtemisBackend("broker.example", 5672, user="app", password="...")`` or
+    ``connect("amqp://app:secret@broker.example:5672")`` (``amqps://`` for TLS). Keyword
+    options:
+
+    - ``tls``: TLS (``amqps``), verifying the broker's certificate against the system's
+      CAs unless ``ssl_domain`` (a ``proton.SSLDomain``) says otherwise;
+    - ``profiles``: explicit :class:`EntityProfile` values by address name (they win over
+      the broker's management answers; needed where the user may not manage);
+    - ``kinds``: ``"queue"`` (anycast) or ``"topic"`` (multicast) by address name;
+    - ``max_in_flight``: transfers carried at once (default 16);
+    - ``resend_reach``: the fraction of an address's id cache a resend may reach back
+      over, counted in this backend's own messages (default 0.5; see ``_artemis_reach``);
+    - ``require_duplicate_detection``: refuse a peer that is not Artemis or an acceptor
+      with duplicate detection off (default True);
+    - ``connect_timeout``, ``management_timeout``: seconds; ``heartbeat``: the AMQP idle
+      timeout asked of the broker, so a dead connection is noticed.
+
+    One AMQP connection, one event-loop thread. Safe for many threads at once.
+    """
+
+    messaging_system = "activemq"
+    supports_atomic = True
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        *,
+        user: str | None = None,
+        password: str | None = None,
+        tls: bool = False,
+        ssl_domain: SSLDomain | None = None,
+        profiles: Mapping[str, EntityProfile] | None = None,
+        kinds: Mapping[str, EntityKind] | None = None,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        resend_reach: float = DEFAULT_REACH,
+        require_duplicate_detection: bool = True,
+        connect_timeout: float = 30.0,
+        management_timeout: float = 30.0,
+        heartbeat: float = 60.0,
+    ) -> None:
+        if not isinstance(host, str) or not host.strip() or any(c in host for c in "/@?# "):
+            raise ConfigurationError(
+                f"host must be a host name or address, got {host!r}", field="host"
+            )
+        if port is None:
+            port = DEFAULT_TLS_PORT if tls or ssl_domain is not None else DEFAULT_PORT
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+            raise ConfigurationError(
+                f"port must be an int from 1 to 65535, got {port!r}", field="port"
+            )
+        if user is not None and (not isinstance(user, str) or not user):
+            raise ConfigurationError("user must be a non-empty str or None", field="user")
+        if password is not None and not isinstance(password, str):
+            raise ConfigurationError("password must be a str or None", field="password")
+        if password is not None and user is None:
+            raise ConfigurationError("a password needs a user", field="user")
+        if not isinstance(tls, bool):
+            raise ConfigurationError("tls must be a bool", field="tls")
+        if (
+            not isinstance(resend_reach, int | float)
+            or isinstance(resend_reach, bool)
+            or not 0 < resend_reach <= 1
+        ):
+            raise ConfigurationError(
+                f"resend_reach must be a fraction above 0 and at most 1, got {resend_reach!r}",
+                field="resend_reach",
+            )
+        if not isinstance(require_duplicate_detection, bool):
+            raise ConfigurationError(
+                "require_duplicate_detection must be a bool", field="require_duplicate_detection"
+            )
+        self._max_in_flight = check_max_in_flight(max_in_flight)
+        self._connect_timeout = _positive(connect_timeout, "connect_timeout")
+        self._management_timeout = _positive(management_timeout, "management_timeout")
+        heartbeat = _positive(heartbeat, "heartbeat")
+        self.host, self.port, self.user = host, port, user
+        self.tls = tls or ssl_domain is not None
+        self.require_duplicate_detection = require_duplicate_detection
+        if self.tls and ssl_domain is None:
+            ssl_domain = SSLDomain(SSLDomain.MODE_CLIENT)
+            ssl_domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME)
+        self._profiles: dict[str, EntityProfile] = {}
+        self._kinds: dict[str, EntityKind] = dict(kinds or {})
+        for name, profile in (profiles or {}).items():
+            self._profiles[name] = self._checked_profile(profile)
+        self._reach = ResendReach(float(resend_reach))
+        self._doubtful_groups: OrderedDict[tuple[str, ...], None] = OrderedDict()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._loop = ArtemisLoop(
+            host=host,
+            port=port,
+            user=user,
+            password=password,
+            ssl_domain=ssl_domain,
+            heartbeat=heartbeat,
+            require_artemis=require_duplicate_detection,
+            check_acceptor=require_duplicate_detection,
+        )
+        logger.debug("created %r", self)
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> ArtemisBackend:
+        """A backend for ``amqp://user:password@host:port`` (``amqps://`` for TLS)."""
+        from ._artemis_url import parse_amqp_url
+
+        parsed = parse_amqp_url(url)
+        return cls(**{**parsed, **options})
+
+    def __repr__(self) -> str:
+        scheme = "amqps" if self.tls else "amqp"
+        who = f"{self.user}@" if self.user else ""
+        return f"ArtemisBackend({scheme}://{who}{self.host}:{self.port})"
+
+    @property
+    def max_in_flight(self) -> int:
+        """How many transfers this backend carries at once (deliveries on one connection)."""
+        return self._max_in_flight
+
+    @property
+    def broker_version(self) -> str | None:
+        """The broker's version from its open frame, once connected."""
+        version = self._loop.peer.get("version")
+        return None if version is None else str(version)
+
+    # -- entities -------------------------------------------------------------------------
+
+    def _checked_profile(self, profile: object) -> EntityProfile:
+        if not isinstance(profile, EntityProfile):
+            raise ConfigurationError("a profile must be an EntityProfile", field="profile")
+        if profile.duplicate_detection and profile.id_cache_size is None:
+            raise ConfigurationError(
+                f"entity {profile.name!r}: Artemis remembers duplicate ids by count, not by "
+                "time: give the address's id-cache-size, e.g. EntityProfile("
+                f"{profile.name!r}, id_cache_size=20000), or let the backend describe it",
+                field="id_cache_size",
+            )
+        if profile.partitioned:
+            raise ConfigurationError(
+                f"entity {profile.name!r}: Artemis addresses have no partitions "
+                "(partitioned=False)",
+                field="partitioned",
+            )
+        return profile
+
+    def declare(self, profile: EntityProfile) -> None:
+        """Record an explicit profile (``IdempotentSender`` calls this) and check the peer."""
+        profile = self._checked_profile(profile)
+        with self._lock:
+            self._profiles[profile.name] = profile
+            self._kinds[profile.name] = profile.kind
+        self._verify_peer()
+
+    def describe(self, entity: str) -> EntityProfile:
+        """The profile of an existing address, read through the broker's management.
+
+        ``kind`` from its routing types (anycast: ``queue``, multicast: ``topic``; both:
+        ``queue``), ``id_cache_size`` from its address settings (or the broker's), whether
+        the cache is persisted, and ``duplicate_detection`` from the acceptor. An address
+        that does not exist is a ``ConfigurationError`` (pass a profile to let the broker
+        create it on first send, where its address settings allow).
+        """
+        entity = _check_entity(entity)
+        with self._lock:
+            known = self._profiles.get(entity)
+        if known is not None:
+            return known
+        self._verify_peer()
+        try:
+            info = self._manage("broker", "getAddressInfo", [entity])
+        except ManagementRefused as exc:
+            if "AMQ229203" in str(exc) or "does not exist" in str(exc).lower():
+                raise ConfigurationError(
+                    f"address {entity!r} does not exist on the broker at {self._loop.where}; "
+                    "create it (or pass an EntityProfile to let the broker auto-create it on "
+                    "the first send)",
+                    field="entity",
+                ) from None
+            raise self._needs_profile(entity, str(exc)) from None
+        settings = self._manage("broker", "getAddressSettingsAsJSON", [entity])
+        cache = settings.get("idCacheSize") if isinstance(settings, dict) else None
+        if not isinstance(cache, int):
+            cache = self._manage("broker", "getIDCacheSize", [])
+        persist = self._manage("broker", "isPersistIDCache", [])
+        kind = self._kinds.get(entity) or _kind_of(info)
+        acceptor = self._loop.acceptor or {}
+        dedup = str(acceptor.get("amqpDuplicateDetection", "true")).lower() != "false"
+        size = int(cache) if isinstance(cache, int) and cache > 0 else DEFAULT_ID_CACHE_SIZE
+        profile = EntityProfile(
+            entity,
+            kind=kind,
+            duplicate_detection=dedup,
+            id_cache_size=size,
+            persist_id_cache=persist is not False,
+            max_message_size=_max_size(settings),
+        )
+        with self._lock:
+            self._profiles[entity] = profile
+            self._kinds[entity] = kind
+        logger.debug("described %s as %r", entity, profile)
+        return profile
+
+    def _needs_profile(self, entity: str, why: str) -> ConfigurationError:
+        return ConfigurationError(
+            f"cannot read the settings of address {entity!r} through the broker's management "
+            f"({redact(why)}); pass an explicit profile, e.g. ArtemisBackend(..., profiles="
+            f"{{{entity!r}: EntityProfile({entity!r}, id_cache_size=20000)}}) or "
+            "IdempotentSender(backend, EntityProfile(...)), with the address's id-cache-size",
+            field="entity",
+        )
+
+    def _verify_peer(self) -> None:
+        """Connect now: a peer that is not Artemis, or refused credentials, fail here."""
+        request = Connect()
+        self._submit(request)
+        if not request.wait(self._connect_timeout) and self._loop.abandon(request):
+            logger.info(
+                "the broker at %s did not answer within %gs; sends will retry",
+                self._loop.where,
+                self._connect_timeout,
+            )
+            return
+        error = request.error
+        if error is None:
+            return
+        if isinstance(error, ValidationError):
+            raise error
+        if isinstance(error, PermanentSendError) and error.condition == "amqp:unauthorized-access":
+            raise ConfigurationError(str(error), field="password") from None
+        logger.info(
+            "cannot reach the broker at %s yet (%s); sends will retry", self._loop.where, error
+        )
+
+    def _manage(self, resource: str, operation: str, params: list[Any]) -> Any:
+        call = ManagementCall(resource, operation, params)
+        self._submit(call)
+        if not call.wait(self._management_timeout) and self._loop.abandon(call):
+            raise TransientSendError(
+                f"the broker at {self._loop.where} did not answer {resource}.{operation} "
+                f"within {self._management_timeout:g}s"
+            )
+        if call.error is not None:
+            raise call.error
+        return call.value
+
+    def _profile(self, entity: str) -> EntityProfile:
+        with self._lock:
+            known = self._profiles.get(entity)
+        return known if known is not None else self.describe(entity)
+
+    def _submit(self, request: Any) -> None:
+        if self._closed:
+            raise ConfigurationError("the backend is closed", field="backend")
+        self._loop.submit(request)
+
+    # -- sending --------------------------------------------------------------------------
+
+    def send(
+        self, entity: str, messages: Sequence[Message], *, timeout: float, atomic: bool = False
+    ) -> list[Ack]:
+        """Send ``messages`` to an address as one transfer (one delivery each, pipelined;
+        with ``atomic`` one AMQP transaction). Every ack is ``accepted``: outside a
+        transaction Artemis accepts a duplicate and drops it, like a first send."""
+        return self._transfer(entity, messages, timeout=timeout, atomic=atomic, at=None)
+
+    def schedule(
+        self, entity: str, messages: Sequence[Message], at: datetime, *, timeout: float
+    ) -> list[Ack]:
+        """Send ``messages`` for delivery at ``at`` (``x-opt-delivery-time``). Artemis
+        returns no sequence number, so none can be cancelled through sendonce."""
+        if not isinstance(at, datetime) or at.tzinfo is None:
+            raise ValidationError("at must be a timezone-aware datetime", field="at")
+        return self._transfer(entity, messages, timeout=timeout, atomic=False, at=at)
+
+    def _transfer(
+        self,
+        entity: str,
+        messages: Sequence[Message],
+        *,
+        timeout: float,
+        atomic: bool,
+        at: datetime | None,
+    ) -> list[Ack]:
+        entity = _check_entity(entity)
+        timeout = _positive(timeout, "timeout")
+        messages = list(messages)
+        if not messages:
+            return []
+        profile = self._profile(entity)
+        payloads = [encode(m, at=at) for m in messages]
+        ids = [m.message_id for m in messages]
+        if profile.id_cache_size is not None:
+            beyond = self._reach.admit(entity, ids, profile.id_cache_size)
+            if beyond:
+                first = beyond[0]
+                raise InDoubtError(
+                    f"message {first.message_id!r} is in doubt and is not resent: "
+                    f"{first.distance} messages went to address {entity!r} from this backend "
+                    f"since its first attempt, beyond the {first.limit} a resend may reach back "
+                    f"over (resend_reach of the id cache of {profile.id_cache_size}); the "
+                    "broker may no longer remember its id, so a resend could store it twice. "
+                    "Check the address, or let a ledger decide.",
+                    message_id=first.message_id,
+                    partition_key=messages[0].partition_key,
+                )
+        capability = "topic" if profile.kind == "topic" else "queue"
+        transfer = Transfer(
+            entity,
+            capability,
+            payloads,
+            [(m.message_id, m.partition_key or m.session_id) for m in messages],
+            atomic=atomic,
+        )
+        self._submit(transfer)
+        if not transfer.wait(timeout) and self._loop.abandon(transfer):
+            with transfer.lock:
+                sent = transfer.sent if not atomic else int(transfer.commit_sent)
+            if atomic and transfer.commit_sent:
+                self._remember_doubtful(ids)
+            cls = TransientSendError if sent else NotSentError
+            raise cls(
+                f"no answer from the broker at {self._loop.where} within {timeout:g}s for "
+                f"{len(messages)} message(s) to {entity!r}"
+                + (": they may or may not be stored (in doubt)" if sent else "; nothing was sent"),
+                condition="amqp:timeout",
+                **_named(messages),
+            )
+        error = transfer.error
+        if error is not None:
+            doubtful = isinstance(error, TransientSendError) and not isinstance(error, NotSentError)
+            if atomic and doubtful:
+                self._remember_doubtful(ids)
+            if isinstance(error, SendError) and error.message_id is None and len(messages) == 1:
+                error = error.for_message(messages[0].message_id, messages[0].partition_key)
+            raise error
+        value = transfer.value
+        if isinstance(value, tuple) and value[0] == "duplicate-group":
+            return self._group_acks(ids, value[1])
+        logger.debug("sent %d message(s) to %s", len(messages), entity)
+        return [Ack("accepted") for _ in messages]
+
+    def _remember_doubtful(self, ids: list[str]) -> None:
+        with self._lock:
+            self._doubtful_groups[tuple(ids)] = None
+            while len(self._doubtful_groups) > _GROUP_MEMORY:
+                self._doubtful_groups.popitem(last=False)
+
+    def _group_acks(self, ids: list[str], culprit: str) -> list[Ack]:
+        """A transaction rolled back because ``culprit`` is a duplicate.
+
+        Artemis names only the first duplicate it met, in send order. After an in-doubt
+        commit of this very group, a rollback naming its first member is our own earlier
+        commit having landed: every member is a duplicate. Otherwise the named member is
+        the duplicate and the rest were ignored with it (nothing of the group stored), as
+        the local broker's Artemis mode reports it.
+        """
+        with self._lock:
+            resent = tuple(ids) in self._doubtful_groups
+            self._doubtful_groups.pop(tuple(ids), None)
+        if resent and culprit == ids[0]:
+            return [Ack("duplicate") for _ in ids]
+        return [Ack("duplicate" if i == culprit else "ignored") for i in ids]
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the connection and stop the event loop. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._loop.close(5.0)
+
+    def __enter__(self) -> ArtemisBackend:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
+        self.close()
+        return False
+
+    def __getstate__(self) -> Any:
+        raise TypeError(
+            "ArtemisBackend holds a live connection and cannot be pickled: ship the url and "
+            "call sendonce.backends.connect(url) on the executor"
+        )
+
+    def __del__(self) -> None:
+        loop = getattr(self, "_loop", None)
+        if loop is not None and not getattr(self, "_closed", True):
+            with contextlib.suppress(Exception):  # interpreter shutdown
+                loop.close(0.0)
+
+
+def _named(messages: Sequence[Message]) -> dict[str, str | None]:
+    if len(messages) != 1:
+        return {"message_id": None, "partition_key": None}
+    return {"message_id": messages[0].message_id, "partition_key": messages[0].partition_key}
+
+
+def _kind_of(info: Any) -> EntityKind:
+    """``queue`` unless the address routes multicast only."""
+    text = str(info).upper()
+    return "topic" if "MULTICAST" in text and "ANYCAST" not in text else "queue"
+
+
+def _max_size(settings: Any) -> int:
+    """A message larger than the address's ``max-size-bytes`` under the FAIL policy can
+    never be stored there; otherwise Artemis sets no limit."""
+    if isinstance(settings, dict) and str(settings.get("addressFullMessagePolicy")) == "FAIL":
+        limit = settings.get("maxSizeBytes")
+        if isinstance(limit, int) and limit > 0:
+            return max(limit, 1024)
+    return DEFAULT_MAX_MESSAGE_SIZE
