@@ -43,6 +43,7 @@ from azure.servicebus.exceptions import MessageSizeExceededError
 from .. import _telemetry
 from .._entity import EntityKind, EntityProfile
 from .._message import Message
+from .._names import ByName, name_key
 from ..backends._base import Ack
 from ..backends._servicebus_convert import to_servicebus_message
 from ..backends._servicebus_errors import is_connection_level, is_sdk_error, map_error
@@ -135,7 +136,7 @@ class AzureServiceBusBackend:
         self._entity_path = settings.entity_path
         self._admin: Any = admin_client
         self._max_in_flight = settings.max_in_flight
-        self._lanes: dict[str, AsyncLanes[ServiceBusSender]] = {}
+        self._lanes: ByName[AsyncLanes[ServiceBusSender]] = ByName()  # any spelling
         self._closing: set[asyncio.Task[None]] = set()
         self._closed = False
 
@@ -267,7 +268,7 @@ class AzureServiceBusBackend:
             raise ConfigurationError("the backend is closed", field="backend")
         lanes = self._lanes.get(entity)
         if lanes is None:
-            if self._entity_path is not None and entity != self._entity_path:
+            if self._entity_path is not None and name_key(entity) != name_key(self._entity_path):
                 raise ConfigurationError(
                     f"the connection string is scoped to entity {self._entity_path!r}, "
                     f"not {entity!r}",
@@ -542,7 +543,7 @@ class AzureServiceBusBackend:
         if self._closed:
             return
         self._closed = True
-        every, self._lanes = self._lanes, {}
+        every, self._lanes = self._lanes, ByName()
         deadline = time.monotonic() + self._link_timeout
         closing = []
         for entity, lanes in every.items():

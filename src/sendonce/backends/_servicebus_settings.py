@@ -13,6 +13,7 @@ from typing import Any
 from azure.servicebus import parse_connection_string
 
 from .._entity import EntityKind, EntityProfile
+from .._names import ByName
 from ..errors import ConfigurationError, redact
 from ._servicebus_lanes import DEFAULT_MAX_IN_FLIGHT, check_max_in_flight
 
@@ -159,8 +160,8 @@ class ServiceBusSettings:
     admin_timeout: float
     max_batch_size: int | None
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
-    profiles: dict[str, EntityProfile] = field(default_factory=dict)
-    kinds: dict[str, EntityKind] = field(default_factory=dict)
+    profiles: ByName[EntityProfile] = field(default_factory=ByName)
+    kinds: ByName[EntityKind] = field(default_factory=ByName)
     connection_string: str | None = None
     emulator: bool = False
     entity_path: str | None = None
@@ -296,9 +297,10 @@ def settle(
 
 def _entities(
     profiles: Mapping[str, EntityProfile] | None, kinds: Mapping[str, EntityKind] | None
-) -> tuple[dict[str, EntityProfile], dict[str, EntityKind]]:
-    known_profiles: dict[str, EntityProfile] = {}
-    known_kinds: dict[str, EntityKind] = {}
+) -> tuple[ByName[EntityProfile], ByName[EntityKind]]:
+    """The explicit profiles and kinds by entity name, which ignores case as on Service Bus."""
+    known_profiles: ByName[EntityProfile] = ByName()
+    known_kinds: ByName[EntityKind] = ByName()
     for name, profile in (profiles or {}).items():
         if not isinstance(profile, EntityProfile):
             raise ConfigurationError(
@@ -308,6 +310,7 @@ def _entities(
             raise ConfigurationError(
                 f"profiles[{name!r}] describes entity {profile.name!r}", field="profiles"
             )
+        _one_spelling(known_profiles, name, "profiles")
         known_profiles[name] = profile
         known_kinds[name] = profile.kind
     for name, kind in (kinds or {}).items():
@@ -317,3 +320,15 @@ def _entities(
             )
         known_kinds[name] = kind
     return known_profiles, known_kinds
+
+
+def _one_spelling(known: ByName[EntityProfile], name: str, option: str) -> None:
+    """Two keys for one entity (``Orders`` and ``orders``) would leave which one wins to
+    the dict's order: refused, naming both."""
+    if name in known:
+        first = known[name].name
+        raise ConfigurationError(
+            f"{option} names entity {first!r} twice, as {first!r} and {name!r}: entity names "
+            "ignore case on Service Bus, so both are one entity; give one",
+            field=option,
+        )

@@ -36,6 +36,7 @@ from azure.servicebus.exceptions import MessageSizeExceededError
 from .. import _telemetry
 from .._entity import DEFAULT_WINDOW, EntityKind, EntityProfile
 from .._message import Message
+from .._names import ByName, name_key
 from ..errors import (
     ConfigurationError,
     KeyRuleError,
@@ -133,7 +134,7 @@ class AzureServiceBusBackend:
         self._entity_path = settings.entity_path
         self._admin: Any = admin_client
         self._max_in_flight = settings.max_in_flight
-        self._lanes: dict[str, Lanes[ServiceBusSender]] = {}
+        self._lanes: ByName[Lanes[ServiceBusSender]] = ByName()  # any spelling
         self._lock = threading.RLock()
         self._closed = False
         logger.debug("created %r", self)
@@ -285,7 +286,9 @@ class AzureServiceBusBackend:
                 raise ConfigurationError("the backend is closed", field="backend")
             lanes = self._lanes.get(entity)
             if lanes is None:
-                if self._entity_path is not None and entity != self._entity_path:
+                if self._entity_path is not None and name_key(entity) != name_key(
+                    self._entity_path
+                ):
                     raise ConfigurationError(
                         f"the connection string is scoped to entity {self._entity_path!r}, "
                         f"not {entity!r}",

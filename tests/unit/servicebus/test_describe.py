@@ -209,3 +209,15 @@ def test_a_token_credential_builds_the_admin_client(mocker: Any) -> None:
         assert backend.describe("orders").duplicate_detection
     built.assert_called_once_with("contoso.servicebus.windows.net", credential)
     assert ServiceBusAdministrationClient is not built
+
+
+def test_two_spellings_of_one_entity_in_profiles_are_refused_naming_both(
+    make_backend: Make,
+) -> None:
+    """Both keys are one entity on Service Bus: which profile wins is not left to dict order."""
+    with pytest.raises(ConfigurationError) as info:
+        make_backend(
+            profiles={"Orders": EntityProfile("Orders"), "orders": EntityProfile("orders")}
+        )
+    assert info.value.field == "profiles"
+    assert "'Orders'" in str(info.value) and "'orders'" in str(info.value)

@@ -130,6 +130,55 @@ def test_the_sender_is_reused_across_calls(
     assert store.count("orders") == 5
 
 
+def test_explicit_profiles_and_kinds_answer_to_any_spelling_of_the_name(
+    broker: tuple[Emulator, LocalBackend], mocker: Any
+) -> None:
+    """Service Bus names ignore case: ``profiles={"Orders": ...}`` describes ``orders`` too
+    (the emulator has no administration API, so nothing else could), and every spelling
+    shares the entity's sender links."""
+    emulator, store = broker
+    orders = EntityProfile("Orders", duplicate_detection_window=timedelta(minutes=5))
+    with AzureServiceBusBackend.from_connection_string(
+        emulator.connection_string, profiles={"Orders": orders}, kinds={"EVENTS": "topic"}
+    ) as backend:
+        assert backend.describe("orders") is orders and backend.describe("ORDERS") is orders
+        opened = mocker.spy(backend._client, "get_queue_sender")
+        with IdempotentSender(backend, "orders") as sender:
+            assert sender.send_many([Message("o", message_id=f"o-{i}") for i in range(2)]).sent == 2
+        backend.send("ORDERS", [Message("o", message_id="o-2")], timeout=10)
+        assert opened.call_count == 1  # one entity: one link, whatever the spelling
+        topic = mocker.spy(backend._client, "get_topic_sender")
+        backend.send("events", [Message("e", message_id="evt-1")], timeout=10)
+        assert topic.call_count == 1  # opened as the topic kinds= says
+    assert sorted(store.message_ids("orders")) == ["o-0", "o-1", "o-2"]
+    (got,) = store.receive("events", subscription="audit")
+    assert got.message_id == "evt-1"
+
+
+def test_the_aio_backend_finds_an_explicit_profile_under_any_spelling(
+    broker: tuple[Emulator, LocalBackend],
+) -> None:
+    from sendonce import aio
+    from sendonce.aio import AzureServiceBusBackend as AsyncBackend
+
+    emulator, store = broker
+    orders = EntityProfile("Orders", duplicate_detection_window=timedelta(minutes=5))
+
+    async def run() -> int:
+        backend = AsyncBackend.from_connection_string(
+            emulator.connection_string, profiles={"Orders": orders}
+        )
+        async with backend, aio.IdempotentSender(backend, "ORDERS") as sender:
+            assert await backend.describe("orders") is orders
+            report = await sender.send_many([Message("o", message_id=f"a-{i}") for i in range(2)])
+            return report.sent
+
+    import asyncio
+
+    assert asyncio.run(run()) == 2
+    assert sorted(store.message_ids("orders")) == ["a-0", "a-1"]
+
+
 FAULTS = [
     # (fault, mapped error, condition or None when the client gives none, stored by the fault)
     ("DROP_AFTER_COMMIT", "TransientSendError", "amqp:socket-error", 1),
