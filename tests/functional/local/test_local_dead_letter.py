@@ -107,6 +107,26 @@ def test_max_delivery_count_dead_letters_after_abandons_and_lock_expiries(
     )
 
 
+def test_the_abandon_that_uses_up_the_last_delivery_dead_letters_the_message(broker, make_entity):
+    """At the abandon, as Service Bus does: a peek before any further receive finds it in
+    the dead-letter subqueue; a session's abandon does the same."""
+    make_entity(max_delivery_count=2)
+    broker.send("orders", [msg("poison")], timeout=5)
+    for attempt in (1, 2):
+        (m,) = broker.receive("orders", mode="peek_lock")
+        assert m.delivery_count == attempt
+        broker.abandon("orders", m.lock_token, properties_to_modify={"tries": attempt})
+    assert broker.peek("orders") == [] and broker.count("orders") == 0
+    (dead,) = broker.peek("orders", sub_queue="dead_letter")
+    assert dead.message_id == "poison" and dead.delivery_count == 2
+    assert dead.dead_letter_reason == "MaxDeliveryCountExceeded"
+    assert dead.application_properties == {"tries": 2}  # the abandon's properties are kept
+    # abandoning it in the dead-letter subqueue only releases it: it stays there
+    (again,) = broker.receive("orders", mode="peek_lock", sub_queue="dead_letter")
+    broker.abandon("orders", again.lock_token, sub_queue="dead_letter")
+    assert [m.message_id for m in broker.peek("orders", sub_queue="dead_letter")] == ["poison"]
+
+
 def test_a_lost_lock_cannot_be_dead_lettered(broker, make_entity, clock):
     make_entity()
     broker.send("orders", [msg("a")], timeout=5)

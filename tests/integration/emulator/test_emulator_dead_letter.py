@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
-from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
+from azure.servicebus import (
+    ServiceBusClient,
+    ServiceBusMessage,
+    ServiceBusReceiver,
+    ServiceBusSubQueue,
+)
 from azure.servicebus.aio import ServiceBusClient as AsyncServiceBusClient
 
 from sendonce import EntityProfile
@@ -86,6 +92,46 @@ def test_abandoned_too_often_is_dead_lettered(emulator: Emulator, store: LocalBa
             )
             dlq.complete_message(dead)
     assert store.peek("fragile") == [] and store.peek("fragile", sub_queue="dead_letter") == []
+
+
+@pytest.mark.parametrize("entity", ["queue", "subscription"])
+def test_the_abandon_that_reaches_max_delivery_count_dead_letters_at_once(
+    emulator: Emulator, store: LocalBackend, entity: str
+) -> None:
+    """As Service Bus: the abandon itself moves the message, so a peek right after it (no
+    receive in between) finds it in the dead-letter subqueue and not in the entity."""
+    if entity == "queue":
+        store.create_entity(EntityProfile("fragile", max_delivery_count=2))
+    else:
+        store.create_entity(EntityProfile("signals", kind="topic"))
+        store.create_subscription("signals", "fragile", max_delivery_count=2)
+
+    def receiver(sb: ServiceBusClient, **options: Any) -> ServiceBusReceiver:
+        if entity == "queue":
+            return sb.get_queue_receiver("fragile", **options)
+        return sb.get_subscription_receiver("signals", "fragile", **options)
+
+    with client(emulator) as sb:
+        address = "fragile" if entity == "queue" else "signals"
+        sender = sb.get_queue_sender if entity == "queue" else sb.get_topic_sender
+        with sender(address, keep_alive=None) as link:
+            link.send_messages(ServiceBusMessage("poison", message_id="poison"), timeout=10)
+        with receiver(sb) as main:
+            (m,) = main.receive_messages(max_message_count=1, max_wait_time=5)
+            main.abandon_message(m)  # delivery 1 of 2: it stays
+            # (from sequence number 1: the client would start after the last one received)
+            peeked = main.peek_messages(max_message_count=5, sequence_number=1)
+            assert [p.message_id for p in peeked] == ["poison"]
+            (m,) = main.receive_messages(max_message_count=1, max_wait_time=5)
+            main.abandon_message(m)  # delivery 2 of 2: dead-lettered by this abandon
+            assert main.peek_messages(max_message_count=5, sequence_number=1) == []
+        with receiver(sb, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
+            (dead,) = dlq.peek_messages(max_message_count=5)
+            assert dead.message_id == "poison"
+            assert dead.dead_letter_reason == "MaxDeliveryCountExceeded"
+            assert dead.dead_letter_error_description == (
+                "Message could not be consumed after 2 delivery attempts."
+            )
 
 
 def test_the_asyncio_client_dead_letters(emulator: Emulator, store: LocalBackend) -> None:

@@ -19,7 +19,7 @@ from ..._message import PropertyValue
 from ...errors import LockLostError, SendOnceError, ValidationError
 from . import _session_locks
 from ._activation import activate
-from ._entities import lookup, place, place_settings
+from ._entities import lookup, place_settings
 from ._received import (
     ROW_COLUMNS,
     ReceivedMessage,
@@ -198,29 +198,52 @@ def settle(
     changes = check_properties_to_modify(properties_to_modify)
 
     def work(conn: sqlite3.Connection) -> None:
-        eid, profile, _, _ = lookup(conn, entity)
-        sub = in_sub_queue(place(conn, eid, profile, subscription), sub_queue)
+        eid, topic, _, _ = lookup(conn, entity)
+        placed, profile = place_settings(conn, eid, topic, subscription)
+        sub = in_sub_queue(placed, sub_queue)
         now = store.now()
+        where: tuple[Any, ...] = (eid, sub, lock_token, now)
+        settle_sql, settle_values = sql, values
+        if operation == "abandon" and sub_queue is None and _last_delivery(conn, where, profile):
+            # Service Bus dead-letters a message at the abandon that used up its last
+            # delivery: from then on the dead-letter subqueue holds it, not the entity.
+            settle_sql = _SETTLEMENTS["dead_letter"][1]
+            settle_values = (DEAD_LETTER_SUFFIX, *_max_delivery_reason(profile))
         if session is not None:
             session_id, token = session
             _session_locks.check_held(conn, eid, sub, session_id, token, now, entity, subscription)
-            sql_here = sql + " AND session_id = ?"
-            params: tuple[Any, ...] = (*values, eid, sub, lock_token, now, session_id)
+            sql_here = settle_sql + " AND session_id = ?"
+            params: tuple[Any, ...] = (*settle_values, *where, session_id)
         else:
-            sql_here = sql
-            params = (*values, eid, sub, lock_token, now)
+            sql_here = settle_sql
+            params = (*settle_values, *where)
         if changes:
-            locked = (eid, sub, lock_token, now)
-            row = conn.execute("SELECT extra FROM messages " + _WHERE_LOCKED, locked).fetchone()
+            row = conn.execute("SELECT extra FROM messages " + _WHERE_LOCKED, where).fetchone()
             if row is not None:
                 conn.execute(
                     "UPDATE messages SET extra = ? " + _WHERE_LOCKED,
-                    (modify_extra(row[0], changes), *locked),
+                    (modify_extra(row[0], changes), *where),
                 )
         if conn.execute(sql_here, params).rowcount == 0:
             _lock_lost(entity, lock_token, verb)
 
     store.write(work)
+
+
+def _last_delivery(
+    conn: sqlite3.Connection, where: tuple[Any, ...], profile: EntityProfile
+) -> bool:
+    """Whether the locked message has been delivered ``max_delivery_count`` times."""
+    row = conn.execute("SELECT delivery_count FROM messages " + _WHERE_LOCKED, where).fetchone()
+    return row is not None and row[0] >= profile.max_delivery_count
+
+
+def _max_delivery_reason(profile: EntityProfile) -> tuple[str, str]:
+    """Service Bus's dead-letter reason and description for a message delivered too often."""
+    return (
+        MAX_DELIVERY_COUNT_EXCEEDED,
+        f"Message could not be consumed after {profile.max_delivery_count} delivery attempts.",
+    )
 
 
 def complete(
@@ -514,15 +537,7 @@ def _retire(
                 )
             changed = True
         elif delivery_count >= profile.max_delivery_count:
-            _to_dead_letter(
-                conn,
-                eid,
-                sub,
-                seq,
-                MAX_DELIVERY_COUNT_EXCEEDED,
-                f"Message could not be consumed after {profile.max_delivery_count} "
-                "delivery attempts.",
-            )
+            _to_dead_letter(conn, eid, sub, seq, *_max_delivery_reason(profile))
             changed = True
     return changed
 
