@@ -21,7 +21,7 @@ at each ``--rtt-ms`` through a delay proxy (``bench/delay_proxy.py``):
 Links are warmed before timing; rounds alternate the variants; medians and ratios
 come from this one run.
 
-    python bench/bench_aio.py [--rtt-ms 0 5 20] [--concurrent 400] [--many 1600]
+    python bench/bench_aio.py [--rtt-ms 0 5 20] [--concurrent 400] [--many 1600] [--smoke]
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from _network import CpuMeter, emulator_process, load, through_rtts
+from _smoke import add_smoke, apply_smoke
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
 
@@ -270,7 +271,18 @@ def main() -> None:
     parser.add_argument(
         "--lanes", type=int, nargs="*", default=[4, 8, 32], help="other max_in_flight to time"
     )
-    args = parser.parse_args()
+    add_smoke(parser)
+    args = apply_smoke(
+        parser.parse_args(),
+        sends=20,
+        repeats=1,
+        rtt_ms=[0.0],
+        concurrent=8,
+        many=32,
+        keys=4,
+        sequential=4,
+        lanes=[2],
+    )
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         if not args.no_local:

@@ -9,7 +9,7 @@ the same null sender, each building its ``ServiceBusMessage``. Rounds alternate;
 the figure is CPU µs per send (``time.process_time``) and the ratio of the two, from
 this one run. A cost that grows with N is a cost per waiting caller.
 
-    python bench/bench_aio_cpu.py [--callers 16 400 2000] [--sends 8000] [--repeats 5]
+    python bench/bench_aio_cpu.py [--callers 16 400 2000] [--sends 8000] [--repeats 5] [--smoke]
     python bench/bench_aio_cpu.py --profile 400     # cProfile of sendonce's side
 
 ``--src DIR`` (repeatable) measures other source trees (an older commit checked out
@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+from _smoke import add_smoke, apply_smoke
 from azure.servicebus import ServiceBusMessage, ServiceBusMessageBatch
 from azure.servicebus.aio import ServiceBusClient
 
@@ -153,7 +154,8 @@ def main() -> None:
     parser.add_argument("--profile", type=int, metavar="CALLERS", help="cProfile instead")
     parser.add_argument("--src", action="append", help="a source tree to compare (repeatable)")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    add_smoke(parser)
+    args = apply_smoke(parser.parse_args(), callers=[4, 32], sends=64, repeats=1)
     if args.profile:
         asyncio.run(profiled(args.profile, args.sends))
         return

@@ -2,6 +2,7 @@
 
     python bench/bench_broker.py            # full run (10M live ids; about 2-3 minutes)
     python bench/bench_broker.py --quick    # smaller sizes (1M live ids)
+    python bench/bench_broker.py --smoke    # tiny sizes: runs every step, measures nothing
 
 1. Batched accept rate of ``LocalBackend.send`` vs a raw ``sqlite3`` ``executemany``
    of the same rows into an equivalent indexed table (same columns, a unique index
@@ -26,10 +27,46 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+from _smoke import add_smoke
+
 from sendonce import EntityProfile, Message
 from sendonce.backends.local import LocalBackend
 
 BATCH = 1000
+# Per mode: messages per accept round and rounds, live ids (few, many) and messages sent
+# over them, messages of the process comparison, single sends and batched messages.
+SIZES = {
+    "full": dict(
+        accepted=100_000,
+        rounds=3,
+        live_small=10_000,
+        live_large=10_000_000,
+        live_sent=50_000,
+        processes=200_000,
+        singles=1_000,
+        batched=50_000,
+    ),
+    "quick": dict(
+        accepted=20_000,
+        rounds=2,
+        live_small=10_000,
+        live_large=1_000_000,
+        live_sent=20_000,
+        processes=40_000,
+        singles=300,
+        batched=20_000,
+    ),
+    "smoke": dict(
+        accepted=2_000,
+        rounds=1,
+        live_small=1_000,
+        live_large=5_000,
+        live_sent=1_000,
+        processes=2_000,
+        singles=10,
+        batched=1_000,
+    ),
+}
 BODY = b'{"order_id":123456,"amount":"12.50","currency":"EUR","customer":"c-42"}'
 
 
@@ -174,12 +211,14 @@ def accept_rate(path: str, batch: list[Message]) -> tuple[float, float]:
     return len(rest) / wall, len(rest) / cpu
 
 
-def bench_live_ids(directory: str, small: int, large: int, count: int) -> dict[str, float]:
+def bench_live_ids(
+    directory: str, small: int, large: int, count: int, rounds: int = 3
+) -> dict[str, float]:
     small_db, large_db = fresh(directory, "small.db"), fresh(directory, "large.db")
     fill_small = timed(lambda: prefill(small_db, small))
     fill_large = timed(lambda: prefill(large_db, large))
     best = {"small": 0.0, "large": 0.0, "small_cpu": 0.0, "large_cpu": 0.0}
-    for r in range(3):
+    for r in range(rounds):
         for name, db in (("small", small_db), ("large", large_db)):
             wall, cpu = accept_rate(db, messages(count, f"{name}{r}"))
             best[name] = max(best[name], wall)
@@ -259,27 +298,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes")
     parser.add_argument("--dir", help="where to put the broker files (default: a temp dir)")
+    add_smoke(parser)
     args = parser.parse_args()
-    quick = args.quick
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    size = SIZES[mode]
     directory = args.dir or tempfile.mkdtemp(prefix="sendonce-bench-")
-    print(
-        f"# sendonce local broker benchmark ({'quick' if quick else 'full'}), files in {directory}"
-    )
+    print(f"# sendonce local broker benchmark ({mode}), files in {directory}")
     print(
         f"# python {sys.version.split()[0]}, sqlite {sqlite3.sqlite_version}, "
         f"{os.cpu_count()} cpus, batches of {BATCH}"
     )
 
     for label, make in (("random ids", messages), ("business ids", business_messages)):
-        r = bench_vs_raw(directory, 20_000 if quick else 100_000, 2 if quick else 3, make)
+        r = bench_vs_raw(directory, size["accepted"], size["rounds"], make)
         print(
             f"1. batched accept, {label}: broker {r['broker']:,.0f} msg/s, raw executemany "
             f"{r['raw']:,.0f} rows/s, ratio {r['ratio']:.2f} (target >= 0.7); per CPU second: "
             f"broker {r['broker_cpu']:,.0f}, raw {r['raw_cpu']:,.0f}, ratio {r['ratio_cpu']:.2f}"
         )
 
-    small, large = 10_000, 1_000_000 if quick else 10_000_000
-    r = bench_live_ids(directory, small, large, 20_000 if quick else 50_000)
+    small, large = size["live_small"], size["live_large"]
+    r = bench_live_ids(directory, small, large, size["live_sent"], size["rounds"])
     print(
         f"2. live ids: {small:,}: {r['small']:,.0f} msg/s, {large:,}: {r['large']:,.0f} msg/s, "
         f"ratio {r['ratio']:.2f} (target >= 0.7), per CPU second ratio {r['ratio_cpu']:.2f}; "
@@ -289,13 +328,13 @@ def main() -> None:
     for name in ("small.db", "large.db"):
         fresh(directory, name)
 
-    r = bench_processes(directory, 40_000 if quick else 200_000)
+    r = bench_processes(directory, size["processes"])
     print(
         f"3. processes: 1 process {r['one']:,.0f} msg/s, 4 processes {r['four']:,.0f} msg/s "
         f"total, ratio {r['ratio']:.2f}"
     )
 
-    r = bench_durability(directory, 300 if quick else 1_000, 20_000 if quick else 50_000)
+    r = bench_durability(directory, size["singles"], size["batched"])
     print(
         f"4. durability: normal single {r['normal_single']:,.0f} msg/s, batch "
         f"{r['normal_batch']:,.0f} msg/s; full single {r['full_single']:,.0f} msg/s, batch "

@@ -6,7 +6,7 @@ A reference process builds every message of the N-record file and keeps them
 in a list, as the command did before it streamed (read all, validate all, then
 send). Prints peak memory per run and the ratios measured in this run.
 
-    python bench/bench_cli_publish.py [--records 300000]
+    python bench/bench_cli_publish.py [--records 300000] [--smoke]
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _smoke import add_smoke, apply_smoke
 
 ID = "{order_id}.{year}/payment"
 
@@ -78,7 +80,8 @@ def publish(source: Path, db: Path, cwd: Path) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=300_000)
-    args = parser.parse_args()
+    add_smoke(parser)
+    args = apply_smoke(parser.parse_args(), records=200)
     n = args.records
     with tempfile.TemporaryDirectory(prefix="sendonce-bench-cli-") as tmp:
         base = Path(tmp)

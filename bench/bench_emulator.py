@@ -7,6 +7,7 @@ messages, in alternating rounds with fresh ids, at each ``--rtt-ms`` (through
 for single sends and batches, and the ratio sendonce / raw (target: <= 1.05).
 
     python bench/bench_emulator.py [--rtt-ms 0 5] [--singles 150] [--batched 2000] [--rounds 7]
+        [--smoke]
 
 ``--links 8 16`` measures the emulator instead (the server's own cost): the raw aio
 client works each count of sender links with one task per link, one message per
@@ -38,6 +39,7 @@ from datetime import datetime
 from pathlib import Path
 
 from _network import emulator_process, load, through_rtts
+from _smoke import add_smoke, apply_smoke
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSender
 from azure.servicebus.aio import ServiceBusClient as AsyncServiceBusClient
 from azure.servicebus.exceptions import MessageSizeExceededError
@@ -315,7 +317,12 @@ def main() -> None:
         action="append",
         help="serve from this source tree (repeat to compare trees, interleaved)",
     )
+    add_smoke(parser)
     args = parser.parse_args()
+    if args.links:
+        apply_smoke(args, links=[2], messages=40, rounds=1, rtt_ms=[0.0])
+    else:
+        apply_smoke(args, singles=4, batched=40, rounds=1, rtt_ms=[0.0])
     if args.links:
         args.rtt_ms = args.rtt_ms or [0.0]
         server_bench(args)

@@ -8,9 +8,12 @@ producer would otherwise write), ``MessageSpec.to_message`` per second, and
 ``content_message_id`` per second. Rates are CPU time of this process (best of
 ``--repeat``), so other processes on a shared machine disturb them less.
 
-It also times a prototype of a faster ``build`` (an unrolled function generated
-per template, falling back to the existing code for every error) and checks that
-it returns exactly what ``build`` returns: a measured suggestion, not package code.
+``build`` runs straight-line code generated per template, falling back to the
+generic builder for every error and overflow; the generic builder is timed beside it,
+after a check that both return exactly the same ids and errors (empty values, escapes,
+overflow, typed values), so the figure of each is for the same results.
+
+``--smoke``: every step on a few hundred records, once (a test keeps the script running).
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from _smoke import add_smoke, apply_smoke
+
 from sendonce import MessageIdError, MessageIdTemplate, MessageSpec, content_message_id
-from sendonce._ids import ESCAPE, canonical_text
 
 
 def best_rate(fn: Callable[[], object], n: int, repeat: int) -> float:
@@ -39,44 +43,6 @@ def best_rate(fn: Callable[[], object], n: int, repeat: int) -> float:
         fn()
         best = min(best, time.process_time() - start)
     return n / max(best, 1e-9)
-
-
-def unrolled_build(t: MessageIdTemplate) -> Callable[[Any], str]:
-    """Prototype: ``t.build`` as straight-line code generated for this template.
-
-    Same escaping and canonical text as ``build``; an exception or an id that is
-    empty or not shorter than ``max_length`` falls back to ``t.build`` itself, so
-    errors and overflow handling are exactly the package's.
-    """
-    lits, fields = t._literals, t.fields
-    last = len(fields) - 1
-    ns: dict[str, Any] = {"canon": canonical_text, "slow": t.build, "limit": t.max_length}
-    lines = ["def build(r):", "    try:"]
-    for i, name in enumerate(fields):
-        chars = ESCAPE if i == last else ESCAPE + lits[i + 1][0]
-        ns[f"T{i}"] = {ord(c): "".join(f"%{b:02X}" for b in c.encode()) for c in chars}
-        probe = " or ".join(f"{c!r} in v{i}" for c in chars)
-        lines += [
-            f"        v{i} = r[{name!r}]",
-            f"        k = type(v{i})",
-            f"        if k is int: v{i} = str(v{i})",
-            f"        elif k is not str: v{i} = canon(v{i}, {name!r})",
-            f"        if {probe}: v{i} = v{i}.translate(T{i})",
-        ]
-
-    def lit(text: str) -> str:
-        return text.replace("{", "{{").replace("}", "}}")
-
-    body = lit(lits[0]) + "".join(f"{{v{i}}}{lit(lits[i + 1])}" for i in range(len(fields)))
-    lines += [
-        f"        s = f{body!r}",
-        "    except Exception:",
-        "        return slow(r)",
-        "    return s if 0 < len(s) < limit else slow(r)",
-    ]
-    exec("\n".join(lines), ns)
-    fn: Callable[[Any], str] = ns["build"]
-    return fn
 
 
 def same_result(a: Callable[[Any], str], b: Callable[[Any], str], record: Any) -> bool:
@@ -122,7 +88,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--n", type=int, default=200_000)
     parser.add_argument("--repeat", type=int, default=5)
-    args = parser.parse_args(argv)
+    add_smoke(parser)
+    args = apply_smoke(parser.parse_args(argv), n=400, repeat=1)
     n, repeat = args.n, args.repeat
 
     r2, r4, rt = records_2(n), records_4(n), records_typed(n // 4)
@@ -146,9 +113,10 @@ def main(argv: list[str] | None = None) -> None:
         {"order_id": 10**5000, "year": 1, "tenant": "t", "line": 1, "kind": "k"},
         {"year": 1},
     ]
-    fast2, fast4, fastt = unrolled_build(t2), unrolled_build(t4), unrolled_build(tt)
-    for t, fast, recs in ((t2, fast2, r2), (t4, fast4, r4), (tt, fastt, rt)):
-        assert all(same_result(t.build, fast, r) for r in [*recs[:2000], *odd])
+    # the generated code and the generic builder it falls back to agree on every record
+    generic2, generic4, generict = t2._build_checked, t4._build_checked, tt._build_checked
+    for t, generic, recs in ((t2, generic2, r2), (t4, generic4, r4), (tt, generict, rt)):
+        assert all(same_result(t.build, generic, r) for r in [*recs[:2000], *odd])
 
     build2 = t2.build
     build4 = t4.build
@@ -168,14 +136,14 @@ def main(argv: list[str] | None = None) -> None:
         n,
     )
     bench("MessageIdTemplate.build, 2 fields", lambda: [build2(r) for r in r2], n, f2)
-    bench("  prototype: unrolled build, 2 fields", lambda: [fast2(r) for r in r2], n, f2)
+    bench("  generic builder, 2 fields", lambda: [generic2(r) for r in r2], n, f2)
     f4 = bench(
         "f-string, 4 fields (baseline)",
         lambda: [f"{r['tenant']}/{r['order_id']}.{r['line']}:{r['kind']}" for r in r4],
         n,
     )
     bench("MessageIdTemplate.build, 4 fields", lambda: [build4(r) for r in r4], n, f4)
-    bench("  prototype: unrolled build, 4 fields", lambda: [fast4(r) for r in r4], n, f4)
+    bench("  generic builder, 4 fields", lambda: [generic4(r) for r in r4], n, f4)
     ft = bench(
         "f-string, int/datetime/Decimal/UUID (baseline)",
         lambda: [f"{r['order_id']}.{r['at'].isoformat()}/{r['amount']}:{r['ref']}" for r in rt],
@@ -187,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
         len(rt),
         ft,
     )
-    bench("  prototype: unrolled build, typed", lambda: [fastt(r) for r in rt], len(rt), ft)
+    bench("  generic builder, typed", lambda: [generict(r) for r in rt], len(rt), ft)
     bench(
         "MessageSpec.to_message (id + key + JSON body)",
         lambda: [to_message(r) for r in r2[: n // 4]],

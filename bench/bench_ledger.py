@@ -14,7 +14,7 @@ medians, and the ratios to the run without a ledger, measured in this run.
 Targets: SQLite <= 1.3x, PostgreSQL <= 1.5x, a confirmed re-run <= 1.0x.
 
     python bench/bench_ledger.py [--messages 20000] [--network-messages 2000]
-        [--rtt-ms 0 5] [--repeats 3] [--no-postgres] [--no-local] [--plain]
+        [--rtt-ms 0 5] [--repeats 3] [--no-postgres] [--no-local] [--plain] [--smoke]
 
 ``--plain`` sends to an unpartitioned entity instead (the sender batches); ``--rtt-ms``
 with no value skips the emulator.
@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from _network import emulator_process, load, through_rtts
+from _smoke import add_smoke, apply_smoke
 
 from sendonce import EntityProfile, IdempotentSender, Ledger, Message
 from sendonce.backends import Backend
@@ -127,7 +128,10 @@ def main() -> None:
     parser.add_argument("--plain", action="store_true", help="an unpartitioned entity")
     parser.add_argument("--no-postgres", action="store_true")
     parser.add_argument("--no-local", action="store_true")
-    args = parser.parse_args()
+    add_smoke(parser)
+    args = apply_smoke(
+        parser.parse_args(), messages=200, network_messages=40, keys=4, repeats=1, rtt_ms=[0.0]
+    )
     with tempfile.TemporaryDirectory() as tmp, postgres(not args.no_postgres) as pg_url:
         root = Path(tmp)
         if not args.no_local:

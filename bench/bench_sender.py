@@ -4,7 +4,7 @@ Both send the same prepared messages in the same batches to a fresh broker file;
 ratio (sender time / loop time) is the cost of validation, batching, payload-conflict
 memory and retry bookkeeping. Runs alternate and the median of each is reported.
 
-    python bench/bench_sender.py [--messages 100000] [--repeats 5]
+    python bench/bench_sender.py [--messages 100000] [--repeats 5] [--smoke]
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+
+from _smoke import add_smoke, apply_smoke
 
 from sendonce import EntityProfile, IdempotentSender, Message
 from sendonce.backends import LocalBackend
@@ -59,7 +61,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+    add_smoke(parser)
+    args = apply_smoke(parser.parse_args(), messages=500, repeats=1)
     messages = prepare(args.messages)
     batches = batches_of(messages)
     sender_times, loop_times = [], []

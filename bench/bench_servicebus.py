@@ -2,6 +2,7 @@
 
     python bench/bench_servicebus.py            # 5,000 messages per round, 7 rounds
     python bench/bench_servicebus.py --quick    # 2,000 messages, 3 rounds
+    python bench/bench_servicebus.py --smoke    # 50 messages, 1 round: runs, measures nothing
 
 1. Conversion: ``Message`` -> ``to_servicebus_message`` (with its id check) vs building
    ``ServiceBusMessage`` directly with the same fields.
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 from unittest import mock
 
+from _smoke import add_smoke
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusMessageBatch
 
 from sendonce import Message
@@ -52,8 +54,9 @@ def stub_sender() -> Any:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
+    add_smoke(parser)
     args = parser.parse_args()
-    count, rounds = (2_000, 3) if args.quick else (5_000, 7)
+    count, rounds = (50, 1) if args.smoke else (2_000, 3) if args.quick else (5_000, 7)
 
     messages = [
         Message(BODY, message_id=f"order-{i}.2026/payment", partition_key=f"c-{i % 50}")

@@ -1,7 +1,7 @@
 """Spark publishing speed: publish() against a bare foreachPartition, measured in one run.
 
 Run: python bench/bench_spark.py [--rows 1000000] [--master local[2]] [--body json|column]
-     [--rounds 2]
+     [--rounds 2] [--smoke]
 
 Each variant reads the same five columns of the same DataFrame on ``local[2]``:
 
@@ -31,6 +31,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from _smoke import add_smoke, apply_smoke
 
 from sendonce import EntityProfile, MessageSpec
 from sendonce.backends.local import LocalBackend
@@ -119,7 +121,9 @@ def main() -> None:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--body", choices=("json", "column"), default="json")
     parser.add_argument("--rounds", type=int, default=2)
-    args = parser.parse_args()
+    parser.add_argument("--warm-rows", type=int, default=10_000, help=argparse.SUPPRESS)
+    add_smoke(parser)
+    args = apply_smoke(parser.parse_args(), rows=400, partitions=2, rounds=1, warm_rows=40)
     rows = args.rows
     spark = session(args.master)
     df = orders(spark, rows, args.partitions)
@@ -134,7 +138,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         # Warm the JVM and every variant's Python workers (their imports included) on a
         # small DataFrame: otherwise the first variant of round 1 pays the start-up.
-        warm = orders(spark, 10_000, args.partitions)
+        warm = orders(spark, args.warm_rows, args.partitions)
         for _, fn in variants(warm, _urls(tmp, "warm"), entity, spec):
             fn()
         for round_ in range(args.rounds):

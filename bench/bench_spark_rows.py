@@ -1,6 +1,6 @@
 """Where a ``partition_publisher`` task's Python time goes, per row, without a Spark session.
 
-Run: python bench/bench_spark_rows.py [--rows 200000] [--repeats 3]
+Run: python bench/bench_spark_rows.py [--rows 200000] [--repeats 3] [--smoke]
 
 Builds the bench's five columns as pyspark ``Row`` objects (naive local timestamps, as
 Spark hands them to ``foreachPartition``), then times, on one core, per row:
@@ -25,6 +25,8 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+
+from _smoke import add_smoke, apply_smoke
 
 from sendonce import EntityProfile, IdempotentSender, MessageSpec
 from sendonce.backends.local import LocalBackend
@@ -91,7 +93,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    add_smoke(parser)
+    args = apply_smoke(parser.parse_args(), rows=300, repeats=1)
     rows = rows_like_spark(args.rows)
     # Spark streams rows; here they are all alive at once. Keep the garbage collector from
     # walking them on every collection, which would bill our stages for the harness's heap.

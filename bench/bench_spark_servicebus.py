@@ -2,7 +2,7 @@
 several transfers in flight per task, and connection per partition vs reuse.
 
 Run: python bench/bench_spark_servicebus.py [--rtt-ms 0 5] [--rows 40000]
-         [--keyed-rows 6000] [--partitions 16] [--rounds 2] [--connection-reuse]
+         [--keyed-rows 6000] [--partitions 16] [--rounds 2] [--connection-reuse] [--smoke]
 
 ``publish`` with the real azure-servicebus client on the executors against
 ``sendonce.emulator.Emulator`` (one local broker file), on ``local[2]``, at each
@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from _network import load
+from _smoke import add_smoke, apply_smoke
 from bench_spark import orders, session
 from delay_proxy import DelayProxy, with_port
 
@@ -137,7 +138,10 @@ def main() -> None:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--rtt-ms", type=float, nargs="+", default=[0.0, 5.0])
     parser.add_argument("--connection-reuse", action="store_true")
-    args = parser.parse_args()
+    add_smoke(parser)
+    args = apply_smoke(
+        parser.parse_args(), rows=200, keyed_rows=40, partitions=2, rounds=1, rtt_ms=[0.0]
+    )
     spark = session(args.master)
     print(f"{args.rows:,} rows, {args.partitions} partitions, {args.master}, JSON bodies")
     with tempfile.TemporaryDirectory() as tmp:

@@ -15,6 +15,7 @@ really takes and the CPU it uses per chunk.
         conn = with_port(emulator.connection_string, proxy.port)
 
     python bench/delay_proxy.py --upstream 5672 --rtt-ms 5      # serve until Ctrl-C
+    python bench/delay_proxy.py --check --smoke                 # a few exchanges only
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ import threading
 import time
 from collections import deque
 from types import TracebackType
+
+from _smoke import add_smoke
 
 __all__ = ["DelayProxy", "with_port"]
 
@@ -320,10 +323,12 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--rtt-ms", type=float, default=5.0)
     parser.add_argument("--lifetime", type=float, default=3600.0, help="stop after this (s)")
+    add_smoke(parser)  # with --check: 2 connections, 10 exchanges
     args = parser.parse_args()
     if args.check:
-        for connections in (1, 16):
-            print(check(args.rtt_ms / 1000, connections=connections))
+        exchanges = 10 if args.smoke else 300
+        for connections in (1, 2) if args.smoke else (1, 16):
+            print(check(args.rtt_ms / 1000, connections=connections, exchanges=exchanges))
         return
     if args.upstream is None:
         parser.error("--upstream is required")
