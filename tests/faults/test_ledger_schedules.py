@@ -31,6 +31,8 @@ from sendonce.backends import LocalBackend
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "functional" / "ledger"))
 from pgserver import pg_bin, throwaway_cluster
 
+from _interrupts import sigint_default
+
 PRODUCER = str(Path(__file__).with_name("ledger_producer.py"))
 DEFAULT_SEEDS = (1, 2, 3, 4)
 SLOW_SEEDS = tuple(range(100, 140))
@@ -111,9 +113,10 @@ def ledger_url(plan: dict[str, Any], tmp_path: Path, pg_server: str | None) -> s
 
 
 def run_incarnation(config: dict[str, Any], kill_after_chunk: int | None) -> list[dict[str, Any]]:
-    proc = subprocess.Popen(
-        [sys.executable, PRODUCER, json.dumps(config)], stdout=subprocess.PIPE, text=True
-    )
+    with sigint_default():  # its SIGINT after an intent write works in a background job too
+        proc = subprocess.Popen(
+            [sys.executable, PRODUCER, json.dumps(config)], stdout=subprocess.PIPE, text=True
+        )
     assert proc.stdout is not None
     lines: list[dict[str, Any]] = []
     for raw in proc.stdout:

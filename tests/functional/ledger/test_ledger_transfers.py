@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from ledger_helpers import T0, WINDOW, Clock, msg
 
+from _interrupts import sigint_default
 from sendonce import (
     EntityProfile,
     IdempotentSender,
@@ -386,7 +387,7 @@ def test_ctrl_c_while_a_window_is_written_ahead_releases_it_and_confirms_the_ack
             max_batch_messages=10,
             max_in_flight=in_flight,
         )
-        with pytest.raises(KeyboardInterrupt):
+        with sigint_default(), pytest.raises(KeyboardInterrupt):
             sender.send_many([msg(i) for i in range(600)])
         assert counting.sends == 25 and broker.count("orders") == 250
         rows = plain_ledger.store.lookup("orders", keys(range(600)))

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from _interrupts import sigint_default
 from sendonce import EntityProfile, IdempotentSender, Message, MessageIdTemplate
 from sendonce.backends.local import BrokerFileError, LocalBackend
 from sendonce.errors import ConfigurationError, KeyRuleError, MessageIdError
@@ -243,12 +244,13 @@ def test_ctrl_c_while_waiting_for_the_write_lock_leaves_the_backend_usable(db: s
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
         # Ctrl-C arrives while the send waits; Python raises it as soon as SQLite returns,
         # which is right after BEGIN IMMEDIATE finally succeeds.
-        timer = threading.Timer(0.3, signal.raise_signal, (signal.SIGINT,))
-        timer.start()
-        with pytest.raises(KeyboardInterrupt):
-            broker.send("orders", messages("interrupted", 0, 1), timeout=30)
-            time.sleep(5)  # pragma: no cover - the interrupt must have come by now
-        timer.join()
+        with sigint_default():
+            timer = threading.Timer(0.3, signal.raise_signal, (signal.SIGINT,))
+            timer.start()
+            with pytest.raises(KeyboardInterrupt):
+                broker.send("orders", messages("interrupted", 0, 1), timeout=30)
+                time.sleep(5)  # pragma: no cover - the interrupt must have come by now
+            timer.join()
         holder.wait(30)
         # Nothing is left open: other processes get in, and this backend still works.
         acked = send_in_other_process(db, "other", 10)

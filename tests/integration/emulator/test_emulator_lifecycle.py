@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, parse_connection_string
 
+from _interrupts import sigint_default
 from sendonce import ConfigurationError
 from sendonce.backends.local import LocalBackend
 from sendonce.emulator import Emulator
@@ -102,12 +103,13 @@ def test_a_busy_port_is_reported_by_start(broker_path: Path) -> None:
 
 def test_cli_serves_until_interrupted(broker_path: Path) -> None:
     code = "from sendonce.cli import main; main()"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code, "emulator", "--db", str(broker_path), "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    with sigint_default():  # the child stops on SIGINT even if this process ignores it
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, "emulator", "--db", str(broker_path), "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().startswith("serving ")
