@@ -1,0 +1,50 @@
+"""The outbox's tests: a throwaway PostgreSQL cluster per session, a fresh database per test."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "ledger"))
+from pgserver import throwaway_cluster
+
+from sendonce.backends import LocalBackend
+
+pytestmark = pytest.mark.postgres
+
+_numbers = itertools.count(1)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.postgres)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    with throwaway_cluster() as url:
+        yield url
+
+
+@pytest.fixture
+def outbox_url(postgres_server: str) -> str:
+    """A fresh database (the outbox is created in it by install or the first relay)."""
+    import psycopg
+
+    name = f"outbox_{next(_numbers)}"
+    with psycopg.connect(postgres_server, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return postgres_server.rsplit("/", 1)[0] + f"/{name}"
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[LocalBackend]:
+    with LocalBackend(tmp_path / "broker.db") as backend:
+        yield backend
