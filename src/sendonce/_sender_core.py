@@ -196,6 +196,7 @@ class SenderCore:
         partitioned = profile.partitioned
         one_per_transfer = partitioned and profile.duplicate_detection
         cap = self.max_batch_messages
+        overhead = self._overhead()
         memory = self._memory.entries
         plan = _Plan()
         seen, repeats, batches = plan.seen, plan.repeats, plan.batches
@@ -235,7 +236,7 @@ class SenderCore:
                 continue
             pk, sid = message.partition_key, message.session_id
             group = None if pk is None and sid is None else (pk, sid)
-            size += _PER_MESSAGE_OVERHEAD
+            size += overhead
             entry = open_batches.get(group)
             if entry is None or entry[1] + size > limit or len(entry[0]) >= cap:
                 entry = [[message], size]
@@ -247,6 +248,15 @@ class SenderCore:
                 entry[0].append(message)
                 entry[1] += size
         return plan
+
+    def _overhead(self) -> int:
+        """What a transfer spends per message beyond its size: room for the trace context
+        when traced (``_telemetry.RESERVE``), so it never pushes a transfer over the limit."""
+        return (
+            _PER_MESSAGE_OVERHEAD
+            if self._otel is None
+            else (_PER_MESSAGE_OVERHEAD + _telemetry.RESERVE)
+        )
 
     def _plan_unkeyed(self, messages: Sequence[Message]) -> _Plan | None:
         """The common case in bulk operations: no keys, no repeats, nothing over the limit.
@@ -262,7 +272,8 @@ class SenderCore:
             return None
         if any(m.partition_key is not None or m.session_id is not None for m in messages):
             return None
-        sizes = [m._size + _PER_MESSAGE_OVERHEAD for m in messages]
+        overhead = self._overhead()
+        sizes = [m._size + overhead for m in messages]
         if max(sizes) > profile._check_above:
             return None  # the full check decides
         seen: dict[object, int] = dict(
@@ -276,7 +287,8 @@ class SenderCore:
         """``_plan_unkeyed`` read off the columns: transfers are slices of them."""
         if columns.partition_keys is not None or columns.session_ids is not None:
             return None
-        sizes = [size + _PER_MESSAGE_OVERHEAD for size in columns.sizes]
+        overhead = self._overhead()
+        sizes = [size + overhead for size in columns.sizes]
         seen: dict[object, int] = dict(zip(columns.message_ids, columns.hashes, strict=True))
         if len(seen) != len(columns) or max(sizes) > self.profile._check_above:
             return None

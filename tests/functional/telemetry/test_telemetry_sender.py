@@ -323,3 +323,25 @@ def test_transfers_in_flight_from_threads_are_children_of_their_call(
     assert len(otel.children(call)) == 4
     [(_, point)] = otel.points("sendonce.transfers.in_flight")
     assert point.value == 0  # every transfer started has ended
+
+
+def test_traced_transfers_are_planned_with_room_for_the_trace_context(
+    otel: Any, broker: LocalBackend
+) -> None:
+    small = EntityProfile("small", max_message_size=4096)
+    broker.create_entity(small)
+    recording = Recording(broker)
+    seen: list[list[Message]] = []
+    send = recording.send
+
+    def keep(entity: str, messages: Sequence[Message], **kw: Any) -> list[Ack]:
+        seen.append(list(messages))
+        return send(entity, messages, **kw)
+
+    recording.send = keep  # type: ignore[method-assign]
+    with IdempotentSender(recording, small) as sender:
+        assert sender.send_many([msg(i, "x" * 100) for i in range(200)]).sent == 200
+    assert len(seen) > 1
+    for wire in seen:  # each transfer as it went, trace properties included, fits
+        assert all("traceparent" in (m.application_properties or {}) for m in wire)
+        assert sum(m.size + 64 for m in wire) <= small.max_message_size
