@@ -20,7 +20,7 @@ PACKAGE = Path(sendonce.__file__).resolve().parent
 
 FLOORS: list[tuple[str, ...]] = [
     # The ground: values and errors, no I/O.
-    ("errors", "_extras"),  # the exception tree; install hints for optional extras
+    ("errors", "_extras", "_names"),  # the exception tree; install hints; names ignoring case
     ("_ids",),  # message ids
     ("_message",),  # Message, MessageSpec
     ("_property_quotas",),  # the size quotas of message properties
@@ -36,7 +36,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("_sender_core",),  # what every sender does: validation, batching, memory, accounting
     # The senders and what serves or wraps a backend.
     ("_sender", "emulator", "testing", "telemetry"),
-    ("aio", "spark"),  # the asyncio mirror; Spark publishing
+    ("aio", "spark", "outbox"),  # the asyncio mirror; Spark publishing; the outbox relay
     # The facade and the command line.
     ("sendonce",),  # sendonce/__init__.py: the public names
     ("cli",),
