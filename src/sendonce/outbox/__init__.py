@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._extras import requires_extra
+from .._names import name_key
 from ._enqueue import CHANNEL, enqueue
 from ._relay import DEFAULT_RELAY_RETRY, Relay, RelayTotals
 from ._schema import SCHEMA_VERSION
@@ -71,7 +72,7 @@ def dead_rows(url: str, *, entity: str | None = None, limit: int = 100) -> list[
     """Rows moved aside because they can never be sent, oldest first, with their reason."""
     store = _store(url)
     try:
-        return store.dead_rows(entity, limit)
+        return store.dead_rows(None if entity is None else name_key(entity), limit)
     finally:
         store.close()
 
@@ -81,6 +82,6 @@ def requeue(url: str, entity: str, message_ids: list[str] | None = None) -> list
     the end of their keys' queues; returns the ids requeued."""
     store = _store(url)
     try:
-        return store.requeue(entity, message_ids)
+        return store.requeue(name_key(entity), message_ids)
     finally:
         store.close()

@@ -21,6 +21,7 @@ from typing import Any
 
 from .._entity import EntityProfile
 from .._message import Message
+from .._names import name_key
 from ..errors import ConfigurationError, ValidationError
 from ._codec import COLUMNS, order_key, row_values
 from ._schema import check_version, read_version
@@ -185,7 +186,7 @@ def enqueue(
         )
     if not items:
         return 0
-    params = _parameters(name, items)
+    params = _parameters(name_key(name), items)  # stored as Service Bus compares names
     with raw.cursor() as cursor:
         _check_schema(raw, cursor)
         cursor.execute(_WITH_NOTIFY if notify else _WITHOUT_NOTIFY, params)

@@ -33,6 +33,7 @@ from typing import Any
 import tenacity
 
 from .._entity import EntityProfile
+from .._names import name_key
 from .._report import SendReport
 from .._retry import RetryPolicy
 from .._sender import IdempotentSender
@@ -263,7 +264,7 @@ class Relay:
             policy = retry if retry is not None else DEFAULT_RELAY_RETRY
             for target in targets:
                 sender = self._sender(target, policy, max_in_flight)
-                self._senders[sender.profile.name] = sender
+                self._senders[name_key(sender.profile.name)] = sender
             self._store = RelayStore(url)
             self._listener = _Listener(url, set(self._senders))
         except BaseException:
