@@ -159,6 +159,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
 
 
+SESSION_ADDRESS_SETTINGS = {
+    # A tiny id cache: the count-bounded window within a few messages.
+    "small-cache.#": {"id-cache-size": 3},
+    # No auto-creation: a send to a missing address is refused.
+    "noauto.#": {"auto-create-addresses": False, "auto-create-queues": False},
+    # A full address refuses (FAIL policy): a message over 64 KB can never be stored.
+    "tiny.#": {"max-size-bytes": 65536, "address-full-policy": "FAIL"},
+}
+
+
 @pytest.fixture(scope="session")
 def artemis_broker() -> Iterator[ArtemisBroker]:
     """One real Artemis broker for the run: started on first use, removed at the end.
@@ -166,7 +176,7 @@ def artemis_broker() -> Iterator[ArtemisBroker]:
     Tests share it (a start costs about 5 s) and keep apart by address: take
     ``artemis_address``. A test that kills, restarts or reconfigures a broker starts its own
     ``ArtemisBroker``."""
-    with ArtemisBroker(address_settings={"small-cache.#": {"id-cache-size": 3}}) as broker:
+    with ArtemisBroker(address_settings=SESSION_ADDRESS_SETTINGS) as broker:
         yield broker
 
 

@@ -79,7 +79,7 @@ _SECRET_PATTERNS = [
     re.compile(r"(?i)((?<![A-Za-z0-9_])sig=)[^&\s\"';]+"),
     re.compile(r"(?i)((?<![A-Za-z0-9_])sig%3D)[^&\s\"';%]+(?:%[0-9A-F]{2}[^&\s\"';%]*)*"),
     re.compile(r"(?i)(%26sig%3D)[^&\s\"';%]+(?:%[0-9A-F]{2}[^&\s\"';%]*)*"),
-    re.compile(r"(?i)(://[^/\s:@]+:)[^@/\s]+(?=@)"),
+    re.compile(r"(?i)(://[^/\s:@]*:)[^@/\s]+(?=@)"),  # user:password@ (user may be empty)
 ]
 REDACTED = "***"
 

@@ -148,7 +148,10 @@ def attach_error(
 
 def connection_error(condition: str | None, description: str | None, *, host: str) -> SendError:
     """A connection that failed before anything was sent on it: refused, SASL, TLS."""
-    said = redact(f"{condition}: {description}" if description else str(condition))
+    if condition is None:
+        said = "the connection closed"
+    else:
+        said = redact(f"{condition}: {description}" if description else condition)
     if condition == "amqp:unauthorized-access" or (
         description is not None and "sasl" in description.lower()
     ):

@@ -560,7 +560,7 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
         description = None if condition is None else condition.description
         culprit = culprit_of(description)
         if name in ("failed", "amqp:transaction:rollback") and culprit is not None:
-            # Rolled back for a duplicate: Artemis names the first one it met.
+            # Rolled back for a duplicate: Artemis names the last one it met.
             transfer.finish(("duplicate-group", culprit))
         else:
             transfer.finish(
@@ -692,7 +692,8 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
 
     def on_disconnected(self, event: Any) -> None:
         if event.connection == self._conn:
-            self._connection_lost(None)
+            transport = event.transport
+            self._connection_lost(None if transport is None else transport.condition)
 
     def on_connection_closed(self, event: Any) -> None:
         if event.connection == self._conn and not self._closing:

@@ -57,7 +57,7 @@ def parse_amqp_url(url: str) -> dict[str, Any]:
     options: dict[str, Any] = {"host": parts.hostname, "tls": scheme == "amqps"}
     if port is not None:
         options["port"] = port
-    if parts.username is not None:
+    if parts.username:
         options["user"] = unquote(parts.username)
         options["password"] = unquote(parts.password) if parts.password is not None else None
     elif parts.password is not None:

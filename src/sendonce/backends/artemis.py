@@ -444,16 +444,16 @@ class ArtemisBackend:
     def _group_acks(self, ids: list[str], culprit: str) -> list[Ack]:
         """A transaction rolled back because ``culprit`` is a duplicate.
 
-        Artemis names only the first duplicate it met, in send order. After an in-doubt
-        commit of this very group, a rollback naming its first member is our own earlier
-        commit having landed: every member is a duplicate. Otherwise the named member is
-        the duplicate and the rest were ignored with it (nothing of the group stored), as
-        the local broker's Artemis mode reports it.
+        Artemis names only the *last* duplicate it met, in send order (measured on 2.40).
+        After an in-doubt commit of this very group, a rollback naming its last member is
+        our own earlier commit having landed: every member is a duplicate. Otherwise the
+        named member is the duplicate and the rest were ignored with it (nothing of the
+        group stored), as the local broker's Artemis mode reports it.
         """
         with self._lock:
             resent = tuple(ids) in self._doubtful_groups
             self._doubtful_groups.pop(tuple(ids), None)
-        if resent and culprit == ids[0]:
+        if resent and culprit == ids[-1]:
             return [Ack("duplicate") for _ in ids]
         return [Ack("duplicate" if i == culprit else "ignored") for i in ids]
 

@@ -139,7 +139,13 @@ def _open_backend(url: str) -> Backend:
 
 def _install_hint(exc: ModuleNotFoundError) -> str:
     name = (exc.name or "").split(".")[0]
-    extra = {"azure": "azure", "pyspark": "spark", "uamqp": "azure"}.get(name, "azure")
+    extra = {
+        "azure": "azure",
+        "pyspark": "spark",
+        "uamqp": "azure",
+        "proton": "artemis",
+        "cproton": "artemis",
+    }.get(name, "azure")
     return f"this backend needs the {name or 'missing'!s} package: pip install 'sendonce[{extra}]'"
 
 
