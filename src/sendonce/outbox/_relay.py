@@ -32,6 +32,7 @@ from typing import Any
 
 import tenacity
 
+from .. import _telemetry
 from .._entity import EntityProfile
 from .._names import name_key
 from .._report import SendReport
@@ -408,6 +409,10 @@ class Relay:
 
         try:
             self.store.prune(self.retention, 10_000)
+            if _telemetry.active() is not None:  # the backlog gauges, once per prune
+                served = [s for s in self.store.stats() if s.entity in self._senders]
+                lag = max((s.lag or 0.0 for s in served), default=0.0)
+                _telemetry.relay_backlog(lag, sum(s.pending + s.leased for s in served))
         except psycopg.Error as exc:
             logger.warning("outbox prune failed (%s); trying again later", exc)
 
@@ -439,8 +444,19 @@ class Relay:
             by_entity: dict[str, list[ClaimedRow]] = {}
             for row in rows:
                 by_entity.setdefault(row.entity, []).append(row)
+            system = getattr(self._backend, "messaging_system", None)
             for entity, entity_rows in by_entity.items():
-                self._publish(self._senders[entity], entity_rows, now, done)
+                sender = self._senders[entity]
+                before = (len(done.published), len(done.dead), len(done.released))
+                with _telemetry.relay_batch(
+                    sender.profile.name, len(entity_rows), system=system
+                ) as scope:
+                    self._publish(sender, entity_rows, now, done)
+                    scope.set(
+                        published=len(done.published) - before[0],
+                        dead=len(done.dead) - before[1],
+                        released=len(done.released) - before[2],
+                    )
         finally:
             renewing.set()
             heartbeat.join()
