@@ -5,9 +5,10 @@ folder outside the source tree. ``bin/artemis create`` makes one *template* inst
 distribution in that cache (about 3 s, once); every broker a test run starts is a copy of it
 in a temporary folder, its paths rewritten, its ``etc/broker.xml`` written for the test:
 
-- acceptor ``amqp`` (AMQP and CORE, ``amqpDuplicateDetection=true``) and acceptor ``nodedup``
-  (AMQP, ``amqpDuplicateDetection=false``), each on a free port chosen at creation (kept
-  across restarts, so a restarted broker is where the clients left it);
+- acceptor ``amqp`` (AMQP and CORE, ``amqpDuplicateDetection=true``), acceptor ``nodedup``
+  (AMQP, ``amqpDuplicateDetection=false``) and acceptor ``plain`` (AMQP, nothing said: the
+  defaults), each on a free port chosen at creation (kept across restarts, so a restarted
+  broker is where the clients left it);
 - persistence on (NIO journal) but ``journal-datasync=false``: a ``kill -9`` of the JVM loses
   nothing (the OS still holds the written pages), only a machine crash could;
 - the critical analyzer logs instead of halting the JVM (a loaded 2-core machine stalls),
@@ -176,6 +177,7 @@ class ArtemisBroker:
             path.write_text(path.read_text().replace(old, str(self.instance)))
         self.port = _free_port()
         self.nodedup_port = _free_port()
+        self.plain_port = _free_port()
         self.user, self.password = USER, PASSWORD
         self.log_path = self.instance / "log" / "console.log"
         self._process: subprocess.Popen[bytes] | None = None
@@ -234,6 +236,8 @@ class ArtemisBroker:
             "amqpDuplicateDetection=true</acceptor>\n"
             f'  <acceptor name="nodedup">tcp://127.0.0.1:{self.nodedup_port}?protocols=AMQP;'
             f"{common};amqpDuplicateDetection=false</acceptor>\n"
+            f'  <acceptor name="plain">tcp://127.0.0.1:{self.plain_port}?protocols=AMQP'
+            "</acceptor>\n"
             "</acceptors>"
         )
         text = re.sub(r"<acceptors>.*?</acceptors>", lambda _: acceptors, text, count=1, flags=re.S)

@@ -66,3 +66,65 @@ def drain(url: str, address: str, *, capability: str = "queue", idle: float = 0.
 
 
 ACCEPTED = Delivery.ACCEPTED
+
+
+def manage(url: str, resource: str, operation: str, *params: Any) -> Any:
+    """One broker management operation over AMQP (``activemq.management``); its result, or
+    ``RuntimeError`` with the broker's answer."""
+    import json
+
+    from proton.utils import SyncRequestResponse
+
+    connection = BlockingConnection(url, timeout=30)
+    try:
+        reply = SyncRequestResponse(connection, "activemq.management").call(
+            Message(
+                body=json.dumps(list(params)),
+                properties={"_AMQ_ResourceName": resource, "_AMQ_OperationName": operation},
+            )
+        )
+    finally:
+        connection.close()
+    body = json.loads(reply.body) if reply.body else None  # a void operation answers nothing
+    if not (reply.properties or {}).get("_AMQ_OperationSucceeded"):
+        raise RuntimeError(f"{resource}.{operation}: {body}")
+    return body[0] if isinstance(body, list) and len(body) == 1 else body
+
+
+def raw_transaction(
+    url: str, address: str, messages: Iterable[tuple[str, Any]]
+) -> tuple[str, str | None, str | None]:
+    """Send ``(duplicate id, body)`` pairs in one AMQP transaction and commit it:
+    ``("committed", None, None)`` or ``("rejected", condition, description)``."""
+    from proton.handlers import MessagingHandler, TransactionHandler
+    from proton.reactor import Container
+
+    pairs = list(messages)
+    outcome: list[tuple[str, str | None, str | None]] = []
+
+    class Group(MessagingHandler, TransactionHandler):  # type: ignore[misc]
+        def on_start(self, event: Any) -> None:
+            self.conn = event.container.connect(url, reconnect=False)
+            self.sender = event.container.create_sender(
+                self.conn, address, options=Routing("queue")
+            )
+            event.container.declare_transaction(self.conn, handler=self)
+
+        def on_transaction_declared(self, event: Any) -> None:
+            for dup_id, body in pairs:
+                event.transaction.send(
+                    self.sender, Message(body=body, properties={"_AMQ_DUPL_ID": dup_id})
+                )
+            event.transaction.commit()
+
+        def on_transaction_committed(self, event: Any) -> None:
+            outcome.append(("committed", None, None))
+            self.conn.close()
+
+        def on_transaction_commit_failed(self, event: Any) -> None:
+            condition = event.delivery.remote.condition
+            outcome.append(("rejected", condition.name, condition.description))
+            self.conn.close()
+
+    Container(Group()).run()
+    return outcome[0]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import threading
 import time
 import uuid
@@ -224,6 +225,7 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
         self._stop_task: Any = None
         self.acceptor: dict[str, Any] | None = None  # the acceptor's parameters, when read
         self.peer: dict[str, Any] = {}
+        self._pid = os.getpid()
         self._thread = threading.Thread(
             target=self._run, name=f"sendonce-artemis-{self.where}", daemon=True
         )
@@ -236,6 +238,12 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
         self.call(lambda: self._start(request))
 
     def call(self, command: Callable[[], None]) -> None:
+        if os.getpid() != self._pid:
+            raise ConfigurationError(
+                "an ArtemisBackend cannot cross a fork (its connection and event loop stay in "
+                "the parent): open a new one in the child, e.g. connect(url)",
+                field="backend",
+            )
         if not self._thread.is_alive():
             raise ConfigurationError("the Artemis backend is closed", field="backend")
         self._commands.append(command)

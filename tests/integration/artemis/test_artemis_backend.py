@@ -214,3 +214,61 @@ def test_no_broker_listening_is_not_stored_after_the_retries():
     ):
         sender.send(Message("x", message_id="a"))
     assert failed.value.attempts == 3
+
+
+def test_threads_share_one_backend_and_sender(artemis_broker, artemis_address):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def work(thread: int) -> int:
+        messages = [
+            Message(f"{thread}-{i}", message_id=f"t{thread}-{i}", partition_key=f"t{thread}")
+            for i in range(100)
+        ]
+        report = sender.send_many(messages)
+        for message in messages[:10]:
+            assert sender.send(message).outcome == "sent"  # a repeat: dropped by the broker
+        return report.sent
+
+    with IdempotentSender(artemis_broker.url(), profile(artemis_address), retry=FAST) as sender:
+        with ThreadPoolExecutor(8) as pool:
+            assert sum(pool.map(work, range(8))) == 800
+    got = drain(artemis_broker.url(), artemis_address)
+    assert len(got) == 800
+    for thread in range(8):
+        assert [m.id for m in got if m.id.startswith(f"t{thread}-")] == [
+            f"t{thread}-{i}" for i in range(100)
+        ]
+
+
+def test_a_peer_that_never_answers_times_out_with_nothing_in_doubt():
+    import threading
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # accepts TCP, never speaks AMQP
+        held: list[socket.socket] = []
+        stop = threading.Event()
+
+        def accept() -> None:
+            silent.settimeout(0.1)
+            while not stop.is_set():
+                try:
+                    held.append(silent.accept()[0])
+                except OSError:
+                    continue
+
+        acceptor = threading.Thread(target=accept, daemon=True)
+        acceptor.start()
+        retry = RetryPolicy(max_attempts=2, initial_backoff=0.01, attempt_timeout=0.5)
+        url = f"amqp://u:p@127.0.0.1:{silent.getsockname()[1]}?connect_timeout=0.5"
+        try:
+            with IdempotentSender(url, EntityProfile("q", id_cache_size=10), retry=retry) as s:
+                with pytest.raises(NotStoredError) as failed:
+                    s.send(Message("x", message_id="a"))
+        finally:
+            stop.set()
+            acceptor.join()
+            for conn in held:
+                conn.close()
+    assert failed.value.attempts == 2
+    assert len(held) >= 2  # each attempt gave up on its connection and opened a new one

@@ -3,8 +3,10 @@ proton client (no sendonce code): docs/artemis.md's semantics table cites these 
 
 from __future__ import annotations
 
+import pytest
+
 from artemis.broker import ArtemisBroker
-from artemis.raw import ACCEPTED, drain, raw_send
+from artemis.raw import ACCEPTED, drain, manage, raw_send, raw_transaction
 
 
 def test_the_broker_is_artemis_and_answers_amqp(artemis_broker: ArtemisBroker, artemis_address):
@@ -49,3 +51,46 @@ def test_the_id_cache_is_a_ring_per_address(artemis_broker: ArtemisBroker, artem
     raw_send(url, artemis_address, [("a", "elsewhere")])
     assert [m.body for m in drain(url, small)] == [1, 2, 3, 4, "a 4 ids later"]
     assert [m.body for m in drain(url, artemis_address)] == ["elsewhere"]
+
+
+def test_a_binary_id_is_detected_as_a_binary_id(artemis_broker: ArtemisBroker, artemis_address):
+    # Binary _AMQ_DUPL_ID values are accepted from Artemis 2.38 (a string is the usual form).
+    raw_send(artemis_broker.url(), artemis_address, [(b"a", "first"), (b"a", "second")])
+    assert [m.body for m in drain(artemis_broker.url(), artemis_address)] == ["first"]
+
+
+def test_an_acceptor_detects_duplicates_unless_told_not_to(
+    artemis_broker: ArtemisBroker, artemis_address
+):
+    # The "plain" acceptor does not mention amqpDuplicateDetection: it defaults to true.
+    url = artemis_broker.url(port=artemis_broker.plain_port)
+    raw_send(url, artemis_address, [("a", "first"), ("a", "second")])
+    assert [m.body for m in drain(url, artemis_address)] == ["first"]
+
+
+def test_a_duplicate_in_a_transaction_rolls_the_group_back(
+    artemis_broker: ArtemisBroker, artemis_address
+):
+    url = artemis_broker.url()
+    assert raw_transaction(url, artemis_address, [("a", "a"), ("b", "b")])[0] == "committed"
+    outcome, condition, description = raw_transaction(
+        url, artemis_address, [("c", "c"), ("a", "a again"), ("d", "d"), ("b", "b again")]
+    )
+    assert (outcome, condition) == ("rejected", "failed")
+    assert "_AMQ_DUPL_ID=b}" in str(description)  # the last duplicate met is named
+    # Nothing of the rolled-back group was stored, and its new ids were not remembered.
+    assert raw_transaction(url, artemis_address, [("c", "c"), ("d", "d")])[0] == "committed"
+    assert [m.body for m in drain(url, artemis_address)] == ["a", "b", "c", "d"]
+
+
+def test_deleting_the_last_queue_of_an_address_clears_its_id_cache(
+    artemis_broker: ArtemisBroker, artemis_address
+):
+    url = artemis_broker.url()
+    raw_send(url, artemis_address, [("a", "first")])
+    # destroyQueue(name, removeConsumers, autoDeleteAddress): the address goes with it.
+    manage(url, "broker", "destroyQueue", artemis_address, True, True)
+    with pytest.raises(RuntimeError, match="AMQ229203"):
+        manage(url, "broker", "getAddressInfo", artemis_address)
+    raw_send(url, artemis_address, [("a", "after the address was recreated")])
+    assert [m.body for m in drain(url, artemis_address)] == ["after the address was recreated"]
