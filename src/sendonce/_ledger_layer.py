@@ -150,7 +150,9 @@ class LedgerLayer:
             failed[key_of(message)] = error
         for message, row in prepared.in_doubt:
             error = InDoubtError(
-                self.ledger.in_doubt_message(message.message_id, row, window=self.window),
+                self.ledger.in_doubt_message(
+                    message.message_id, row, window=self.window, profile=self.profile
+                ),
                 message_id=message.message_id,
                 partition_key=message.partition_key,
             )

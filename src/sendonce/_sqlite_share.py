@@ -59,6 +59,7 @@ __all__ = [
     "creator",
     "is_busy",
     "open_shared",
+    "read_only_options",
 ]
 
 T = TypeVar("T")
@@ -584,12 +585,9 @@ def _open_read_only(
             field="path",
         )
     identity = _wait_single_link(real, errors)
-    try:
-        wal_size = os.path.getsize(real + "-wal")
-    except OSError:
-        wal_size = 0
-    # immutable=1 reads the file alone: only right when no write-ahead log holds pages.
-    choices = ["mode=ro"] if wal_size else ["mode=ro", "mode=ro&immutable=1"]
+    choices = read_only_options(real)
+    if not choices:
+        raise _unreadable_wal(real)
     failure: sqlite3.DatabaseError | None = None
     for options in choices:
         shared = _SharedFile(real, identity, None, setup, configure, errors, None, busy_timeout)
@@ -609,14 +607,40 @@ def _open_read_only(
             raise
     assert failure is not None
     if _cannot_write(failure):
-        raise ConfigurationError(
-            f"cannot read {real!r} read-only: its write-ahead log {real + '-wal'!r} holds "
-            "pages, and its index (-shm) cannot be created beside it. Open it once where it "
-            "may be written (that folds the log into the file), or copy the three files "
-            "somewhere writable",
-            field="path",
-        ) from None
+        raise _unreadable_wal(real) from None
     raise _open_error(failure, real, errors, busy_timeout) from None
+
+
+def _unreadable_wal(real: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"cannot read {real!r} read-only: its write-ahead log {real + '-wal'!r} holds "
+        "pages, and its index (-shm) is missing: reading it would create one beside it. "
+        "Open it once where it may be written (that folds the log into the file), or copy "
+        "the files somewhere writable",
+        field="path",
+    )
+
+
+def read_only_options(real: str) -> list[str]:
+    """The SQLite URI options that read the database at ``real`` writing nothing beside it.
+
+    A ``mode=ro`` connection to a file in WAL mode creates the ``-wal`` and ``-shm`` it does
+    not find (in a directory it may write), and, being read-only, never removes them: they
+    stay beside the file, owned by the reader, and later block its writers. So ``mode=ro``
+    only when both are there already (a writer has the file open: its index is current);
+    otherwise no connection has the file open (the last one to close removes the ``-wal``),
+    and ``immutable=1`` reads the file alone. A ``-wal`` holding pages without its ``-shm``
+    (left by a crash) cannot be read without creating the index: no options (``[]``).
+    """
+    try:
+        wal_size: int | None = os.path.getsize(real + "-wal")
+    except OSError:
+        wal_size = None
+    if wal_size is not None and os.path.exists(real + "-shm"):
+        return ["mode=ro"]
+    if not wal_size:
+        return ["mode=ro&immutable=1"]
+    return []
 
 
 def _cannot_write(exc: BaseException) -> bool:

@@ -116,6 +116,7 @@ def _version() -> str:
     except importlib.metadata.PackageNotFoundError:  # pragma: no cover - run from a checkout
         return "unknown"
 
+
 _SCHEMA_URL = "https://opentelemetry.io/schemas/1.27.0"
 
 T = TypeVar("T")

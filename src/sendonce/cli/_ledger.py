@@ -1,121 +1,134 @@
-"""``sendonce ledger``: see what a send ledger holds, and resolve a key in doubt by hand.
+"""``sendonce ledger``: see what a send ledger holds, and take keys in doubt to zero.
 
-A key in doubt is a send the ledger saw start and never saw confirmed, after the
-broker's window: nothing automatic can tell whether it arrived. The operator
-looks at the broker, then says so here (``confirm``: it arrived; ``release``: it
-did not, the next ``publish --ledger`` sends it).
+A key in doubt is a send the ledger saw start and never saw confirmed, on an entity
+whose rule (see :mod:`._doubt_rule`) lets no re-run settle it: nothing automatic can
+tell whether it arrived. ``in-doubt`` lists them (with totals, a page at a time);
+``reconcile`` compares them with what the broker shows and records what it proves;
+``confirm`` (it arrived) and ``release`` (it did not: the next ``publish --ledger``
+sends it) record a person's answer for the rest, from ``--id`` or a file. None of
+them resolves a key whose producer may still be sending it, unless ``--force``.
 """
 
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
-from urllib.parse import unquote, urlsplit
 
 import click
 
-from ..errors import SendOnceError, ValidationError, redact
+from .._names import name_key
 from ..ledger import DEFAULT_RETENTION, Key, Ledger
-from ..ledger._inspect import EntityCounts, entity_counts, resolve, unconfirmed
-from ._files import os_errors, writable_problem
+from ..ledger._inspect import (
+    EntityCounts,
+    Unconfirmed,
+    ago,
+    check_resolvable,
+    count_unconfirmed,
+    entity_counts,
+    entity_names,
+    resolve,
+    unconfirmed,
+)
+from ..ledger._ledger import IN_FLIGHT_HORIZON
+from ..ledger._reconcile import Verdict
+from ..ledger._reconcile import reconcile as compare
+from ._doubt_rule import Rule
+from ._ledger_broker import broker_view, entity_rule
+from ._ledger_keys import read_keys
+from ._ledger_open import Mode, open_ledger
 from ._rerun import utc_text
-from ._snapshot import snapshot
 from ._words import (
     EXIT_USAGE,
     InputError,
-    cli_text,
-    command_error,
     duration_option,
     format_duration,
     json_errors,
 )
 
-__all__ = ["ledger"]
+__all__ = ["LEDGER_EXIT_HELP", "ledger"]
 
 LEDGER_EXIT_HELP = (
-    "Exit status: 0 done; 1 the ledger could not be read or written; 2 invalid command "
-    "line, ledger or key, nothing was changed; 130 interrupted."
+    "Exit status: 0 done; 1 the ledger or the broker could not be reached, read or written "
+    "(a server down, a file locked): try again; 2 invalid command line, ledger, entity or "
+    "key, or a key refused: nothing was changed; 130 interrupted."
 )
-_MARGIN = timedelta(seconds=5)  # RetryPolicy's default safety margin: the ledger's cut-off
+_CREATE_HINT = "sendonce ledger create makes one, publish --create-ledger too"
+_MAX_SHOWN = 20
+
+Resolution = Literal["sent", "release"]
 
 
-def _ledger_url(text: str) -> str:
-    """A ledger url, or the path of a SQLite ledger file; an existing ledger only."""
-    text = text.strip()
-    if text.startswith(("postgresql://", "postgres://")):
-        return text
-    if text.startswith("sqlite:"):
-        path = unquote(urlsplit(text).path)
-        url = text
-    else:
-        path, url = text, "sqlite://" + os.path.abspath(text)
-    if path and not os.path.exists(path):
-        raise InputError(
-            f"LEDGER: there is no ledger file {os.path.abspath(path)!r} (these commands never "
-            "create one; publish --ledger does)"
-        )
-    if os.path.isdir(path):
-        raise InputError(f"LEDGER: {os.path.abspath(path)!r} is a directory, not a ledger file")
-    return url
-
-
-@contextmanager
-def _open(text: str, *, reading_only: bool = False) -> Iterator[Ledger]:
-    """Open the ledger LEDGER names; one the user may not write is read from a snapshot."""
-    url = _ledger_url(text)
-    with ExitStack() as stack:
-        if url.startswith("sqlite:"):
-            path = os.path.abspath(unquote(urlsplit(url).path))
-            problem = writable_problem(path, "LEDGER: ledger file", reading_only=reading_only)
-            if problem is not None and not (reading_only and os.access(path, os.R_OK)):
-                raise InputError(problem)
-            if problem is not None:
-                url = "sqlite://" + stack.enter_context(snapshot(path, "LEDGER: ledger file"))
-                click.echo(
-                    f"note: you may not write {path} or beside it: showing a snapshot of it "
-                    "taken now",
-                    err=True,
-                )
-        with _opened(url) as ledger:
-            yield ledger
-
-
-@contextmanager
-def _opened(url: str) -> Iterator[Ledger]:
-    try:
-        with os_errors("LEDGER: ledger file"), Ledger(url) as ledger:
-            yield ledger
-    except ModuleNotFoundError as exc:
-        name = (exc.name or "").split(".")[0]
-        raise InputError(
-            f"LEDGER: this store needs the {name} package: pip install 'sendonce[postgres]'"
-        ) from None
-    except ValidationError as exc:
-        raise InputError(f"LEDGER {redact(url)}: {cli_text(exc)}") from None
-    except SendOnceError as exc:
-        raise command_error(exc) from None
+def _open(text: str, mode: Mode) -> Any:
+    return open_ledger(
+        text, "LEDGER", mode=mode, create_hint=f"These commands never create one ({_CREATE_HINT})"
+    )
 
 
 def _iso(moment: datetime | None) -> str | None:
     return None if moment is None else moment.isoformat()
 
 
+def _shown(key: Key) -> str:
+    return repr(key.message_id) + (
+        f" (partition key {key.partition_key!r})" if key.partition_key else ""
+    )
+
+
+def _key_json(key: Key) -> dict[str, Any]:
+    return {"message_id": key.message_id, "partition_key": key.partition_key or None}
+
+
+def _echo_json(data: dict[str, Any]) -> None:
+    click.echo(json.dumps(data, ensure_ascii=False))
+
+
+def _check_entity(opened: Ledger, entity: str) -> None:
+    known = entity_names(opened.store)
+    if name_key(entity) not in {name_key(name) for name in known}:
+        listed = ", ".join(repr(n) for n in known) or "none"
+        raise InputError(f"--entity: the ledger has no entity {entity!r} (it has {listed})")
+
+
 @click.group(epilog=LEDGER_EXIT_HELP)
 def ledger() -> None:
-    """See what a send ledger holds; resolve keys in doubt by hand.
+    """See what a send ledger holds; take its keys in doubt to zero.
 
-    LEDGER is the url given to publish --ledger (sqlite:///path/ledger.db,
-    postgresql://...) or the path of a SQLite ledger file.
+    LEDGER is the ledger given to publish --ledger: a url (sqlite:///path/ledger.db,
+    postgresql://...) or the path of a SQLite ledger file. --broker is the url given to
+    publish --to.
     """
 
 
-def _counts_json(counts: EntityCounts, retention: timedelta | None) -> dict[str, Any]:
+# -- create --------------------------------------------------------------------------------
+
+
+@ledger.command(epilog=LEDGER_EXIT_HELP)
+@click.argument("ledger_url", metavar="LEDGER")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (also for an error).")
+@json_errors
+def create(ledger_url: str, as_json: bool) -> None:
+    """Create an empty ledger (nothing else creates one, but publish --create-ledger)."""
+    with open_ledger(
+        ledger_url, "LEDGER", mode="create", create_hint="", created_by="sendonce ledger create"
+    ) as opened:
+        created, url = opened.created, opened.url
+    where = url[len("sqlite://") :] if url.startswith("sqlite://") else None
+    if as_json:
+        _echo_json({"status": "ok", "created": created, "path": where, "exit_status": 0})
+    elif not created:
+        click.echo(f"the ledger exists already: {where or 'the database holds one'}")
+
+
+# -- stats ---------------------------------------------------------------------------------
+
+
+def _counts_json(
+    counts: EntityCounts, retention: timedelta | None, rule: Rule | None
+) -> dict[str, Any]:
     prunes = None if retention is None or counts.oldest is None else counts.oldest + retention
-    return {
+    data: dict[str, Any] = {
         "keys": counts.keys,
         "confirmed": counts.confirmed,
         "unconfirmed": counts.unconfirmed,
@@ -124,11 +137,19 @@ def _counts_json(counts: EntityCounts, retention: timedelta | None) -> dict[str,
         "oldest_unconfirmed": _iso(counts.oldest_unconfirmed),
         "oldest_pruned_after": _iso(prunes),
     }
+    if rule is not None:
+        data["rule"] = rule.as_json()
+    return data
 
 
-@ledger.command()
+@ledger.command(epilog=LEDGER_EXIT_HELP)
 @click.argument("ledger_url", metavar="LEDGER")
 @click.option("--entity", help="Only this entity (default: all).")
+@click.option(
+    "--broker",
+    "broker_url",
+    help="The broker (publish --to's url): says each entity's duplicate-detection rule.",
+)
 @click.option(
     "--retention",
     callback=duration_option,
@@ -138,23 +159,35 @@ def _counts_json(counts: EntityCounts, retention: timedelta | None) -> dict[str,
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (also for an error).")
 @json_errors
-def stats(ledger_url: str, entity: str | None, retention: timedelta | None, as_json: bool) -> None:
+def stats(
+    ledger_url: str,
+    entity: str | None,
+    broker_url: str | None,
+    retention: timedelta | None,
+    as_json: bool,
+) -> None:
     """Keys per entity: confirmed, unconfirmed, their ages, and when pruning starts."""
-    with _open(ledger_url, reading_only=True) as opened:
+    with _open(ledger_url, "read") as opened:
         counts = entity_counts(opened.store)
     if entity is not None:
         known = [c.entity for c in counts]
-        counts = [c for c in counts if c.entity == entity]
+        counts = [c for c in counts if name_key(c.entity) == name_key(entity)]
         if not counts:
             listed = ", ".join(repr(n) for n in known) or "none"
             raise InputError(f"--entity: the ledger has no entity {entity!r} (it has {listed})")
+    rules: dict[str, Rule] = {}
+    if broker_url is not None:
+        rules = {c.entity: entity_rule(broker_url, c.entity, None, False) for c in counts}
     if as_json:
-        click.echo(json.dumps({c.entity: _counts_json(c, retention) for c in counts}, indent=2))
+        data = {c.entity: _counts_json(c, retention, rules.get(c.entity)) for c in counts}
+        click.echo(json.dumps(data, indent=2))
         return
     if not counts:
         click.echo("no entities")
     for count in counts:
-        click.echo(f"{count.entity}")
+        rule = rules.get(count.entity, Rule(None))
+        said = f" ({rule.words()})" if rule.kind is not None else ""
+        click.echo(f"{count.entity}{said}")
         click.echo(
             f"  keys: {count.keys} (confirmed {count.confirmed}, unconfirmed {count.unconfirmed})"
         )
@@ -162,8 +195,8 @@ def stats(ledger_url: str, entity: str | None, retention: timedelta | None, as_j
             click.echo(f"  first attempts: {utc_text(count.oldest)} to {utc_text(count.newest)}")
         if count.oldest_unconfirmed is not None:
             click.echo(
-                f"  oldest unconfirmed: {utc_text(count.oldest_unconfirmed)} (in doubt once the "
-                "entity's window has passed since then: see `sendonce ledger in-doubt`)"
+                f"  oldest unconfirmed: {utc_text(count.oldest_unconfirmed)}; an unconfirmed "
+                f"key is {_meaning(rule)}: see `sendonce ledger in-doubt`"
             )
         if count.oldest is not None and retention is not None:
             click.echo(
@@ -172,140 +205,280 @@ def stats(ledger_url: str, entity: str | None, retention: timedelta | None, as_j
             )
 
 
-@ledger.command("in-doubt")
+def _meaning(rule: Rule) -> str:
+    if rule.kind == "window" and rule.window is not None:
+        return f"in doubt once {format_duration(rule.window)} have passed since its first attempt"
+    if rule.kind in ("none", "id_cache"):
+        return "in doubt at once (a re-run does not resend it)"
+    return (
+        "in doubt once the entity's duplicate-detection window has passed, at once if it has "
+        "none or an id cache (--broker says which)"
+    )
+
+
+# -- in-doubt ------------------------------------------------------------------------------
+
+
+def _rule_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(
+        [
+            click.option(
+                "--broker",
+                "broker_url",
+                help="The broker (publish --to's url): its rule for the entity says which "
+                "unconfirmed keys are in doubt.",
+            ),
+            click.option(
+                "--window",
+                callback=duration_option,
+                help="Declare the entity's duplicate-detection window instead of --broker: "
+                "only keys past it are in doubt.",
+            ),
+            click.option(
+                "--no-dedup",
+                is_flag=True,
+                help="Declare that the entity has no duplicate detection (every unconfirmed key "
+                "is in doubt) instead of --broker.",
+            ),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
+@ledger.command("in-doubt", epilog=LEDGER_EXIT_HELP)
 @click.argument("ledger_url", metavar="LEDGER")
 @click.option("--entity", required=True, help="Queue or topic name.")
+@_rule_options
 @click.option(
-    "--window",
-    callback=duration_option,
-    help="The entity's duplicate-detection window: only keys past it are listed (default: "
-    "every unconfirmed key, each with its first attempt).",
-)
-@click.option(
+    "--limit",
     "--max",
-    "max_keys",
+    "limit",
     type=click.IntRange(min=1),
     default=100,
     show_default=True,
-    help="At most this many keys, the oldest first.",
+    help="Show at most this many keys, the oldest first.",
 )
-@click.option(
-    "--json", "as_json", is_flag=True, help="Print one JSON object per key (or for an error)."
-)
+@click.option("--offset", type=click.IntRange(min=0), default=0, help="Skip this many first.")
+@click.option("--all", "show_all", is_flag=True, help="Show every key in doubt (no --limit).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (also for an error).")
 @json_errors
 def in_doubt(
-    ledger_url: str, entity: str, window: timedelta | None, max_keys: int, as_json: bool
+    ledger_url: str,
+    entity: str,
+    broker_url: str | None,
+    window: timedelta | None,
+    no_dedup: bool,
+    limit: int,
+    offset: int,
+    show_all: bool,
+    as_json: bool,
 ) -> None:
-    """Keys whose send was never confirmed: check the broker, then confirm or release each."""
-    with _open(ledger_url, reading_only=True) as opened:
-        rows = unconfirmed(opened.store, entity, limit=max_keys)
-        known = [] if rows else [c.entity for c in entity_counts(opened.store)]
-    if not rows and entity not in known:
-        listed = ", ".join(repr(n) for n in known) or "none"
-        raise InputError(f"--entity: the ledger has no entity {entity!r} (it has {listed})")
+    """Keys whose send was never confirmed and that no re-run settles: the total, a page of
+    them (the oldest first), and what to do next."""
+    rule = entity_rule(broker_url, entity, window, no_dedup)
     now = datetime.now(UTC)
-    shown = 0
-    for row in rows:
-        resendable_until = None if window is None else row.first_attempt + window - _MARGIN
-        if resendable_until is not None and now < resendable_until:
-            continue  # still inside the window: a re-run settles it by itself
-        shown += 1
-        if as_json:
-            data = {
-                "message_id": row.key.message_id,
-                "partition_key": row.key.partition_key or None,
-                "first_attempt": row.first_attempt.isoformat(),
+    cutoff = rule.cutoff(now)
+    with _open(ledger_url, "read") as opened:
+        _check_entity(opened, entity)
+        total = count_unconfirmed(opened.store, entity, before=cutoff)
+        everything = total if cutoff is None else count_unconfirmed(opened.store, entity)
+        rows = unconfirmed(
+            opened.store, entity, limit=None if show_all else limit, offset=offset, before=cutoff
+        )
+    shown_to = offset + len(rows)
+    more = max(0, total - shown_to)
+    inside = everything - total  # unconfirmed, still inside the window: a re-run resends them
+    if as_json:
+        _echo_json(
+            {
+                "status": "ok",
+                "entity": entity,
+                "rule": rule.as_json(),
+                "in_doubt": total,
+                "inside_window": inside,
+                "offset": offset,
+                "shown": len(rows),
+                "more": more,
+                "keys": [_doubt_json(row, now) for row in rows],
+                "exit_status": 0,
             }
-            click.echo(json.dumps(data, ensure_ascii=False))
-        else:
-            partition = f" (partition key {row.key.partition_key!r})" * bool(row.key.partition_key)
-            click.echo(
-                f"{row.key.message_id!r}{partition}: first attempted "
-                f"{utc_text(row.first_attempt)}, never confirmed"
-            )
-    if not as_json and not shown:
-        click.echo(f"no unconfirmed keys for {entity!r}" + (" past the window" if window else ""))
-    if not as_json and shown:
+        )
+        return
+    if rule.kind is None:
+        what, said = "unconfirmed", "give --broker to leave out those a re-run settles"
+    else:
+        what, said = "in doubt", rule.words()
+    if not total:
+        click.echo(f"no keys {what} for {entity!r}")
+    else:
+        where = f"; showing {offset + 1} to {shown_to}" if rows else f"; none from {offset + 1}"
+        click.echo(f"{total} key(s) {what} for {entity!r} ({said}){where}:")
+    for row in rows:
+        click.echo(_doubt_line(row, now))
+    if more:
+        click.echo(f"... and {more} more (--offset {shown_to} shows the next, --all every one)")
+    if inside:
         click.echo(
-            "For each: if the broker has it, `sendonce ledger confirm`; if not, `sendonce "
-            "ledger release` (the next publish --ledger sends it).",
+            f"{inside} more unconfirmed key(s) are still inside the window: running the same "
+            "publish again resends them (the broker drops a copy)"
+        )
+    if total:
+        click.echo(f"Rule: {rule.meaning()}.", err=True)
+        click.echo(
+            "Next: `sendonce ledger reconcile LEDGER --entity NAME --broker URL` compares them "
+            "with the broker and records what it shows; `sendonce ledger confirm` (the broker "
+            "has it) or `release` (it has not: the next publish --ledger sends it) the rest.",
             err=True,
         )
 
 
-def _resolve_command(resolution: Literal["sent", "release"], help_text: str) -> click.Command:
-    @click.command("confirm" if resolution == "sent" else "release", help=help_text)
+def _in_flight(row: Unconfirmed, now: datetime) -> bool:
+    return now - row.first_attempt < IN_FLIGHT_HORIZON
+
+
+def _doubt_json(row: Unconfirmed, now: datetime) -> dict[str, Any]:
+    return {
+        **_key_json(row.key),
+        "first_attempt": row.first_attempt.isoformat(),
+        "may_be_in_flight": _in_flight(row, now),
+    }
+
+
+def _doubt_line(row: Unconfirmed, now: datetime) -> str:
+    line = (
+        f"{_shown(row.key)}: first attempted {utc_text(row.first_attempt)} "
+        f"({ago(now - row.first_attempt)} ago)"
+    )
+    if _in_flight(row, now):
+        line += ", so recently that its producer may still be sending it"
+    return line
+
+
+# -- confirm and release -------------------------------------------------------------------
+
+
+def _guard_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(
+        [
+            click.option(
+                "--min-age",
+                callback=duration_option,
+                default=format_duration(IN_FLIGHT_HORIZON),
+                show_default=True,
+                help="Refuse a key written, or whose producer wrote to the ledger, less than "
+                "this long ago: that producer may still be sending it. The default is the "
+                "longest a send with the default retry policy takes.",
+            ),
+            click.option(
+                "--force",
+                is_flag=True,
+                help="Resolve keys the --min-age guard refuses (you know their producer stopped).",
+            ),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
+def _refuse(problems: list[str], as_json: bool) -> None:
+    """Every problem named (the first few on stderr), nothing changed: exit 2."""
+    for problem in problems[:_MAX_SHOWN]:
+        click.echo(f"error: {problem}", err=True)
+    if len(problems) > _MAX_SHOWN:
+        click.echo(f"error: ... and {len(problems) - _MAX_SHOWN} more", err=True)
+    click.echo("Nothing was changed.", err=True)
+    if as_json:
+        summary = problems[0] + (
+            f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
+        )
+        _echo_json(
+            {
+                "status": "error",
+                "error": summary + "; nothing was changed",
+                "errors": problems,
+                "exit_status": EXIT_USAGE,
+            }
+        )
+    raise click.exceptions.Exit(EXIT_USAGE)
+
+
+def _resolve_command(resolution: Resolution, help_text: str) -> click.Command:
+    @click.command(
+        "confirm" if resolution == "sent" else "release", help=help_text, epilog=LEDGER_EXIT_HELP
+    )
     @click.argument("ledger_url", metavar="LEDGER")
     @click.option("--entity", required=True, help="Queue or topic name.")
-    @click.option("--id", "message_ids", required=True, multiple=True, help="Message id (repeat).")
+    @click.option("--id", "message_ids", multiple=True, help="Message id (repeat).")
+    @click.option(
+        "--from",
+        "source",
+        metavar="FILE",
+        help="Read the keys from FILE (- for stdin): one message id per line (a tab, then "
+        "its partition key, if any); with --json, what in-doubt --json prints.",
+    )
     @click.option(
         "--partition-key",
         default="",
-        help="The partition key, on a partitioned entity (the ledger's key includes it).",
+        help="The partition key of every key given without one, on a partitioned entity.",
     )
-    @click.option("--json", "as_json", is_flag=True, help="Print JSON (also for an error).")
+    @_guard_options
+    @click.option(
+        "--json", "as_json", is_flag=True, help="Read --from as JSON and print JSON (also errors)."
+    )
     @json_errors
     def command(
         ledger_url: str,
         entity: str,
         message_ids: tuple[str, ...],
+        source: str | None,
         partition_key: str,
+        min_age: timedelta,
+        force: bool,
         as_json: bool,
     ) -> None:
-        keys = [Key(mid, partition_key) for mid in message_ids]
-        with _open(ledger_url) as opened:
-            problems = _unresolvable(opened, entity, keys)
-            if problems:  # one pass: every bad id named, nothing changed
-                for problem in problems:
-                    click.echo(f"error: {problem}", err=True)
-                if as_json:
-                    click.echo(
-                        json.dumps(
-                            {"status": "invalid", "errors": problems, "exit_status": EXIT_USAGE}
-                        )
-                    )
-                raise click.exceptions.Exit(EXIT_USAGE)
-            for key in keys:
-                resolve(opened, entity, key, resolution)
-        verb = "confirmed as sent" if resolution == "sent" else "released (the next run sends it)"
-        if as_json:
-            click.echo(
-                json.dumps(
-                    {
-                        "status": "ok",
-                        "entity": entity,
-                        "resolution": resolution,
-                        "message_ids": list(message_ids),
-                        "exit_status": 0,
-                    }
-                )
+        keys = read_keys(message_ids, source, partition_key, as_json=as_json)
+        with _open(ledger_url, "write") as opened:
+            _check_entity(opened, entity)
+            bound = timedelta(0) if force else min_age
+            rows, refusals = check_resolvable(
+                opened, entity, keys, min_age=bound, now=datetime.now(UTC)
             )
-        else:
-            for mid in message_ids:
-                click.echo(f"{mid!r} of {entity!r}: {verb}")
+            if refusals:  # one pass: every refused key named, nothing changed
+                problems = [f"key {_shown(r.key)} of {entity!r}: {r.text}" for r in refusals]
+                if any(r.reason == "unknown" for r in refusals):
+                    problems.append(
+                        "check the ids (a key of a partitioned entity includes its partition "
+                        "key: --partition-key, or a tab and the key in --from)"
+                    )
+                if any(r.reason in ("young", "live") for r in refusals):
+                    problems.append(
+                        f"wait until its producer is done (--min-age {format_duration(min_age)}),"
+                        " or give --force if you know it stopped"
+                    )
+                _refuse(problems, as_json)
+            resolve(opened, entity, rows, keys, resolution)
+        verb = "confirmed as sent" if resolution == "sent" else "released (the next run sends them)"
+        if as_json:
+            _echo_json(
+                {
+                    "status": "ok",
+                    "entity": entity,
+                    "resolution": resolution,
+                    "count": len(keys),
+                    "keys": [_key_json(k) for k in keys],
+                    "exit_status": 0,
+                }
+            )
+            return
+        click.echo(f"{len(keys)} key(s) of {entity!r} {verb}: {_listed(keys)}")
 
     return command
 
 
-def _unresolvable(opened: Ledger, entity: str, keys: list[Key]) -> list[str]:
-    rows = opened.store.lookup(entity, keys)
-    problems = []
-    for key in keys:
-        row = rows.get(key)
-        shown = repr(key.message_id) + (
-            f" (partition key {key.partition_key!r})" if key.partition_key else ""
-        )
-        if row is None:
-            problems.append(
-                f"--id {shown}: the ledger has no such key for {entity!r} (on a partitioned "
-                "entity give --partition-key too)"
-            )
-        elif row.confirmed_at is not None:
-            problems.append(
-                f"--id {shown}: already confirmed ({row.outcome} at "
-                f"{utc_text(row.confirmed_at)}): nothing to resolve"
-            )
-    return problems
+def _listed(keys: Sequence[Key], most: int = _MAX_SHOWN) -> str:
+    shown = ", ".join(_shown(k) for k in keys[:most])
+    return shown + (f" and {len(keys) - most} more" if len(keys) > most else "")
 
 
 ledger.add_command(
@@ -322,3 +495,141 @@ ledger.add_command(
         "dropped, so the next publish --ledger sends them.",
     )
 )
+
+
+# -- reconcile -----------------------------------------------------------------------------
+
+_FINDING_TEXT = {
+    "held": "held by the broker (it stores them: they were sent)",
+    "remembered": "remembered by the broker (it remembers their ids: they were stored, and a "
+    "consumer may have taken them since)",
+    "not_stored": "never stored (the broker would remember them had they been)",
+    "absent": "not in the broker (neither stored nor remembered: never sent, or taken by a "
+    "consumer since; the broker cannot tell which)",
+}
+
+
+@ledger.command(epilog=LEDGER_EXIT_HELP)
+@click.argument("ledger_url", metavar="LEDGER")
+@click.option("--entity", required=True, help="Queue or topic name.")
+@click.option("--broker", "broker_url", required=True, help="The broker: publish --to's url.")
+@click.option(
+    "--subscription",
+    "subscriptions",
+    multiple=True,
+    help="Over AMQP, a topic's subscription to peek (repeat); a local broker reads them all.",
+)
+@click.option(
+    "--apply",
+    is_flag=True,
+    help="Record what the broker proves: confirm the keys it holds or remembers, release "
+    "those it never stored.",
+)
+@click.option(
+    "--release-absent",
+    is_flag=True,
+    help="With --apply, also release the keys not in the broker (you know no consumer "
+    "received them): the next publish --ledger sends them.",
+)
+@_guard_options
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (also for an error).")
+@json_errors
+def reconcile(
+    ledger_url: str,
+    entity: str,
+    broker_url: str,
+    subscriptions: tuple[str, ...],
+    apply: bool,
+    release_absent: bool,
+    min_age: timedelta,
+    force: bool,
+    as_json: bool,
+) -> None:
+    """Compare the keys in doubt with what the broker shows, and (--apply) record it."""
+    if release_absent and not apply:
+        raise click.UsageError("--release-absent releases keys: give --apply too")
+    with _open(ledger_url, "write" if apply else "read") as opened:
+        _check_entity(opened, entity)
+        rows = unconfirmed(opened.store, entity)
+        view = broker_view(broker_url, entity, [r.key for r in rows], subscriptions)
+        verdicts = compare(rows, view)
+        now = datetime.now(UTC)
+        bound = timedelta(0) if force else min_age
+        confirm = [v for v in verdicts if v.finding in ("held", "remembered")]
+        releasable = {"not_stored", "absent"} if release_absent else {"not_stored"}
+        wanted = [v for v in verdicts if v.finding in releasable]
+        young = [v for v in wanted if now - v.item.first_attempt < bound]
+        release = [v for v in wanted if now - v.item.first_attempt >= bound]
+        if apply:
+            opened.confirm(entity, {v.item.key: "resolved" for v in confirm})
+            rows_of = {v.item.key: _entry(v) for v in release}
+            _release(opened, entity, rows_of)
+    rule = Rule.of(view.profile) if view.profile is not None else Rule(None)
+    by: dict[str, list[Verdict]] = {f: [] for f in _FINDING_TEXT}
+    for verdict in verdicts:
+        by[verdict.finding].append(verdict)
+    left = len(verdicts) - (len(confirm) + len(release) if apply else 0)
+    if as_json:
+        data: dict[str, Any] = {
+            "status": "ok",
+            "entity": entity,
+            "rule": rule.as_json(),
+            "unconfirmed": len(verdicts),
+            **{f: [_key_json(v.item.key) for v in by[f]] for f in _FINDING_TEXT},
+            "too_young": [_key_json(v.item.key) for v in young],
+            "cannot_tell": list(view.cannot_tell),
+            "applied": apply,
+            "confirmed": len(confirm) if apply else 0,
+            "released": len(release) if apply else 0,
+            "left": left,
+            "exit_status": 0,
+        }
+        _echo_json(data)
+        return
+    click.echo(
+        f"{len(verdicts)} unconfirmed key(s) of {entity!r} ({rule.words()}), compared with "
+        "the broker:"
+    )
+    for finding, text in _FINDING_TEXT.items():
+        if by[finding]:
+            keys = [v.item.key for v in by[finding]]
+            click.echo(f"  {len(keys)} {text}: {_listed(keys, 3)}")
+    if young:
+        click.echo(
+            f"  {len(young)} too young to release: written less than "
+            f"{format_duration(min_age)} ago, their producer may still be sending them "
+            "(--force releases them anyway)"
+        )
+    for limit in view.cannot_tell:
+        click.echo(f"note: {limit}", err=True)
+    if apply:
+        released = f"released {len(release)}" + (
+            " (the next publish --ledger sends them)" if release else ""
+        )
+        click.echo(f"confirmed {len(confirm)} key(s), {released}; {left} left unconfirmed")
+        return
+    todo = []
+    if confirm or by["not_stored"]:
+        todo.append(
+            "--apply confirms the keys the broker holds or remembers and releases those it "
+            "never stored"
+        )
+    if by["absent"]:
+        todo.append(
+            "--apply --release-absent also releases those not in the broker, if you know no "
+            "consumer received them (the next publish --ledger sends them)"
+        )
+    if todo:
+        click.echo("Nothing was recorded: " + "; ".join(todo) + ".")
+
+
+def _entry(verdict: Verdict) -> str:
+    return verdict.item.owner
+
+
+def _release(opened: Ledger, entity: str, owners: dict[Key, str]) -> None:
+    by_owner: dict[str, list[Key]] = {}
+    for key, owner in owners.items():
+        by_owner.setdefault(owner, []).append(key)
+    for owner, keys in by_owner.items():
+        opened.release(entity, keys, owner)

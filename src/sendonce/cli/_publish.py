@@ -15,15 +15,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, NoReturn
-from urllib.parse import unquote, urlsplit
 
 import click
 
@@ -34,8 +34,9 @@ from .._sender import IdempotentSender
 from ..backends import Backend, connect
 from ..backends._url import LOCAL_SCHEME, local_path
 from ..errors import SendOnceError, ValidationError, redact
-from ..ledger import Ledger
+from ..ledger import InDoubtPolicy, Ledger
 from ._files import check_writable, os_errors
+from ._ledger_open import Mode, ledger_url, open_ledger, sqlite_path
 from ._records import BadLine, Record, open_input, read_records
 from ._report import Outcome, Report
 from ._rerun import RerunPromise
@@ -399,9 +400,15 @@ def _spec(
 @click.option(
     "--ledger",
     "ledger_url",
-    help="Record every send in this ledger (sqlite:///path/ledger.db or postgresql://...) "
-    "so that a re-run sends only what is missing even after the broker's window; the file "
-    "is created if missing.",
+    help="Record every send in this ledger (sqlite:///path/ledger.db, the path of a ledger "
+    "file, or postgresql://...) so that a re-run sends only what is missing even after the "
+    "broker's window. It must exist, unless --create-ledger.",
+)
+@click.option(
+    "--create-ledger",
+    is_flag=True,
+    help="Create the --ledger if it does not exist (said on stderr); refused where the entity "
+    "has no duplicate detection and already holds messages.",
 )
 @click.option(
     "--in-doubt",
@@ -437,6 +444,7 @@ def publish(
     timeout: timedelta | None,
     attempts: int | None,
     ledger_url: str | None,
+    create_ledger: bool,
     in_doubt: str | None,
     as_json: bool,
 ) -> None:
@@ -454,16 +462,19 @@ def publish(
             raise click.UsageError(
                 "--in-doubt needs --ledger: only a ledger knows what is in doubt"
             )
+        if create_ledger and ledger_url is None:
+            raise click.UsageError("--create-ledger needs --ledger: the ledger to create")
         spec = _spec(id_template, body_field, partition_key, session_id, allow_empty)
         retry = _retry_policy(timeout, attempts)
         source = source_options(file, fmt, encoding, delimiter, strip)
-        with (
-            _source(file) as path,
-            _open_ledger(ledger_url, in_doubt) as ledger,
-            _opened(url) as backend,
-        ):
+        with _source(file) as path, _opened(url) as backend, ExitStack() as stack:
             # One validation pass needs the entity's rules: the backend is opened first.
             target = _target(backend, entity, window, partitioned, sessions)
+            ledger = None
+            if ledger_url is not None:
+                ledger = stack.enter_context(
+                    _open_ledger(ledger_url, in_doubt, create_ledger, backend, target)
+                )
             try:
                 # The validation pass already refused one id with two bodies across the whole
                 # file; the sender's own memory of ids then only needs to span a few chunks.
@@ -489,7 +500,7 @@ def publish(
                     click.echo(f"note: {note}", err=True)
                 _warn_without_subscriptions(backend, sender.profile)
                 promise = RerunPromise(sender.profile, ledger_url, retry.safety_margin)
-                report = Report(entity, as_json, promise)
+                report = Report(entity, as_json, promise, url)
                 outcome = _send(
                     sender,
                     path,
@@ -574,29 +585,45 @@ def _opened(url: str) -> Iterator[Backend]:
         backend.close()
 
 
+_LEDGER_HINT = "sendonce publish creates one only with --create-ledger"
+
+
 @contextmanager
-def _open_ledger(url: str | None, in_doubt: str | None) -> Iterator[Ledger | None]:
-    """The ledger ``--ledger`` names, or ``None``; a bad url or file is a CLI error naming it."""
-    if url is None:
-        yield None
+def _open_ledger(
+    url: str, in_doubt: str | None, create: bool, backend: Backend, target: EntityProfile | str
+) -> Iterator[Ledger]:
+    """The ledger ``--ledger`` names; a missing one only with ``--create-ledger``, and never
+    where it would resend into an entity that already holds messages."""
+    policy: InDoubtPolicy = "resend" if in_doubt == "resend" else "error"
+    mode: Mode = "write"
+    if create:
+        try:
+            with open_ledger(url, "--ledger", mode="write", create_hint=_LEDGER_HINT):
+                pass
+        except InputError as exc:
+            if "there is no ledger" not in exc.message:
+                raise
+            _check_new_ledger(url, backend, target)
+            mode = "create"
+    with open_ledger(url, "--ledger", mode=mode, create_hint=_LEDGER_HINT, in_doubt=policy) as led:
+        yield led
+
+
+def _check_new_ledger(url: str, backend: Backend, target: EntityProfile | str) -> None:
+    """A new, empty ledger knows nothing of what the entity holds: on an entity that stores
+    every copy (no duplicate detection) and already holds messages, refuse to start one."""
+    profile = target if isinstance(target, EntityProfile) else backend.describe(target)
+    stats = getattr(backend, "stats", None)
+    if profile.duplicate_detection or stats is None:
         return
-    if url.strip().startswith("sqlite:"):
-        path = unquote(urlsplit(url.strip()).path)
-        if path:
-            check_writable(path, "--ledger: ledger file")
-    try:
-        ledger = Ledger(url, in_doubt="resend" if in_doubt == "resend" else "error")
-    except ModuleNotFoundError as exc:
-        raise InputError(f"--ledger: {_install_hint(exc)}") from None
-    except ValidationError as exc:
-        raise InputError(f"--ledger: {cli_text(exc)}") from None
-    except SendOnceError as exc:
-        raise InputError(f"--ledger {redact(url)}: {cli_text(exc)}") from None
-    except OSError as exc:
-        where = exc.filename if exc.filename else redact(url)
+    held = int(stats(profile.name)["messages"])
+    if held:
+        full = ledger_url(url, "--ledger")
+        where = sqlite_path(full) or redact(full)
         raise InputError(
-            f"--ledger: cannot open {where}: {exc.strerror or exc}. Check that its directory "
-            "exists and that you may write there"
-        ) from None
-    with ledger:
-        yield ledger
+            f"--create-ledger: there is no ledger {where}, and a new one would know nothing of "
+            f"the {held} message(s) entity {profile.name!r} already holds: it has no duplicate "
+            "detection, so every record among them would be stored again. Check the --ledger "
+            "path; if a new ledger is what you mean, create it first with `sendonce ledger "
+            f"create {shlex.quote(where)}`, then publish with --ledger. Nothing was sent"
+        )

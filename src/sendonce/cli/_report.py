@@ -16,9 +16,10 @@ import click
 from .._message import Message
 from .._sender import SendReport
 from ..errors import InDoubtError, redact
+from ._doubt_rule import Rule
 from ._rerun import RerunPromise
 from ._validation import MAX_SHOWN
-from ._words import EXIT_FAILED, cli_text
+from ._words import EXIT_FAILED, cli_text, format_duration
 
 __all__ = ["Outcome", "Report"]
 
@@ -74,10 +75,14 @@ class Report:
     as one object, so a script always gets a report.
     """
 
-    def __init__(self, entity: str, as_json: bool, promise: RerunPromise) -> None:
+    def __init__(
+        self, entity: str, as_json: bool, promise: RerunPromise, broker: str | None = None
+    ) -> None:
         self.entity = entity
         self.as_json = as_json
         self.promise = promise
+        self.broker = broker
+        """The --to url (shown redacted), for the advice on keys in doubt."""
 
     def finish(
         self,
@@ -143,13 +148,25 @@ class Report:
         promise = self.promise
         if promise.ledger is None:
             return f"{count} message(s) are in doubt. " + promise.text()
+        rule = Rule.of(promise.profile)
+        if rule.kind == "window" and rule.window is not None:
+            settle = (
+                f"Those first attempted less than {format_duration(rule.window)} ago (the "
+                "duplicate-detection window) are resent by running the same command again, "
+                "and the broker drops a copy; for the others"
+            )
+        else:
+            settle = (
+                f"The entity has {rule.words()}, so running the same command again does not "
+                "resend them (a copy could be stored twice); instead"
+            )
+        ledger, broker = redact(promise.ledger), redact(self.broker or "URL")
         return (
             f"{count} message(s) are in doubt: the ledger holds a send of each that was never "
-            "confirmed. Inside the duplicate-detection window of that send, running the same "
-            "command again settles them; after it, check whether the broker has them, then "
-            f"`sendonce ledger confirm {redact(promise.ledger)} --entity {self.entity} --id ID` "
-            "(it has) or `sendonce ledger release ...` (it has not: the next run sends it), or "
-            "give --in-doubt resend (at-least-once: it may be delivered twice). "
-            f"`sendonce ledger in-doubt {redact(promise.ledger)} --entity {self.entity}` lists "
-            "them."
+            f"confirmed. {settle}, compare them with the broker: `sendonce ledger reconcile "
+            f"{ledger} --entity {self.entity} --broker {broker}` (--apply records what it "
+            "shows), then `sendonce ledger confirm` (the broker has it) or `sendonce ledger "
+            "release` (it has not: the next run sends it) what is left; `sendonce ledger "
+            f"in-doubt {ledger} --entity {self.entity}` lists them (docs/ledger.md). Or give "
+            "--in-doubt resend (at-least-once: they may be delivered twice)."
         )

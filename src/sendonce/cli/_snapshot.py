@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from urllib.parse import quote
 
+from .._sqlite_share import read_only_options
 from ._words import InputError
 
 __all__ = ["snapshot"]
@@ -34,10 +35,17 @@ def snapshot(path: str, what: str) -> Iterator[str]:
 
 def _copy(path: str, copy: str, what: str) -> None:
     uri = "file:" + quote(path)
-    # mode=ro still needs the -shm beside a database in WAL mode (created if missing);
-    # on a read-only directory or volume, immutable=1 reads the file alone.
+    # mode=ro would create a missing -wal and -shm beside the file (and leave them there):
+    # the options that read it writing nothing beside it (see read_only_options).
+    choices = read_only_options(path)
+    if not choices:
+        raise InputError(
+            f"{what} {path!r} cannot be read without writing beside it: its write-ahead log "
+            "holds pages and its index (-shm) is missing. Open it once where it may be "
+            "written, or copy the files somewhere writable"
+        )
     problem: sqlite3.Error | None = None
-    for options in ("mode=ro", "mode=ro&immutable=1"):
+    for options in choices:
         try:
             source = sqlite3.connect(f"{uri}?{options}", uri=True)
             try:

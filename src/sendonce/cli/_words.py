@@ -130,10 +130,18 @@ _REPLACEMENTS: list[tuple[re.Pattern[str], str]] = [
     ),
     (
         re.compile(
-            r", or pass require_duplicate_detection=False to accept at-least-once "
-            r"delivery\."
+            r"recreate it with requires_duplicate_detection=True, or pass "
+            r"require_duplicate_detection=False to accept at-least-once delivery\."
         ),
-        "; sendonce publish refuses such an entity: exactly-once needs duplicate detection.",
+        "recreate it with duplicate detection (sendonce broker create without --no-dedup), or "
+        "give --ledger: a ledger remembers every send, so a re-run sends only what is missing "
+        "(see docs/ledger.md).",
+    ),
+    (
+        re.compile(
+            r"resolve it by hand \(Ledger\.confirm or Ledger\.release, see docs/ledger\.md\)"
+        ),
+        "resolve it (sendonce ledger reconcile, then confirm or release: see docs/ledger.md)",
     ),
     (re.compile(r"\(allow_empty=True accepts it\)"), "(--allow-empty accepts it)"),
     (

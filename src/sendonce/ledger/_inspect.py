@@ -12,16 +12,30 @@ queries below read the two built-in stores' tables; they only read.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from .._names import name_key
 from ..errors import ConfigurationError
 from ._ledger import Ledger
-from ._store import Key, LedgerStore
+from ._store import Entry, Key, LedgerStore
 
-__all__ = ["EntityCounts", "Unconfirmed", "entity_counts", "resolve", "unconfirmed"]
+__all__ = [
+    "EntityCounts",
+    "Refusal",
+    "Unconfirmed",
+    "ago",
+    "check_resolvable",
+    "count_unconfirmed",
+    "entity_counts",
+    "entity_names",
+    "last_activity",
+    "resolve",
+    "unconfirmed",
+]
 
 Resolution = Literal["sent", "release"]
 
@@ -50,6 +64,7 @@ class Unconfirmed:
     key: Key
     first_attempt: datetime
     owner: str
+    """The owner token of the transfer that wrote the intent (one per ``record_intents``)."""
 
 
 def entity_counts(store: LedgerStore) -> list[EntityCounts]:
@@ -62,41 +77,158 @@ def entity_counts(store: LedgerStore) -> list[EntityCounts]:
     return sorted(counts, key=lambda c: c.entity)
 
 
-def unconfirmed(store: LedgerStore, entity: str, *, limit: int) -> list[Unconfirmed]:
-    """At most ``limit`` keys of ``entity`` never confirmed, the oldest first."""
+def unconfirmed(
+    store: LedgerStore,
+    entity: str,
+    *,
+    limit: int | None = None,
+    offset: int = 0,
+    before: datetime | None = None,
+) -> list[Unconfirmed]:
+    """Keys of ``entity`` never confirmed, the oldest first: ``limit`` of them (None: all)
+    from ``offset``; with ``before``, only those first attempted before it."""
+    cutoff = _BEFORE_ALL if before is None else before
     if _is_sqlite(store):
-        rows = _query(store, _SQLITE_UNCONFIRMED, "", (entity, limit))
-        return [
-            Unconfirmed(_unpack(packed), _micros(first), owner) for packed, first, owner in rows
-        ]
-    rows = _query(store, "", _POSTGRES_UNCONFIRMED, (name_key(entity), limit))
+        params = (entity, _us(cutoff), -1 if limit is None else limit, offset)
+        rows = _query(store, _SQLITE_UNCONFIRMED, "", params)
+        return [Unconfirmed(_unpack(k), _micros(first), owner) for k, first, owner in rows]
+    rows = _query(store, "", _POSTGRES_UNCONFIRMED, (name_key(entity), cutoff, limit, offset))
     return [Unconfirmed(Key(mid, pk), first, owner) for mid, pk, first, owner in rows]
 
 
-def resolve(ledger: Ledger, entity: str, key: Key, resolution: Resolution) -> None:
-    """Record a person's answer for an unconfirmed key: ``sent`` (the broker has it) or
-    ``release`` (it has not: the next run sends it). Refused for a key that is not
-    unconfirmed, so a confirmed key is never released by a slip."""
-    row = ledger.store.lookup(entity, [key]).get(key)
-    if row is None:
-        raise ConfigurationError(
-            f"the ledger has no key {_shown(key)} for entity {entity!r}", field="key"
-        )
-    if row.confirmed_at is not None:
-        raise ConfigurationError(
-            f"key {_shown(key)} of entity {entity!r} is already confirmed "
-            f"({row.outcome} at {row.confirmed_at.isoformat()}): nothing to resolve",
-            field="key",
-        )
-    if resolution == "sent":
-        ledger.confirm(entity, {key: "sent"})
+def count_unconfirmed(store: LedgerStore, entity: str, *, before: datetime | None = None) -> int:
+    """How many keys of ``entity`` were never confirmed (first attempted before ``before``)."""
+    cutoff = _BEFORE_ALL if before is None else before
+    if _is_sqlite(store):
+        rows = _query(store, _SQLITE_COUNT_UNCONFIRMED, "", (entity, _us(cutoff)))
     else:
-        ledger.release(entity, [key], row.owner)
+        rows = _query(store, "", _POSTGRES_COUNT_UNCONFIRMED, (name_key(entity), cutoff))
+    return int(rows[0][0]) if rows else 0
 
 
-def _shown(key: Key) -> str:
-    mid, pk = key
-    return repr(mid) if not pk else f"{mid!r} (partition key {pk!r})"
+def entity_names(store: LedgerStore) -> list[str]:
+    """The entities the ledger knows, by name."""
+    return [c.entity for c in entity_counts(store)]
+
+
+def last_activity(
+    store: LedgerStore, entity: str, rows: Sequence[Unconfirmed]
+) -> dict[str, datetime]:
+    """Per owner of ``rows``: when that producer last wrote to the ledger (the intents of its
+    transfer, or the confirmation of one of their keys). A recent one means it is alive."""
+    found: dict[str, datetime] = {}
+    for row in rows:
+        if row.owner not in found or row.first_attempt > found[row.owner]:
+            found[row.owner] = row.first_attempt
+    if not found:
+        return found
+    owners = sorted(found)
+    if _is_sqlite(store):
+        latest = [
+            (owner, None if moment is None else _micros(moment))
+            for owner, moment in _query(store, _SQLITE_ACTIVITY, "", (json.dumps(owners),))
+        ]
+    else:
+        latest = _query(store, "", _POSTGRES_ACTIVITY, (name_key(entity), owners))
+    for owner, moment in latest:
+        if moment is not None and moment > found[owner]:
+            found[owner] = moment
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why one key cannot be resolved as asked; nothing is changed when any key is refused."""
+
+    key: Key
+    reason: Literal["unknown", "confirmed", "young", "live"]
+    text: str
+
+
+def check_resolvable(
+    ledger: Ledger,
+    entity: str,
+    keys: Sequence[Key],
+    *,
+    min_age: timedelta,
+    now: datetime,
+) -> tuple[dict[Key, Entry], list[Refusal]]:
+    """The rows of ``keys`` and every reason not to resolve some of them by hand.
+
+    A key must be an unconfirmed intent (a confirmed key is never released by a slip),
+    and its producer must be gone: an intent younger than ``min_age``, or one whose
+    producer wrote to the ledger (another key of its transfer confirmed) less than
+    ``min_age`` ago, may still be in flight; resolving it could duplicate or lose it.
+    """
+    rows = ledger.store.lookup(entity, list(keys))
+    refusals: list[Refusal] = []
+    pending: list[Unconfirmed] = []
+    for key in keys:
+        row = rows.get(key)
+        if row is None:
+            refusals.append(Refusal(key, "unknown", "the ledger has no such key"))
+        elif row.confirmed_at is not None:
+            confirmed = f"{row.outcome} at {_utc(row.confirmed_at)}"
+            refusals.append(
+                Refusal(key, "confirmed", f"already confirmed ({confirmed}): nothing to resolve")
+            )
+        else:
+            pending.append(Unconfirmed(key, row.first_attempt, row.owner))
+    activity = last_activity(ledger.store, entity, pending) if min_age > timedelta(0) else {}
+    for item in pending:
+        age = now - item.first_attempt
+        active = activity.get(item.owner, item.first_attempt)
+        if age < min_age:
+            text = (
+                f"its intent was written {ago(age)} ago, less than {ago(min_age)}: the "
+                "producer that wrote it may still be sending it"
+            )
+            refusals.append(Refusal(item.key, "young", text))
+        elif now - active < min_age:
+            text = (
+                "the producer that wrote it confirmed another key of the same transfer "
+                f"{ago(now - active)} ago: it is alive and may still be sending this one"
+            )
+            refusals.append(Refusal(item.key, "live", text))
+    return rows, refusals
+
+
+def resolve(
+    ledger: Ledger,
+    entity: str,
+    rows: Mapping[Key, Entry],
+    keys: Sequence[Key],
+    resolution: Resolution,
+) -> None:
+    """Record a person's answer for unconfirmed keys (checked by :func:`check_resolvable`):
+    ``sent`` (the broker has them: confirmed in one write, outcome ``resolved``) or
+    ``release`` (it has not: their intents are dropped, one write per producer, and the
+    next run sends them)."""
+    if not keys:
+        return
+    if resolution == "sent":
+        ledger.confirm(entity, {key: "resolved" for key in keys})
+        return
+    by_owner: dict[str, list[Key]] = {}
+    for key in keys:
+        by_owner.setdefault(rows[key].owner, []).append(key)
+    for owner, owned in by_owner.items():
+        ledger.release(entity, owned, owner)
+
+
+def ago(value: timedelta) -> str:
+    """A duration as the options write it, to the second: ``2m40s``, ``3h5m``."""
+    seconds = max(0, int(value.total_seconds()))
+    parts: list[str] = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size or (unit == "s" and not parts):
+            parts.append(f"{seconds // size}{unit}")
+            seconds %= size
+    return "".join(parts[:2])
+
+
+def _utc(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 # -- the built-in stores' tables (read only) --------------------------------------------
@@ -112,14 +244,24 @@ LEFT JOIN ledger_keys AS k
 LEFT JOIN ledger_transfers AS t ON t.tid = k.tid
 GROUP BY e.eid
 """
-_SQLITE_UNCONFIRMED = """
-SELECT k.k, t.first_attempt, t.owner
+_SQLITE_IN_DOUBT = """
 FROM ledger_entities AS e
 JOIN ledger_keys AS k ON k.k >= e.eid || ':' AND k.k < e.eid || ';'
 JOIN ledger_transfers AS t ON t.tid = k.tid
 WHERE e.name = ? COLLATE NOCASE AND coalesce(k.confirmed_at, t.confirmed_at) IS NULL
+    AND t.first_attempt < ?
+"""
+_SQLITE_UNCONFIRMED = f"""
+SELECT k.k, t.first_attempt, t.owner {_SQLITE_IN_DOUBT}
 ORDER BY t.first_attempt, k.rowid
-LIMIT ?
+LIMIT ? OFFSET ?
+"""
+_SQLITE_COUNT_UNCONFIRMED = f"SELECT count(*) {_SQLITE_IN_DOUBT}"
+_SQLITE_ACTIVITY = """
+SELECT t.owner, max(k.confirmed_at)
+FROM ledger_transfers AS t JOIN ledger_keys AS k ON k.tid = t.tid
+WHERE t.owner IN (SELECT value FROM json_each(?)) AND k.outcome IS NOT 'resolved'
+GROUP BY t.owner
 """
 _POSTGRES_CONFIRMED = "coalesce(l.confirmed_at, t.confirmed_at)"
 _POSTGRES_JOIN = (
@@ -131,12 +273,20 @@ SELECT l.entity, count(*), count({_POSTGRES_CONFIRMED}), min(l.first_attempt),
 FROM sendonce_ledger AS l {_POSTGRES_JOIN}
 GROUP BY l.entity
 """
-_POSTGRES_UNCONFIRMED = f"""
-SELECT l.message_id, l.partition_key, l.first_attempt, l.owner
+_POSTGRES_IN_DOUBT = f"""
 FROM sendonce_ledger AS l {_POSTGRES_JOIN}
-WHERE l.entity = %s AND {_POSTGRES_CONFIRMED} IS NULL
-ORDER BY l.first_attempt
-LIMIT %s
+WHERE l.entity = %s AND {_POSTGRES_CONFIRMED} IS NULL AND l.first_attempt < %s
+"""
+_POSTGRES_UNCONFIRMED = f"""
+SELECT l.message_id, l.partition_key, l.first_attempt, l.owner {_POSTGRES_IN_DOUBT}
+ORDER BY l.first_attempt, l.message_id COLLATE "C", l.partition_key COLLATE "C"
+LIMIT %s OFFSET %s
+"""
+_POSTGRES_COUNT_UNCONFIRMED = f"SELECT count(*) {_POSTGRES_IN_DOUBT}"
+_POSTGRES_ACTIVITY = """
+SELECT owner, max(confirmed_at) FROM sendonce_ledger
+WHERE entity = %s AND owner = ANY(%s) AND outcome IS DISTINCT FROM 'resolved'
+GROUP BY owner
 """
 
 
@@ -154,7 +304,7 @@ def _query(
         def work(conn: Any) -> list[tuple[Any, ...]]:
             return list(conn.execute(sqlite_sql, params).fetchall())
 
-        rows: list[tuple[Any, ...]] = store._tx(work)  # type: ignore[attr-defined]
+        rows: list[tuple[Any, ...]] = store.read(work)  # type: ignore[attr-defined]
         return rows
     if type(store).__name__ == "PostgresStore":
 
@@ -170,6 +320,15 @@ def _query(
         "postgresql stores can",
         field="ledger",
     )
+
+
+_BEFORE_ALL = datetime(9999, 1, 1, tzinfo=UTC)
+
+
+def _us(moment: datetime) -> int:
+    from ._sqlite import _us as to_micros
+
+    return to_micros(moment)
 
 
 def _time(value: int | datetime | None) -> datetime | None:

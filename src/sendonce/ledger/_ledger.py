@@ -49,7 +49,10 @@ IN_FLIGHT_HORIZON = timedelta(seconds=160)
 """How long another producer's send may still be in flight after it wrote its intent: the
 default ``RetryPolicy``'s whole budget (5 attempts of 30 s and their backoffs, ~158 s).
 An unconfirmed intent younger than this may belong to a producer that is still sending."""
-OUTCOMES = ("sent", "duplicate", "scheduled")
+OUTCOMES = ("sent", "duplicate", "scheduled", "resolved")
+"""What a confirmation records: the broker's ack (``sent``, ``duplicate``, ``scheduled``), or
+``resolved``, a person's answer that the broker has the key (``sendonce ledger confirm``):
+kept apart so that it never reads as a sign that the producer is alive."""
 WallClock = Callable[[], datetime]
 
 
@@ -144,19 +147,25 @@ def _confirmation(
     return Confirmation((), keys) if keys else None
 
 
-def open_store(url: str) -> LedgerStore:
-    """The store a url names: ``sqlite:///abs/path.db`` or ``postgresql://...``."""
+def open_store(url: str, *, create: bool = True, read_only: bool = False) -> LedgerStore:
+    """The store a url names: ``sqlite:///abs/path.db`` or ``postgresql://...``.
+
+    ``create=False`` refuses a ledger that does not exist (no SQLite file; a database
+    without the ledger's tables) with a ``ConfigurationError`` naming it. ``read_only``
+    (SQLite) opens a file this user may not write, writing nothing beside it; only the
+    inspection queries of ``sendonce ledger`` can use such a store.
+    """
     if not isinstance(url, str) or not url.strip():
         raise ConfigurationError("ledger url must be a non-empty str", field="ledger")
     url = url.strip()
     if url.startswith("sqlite:"):
         from ._sqlite import SQLiteStore
 
-        return SQLiteStore.from_url(url)
+        return SQLiteStore.from_url(url, create=create, read_only=read_only)
     if url.startswith(("postgresql://", "postgres://")):
         from ._postgres import PostgresStore
 
-        return PostgresStore(url)
+        return PostgresStore(url, create=create and not read_only)
     from ..errors import redact
 
     raise ConfigurationError(
@@ -164,6 +173,15 @@ def open_store(url: str) -> LedgerStore:
         "or postgresql://user@host/db",
         field="ledger",
     )
+
+
+def shown_url(url: str) -> str:
+    """A store url as a person reads it: a SQLite file's absolute path, else the url redacted."""
+    from ..errors import redact
+
+    if url.startswith("sqlite://"):
+        return url[len("sqlite://") :].partition("?")[0]
+    return redact(url)
 
 
 @dataclass(slots=True, eq=False)
@@ -275,6 +293,13 @@ class Ledger:
     the default) or ``"resend"`` (at-least-once). ``retention`` (default 30 days, or
     None: forever) is how long keys are kept; pruning is bounded per call.
     ``clock`` (wall time, aware ``datetime``) is injectable for tests.
+
+    A new ledger is a decision: ``create`` says what to do when the url names no ledger
+    (no SQLite file, or a database without the ledger's tables). ``True`` (the default)
+    creates it, logging a warning on ``sendonce.ledger`` with its absolute path, and
+    :attr:`created` says so; ``False`` refuses it with a ``ConfigurationError`` naming it:
+    what a service that must find its ledger (a missing volume, a typo'd path would
+    otherwise start an empty one and send everything again) should pass.
     """
 
     def __init__(
@@ -286,6 +311,7 @@ class Ledger:
         clock: WallClock | None = None,
         prune_limit: int = 1000,
         prune_interval: timedelta = timedelta(hours=1),
+        create: bool = True,
     ) -> None:
         if in_doubt not in ("error", "resend"):
             raise ConfigurationError('in_doubt must be "error" or "resend"', field="in_doubt")
@@ -303,8 +329,19 @@ class Ledger:
             )
         if clock is not None and not callable(clock):
             raise ConfigurationError("clock must be a callable", field="clock")
+        if not isinstance(create, bool):
+            raise ConfigurationError("create must be True or False", field="create")
         self._owns_store = isinstance(store, str)
-        self.store: LedgerStore = open_store(store) if isinstance(store, str) else store
+        self.store: LedgerStore = (
+            open_store(store, create=create) if isinstance(store, str) else store
+        )
+        self.created: bool = bool(getattr(self.store, "created", False))
+        """Whether this open created the ledger (the url named none)."""
+        if self.created and self._owns_store:  # a store handed in: its opener reports it
+            logger.warning(
+                "ledger: created a new, empty ledger at %s (it did not exist)",
+                shown_url(self.store.url),
+            )
         self.in_doubt: InDoubtPolicy = in_doubt
         self.retention = retention
         self.clock: WallClock = clock or _now
@@ -358,7 +395,14 @@ class Ledger:
         window = profile.window if profile.duplicate_detection else None
         self.check_window(window, profile.name)
 
-    def in_doubt_message(self, message_id: str, row: Entry, *, window: timedelta) -> str:
+    def in_doubt_message(
+        self,
+        message_id: str,
+        row: Entry,
+        *,
+        window: timedelta,
+        profile: EntityProfile | None = None,
+    ) -> str:
         """Why the unconfirmed key ``row`` is in doubt, and what to do: the InDoubtError text.
 
         Where the broker keeps no window (``window`` zero: no duplicate detection, or a
@@ -366,15 +410,20 @@ class Ledger:
         to a producer that is still sending it (another process sharing the ledger). Any
         other was left by a producer that stopped before it recorded the broker's ack: with
         a window, a key is in doubt only once its producer's own deadline (first attempt +
-        window - margin) has passed, so that producer is no longer sending it.
+        window - margin) has passed, so that producer is no longer sending it. ``profile``
+        (the entity's) names its rule: no duplicate detection, or an id cache.
         """
         written = row.first_attempt.isoformat()
         age = (self.clock() - row.first_attempt).total_seconds()
-        why = (
-            "the entity has no duplicate detection"
-            if window <= timedelta(0)
-            else f"its duplicate-detection window ({window}) has passed"
-        )
+        if window > timedelta(0):
+            why = f"its duplicate-detection window ({window}) has passed"
+        elif profile is not None and profile.duplicate_detection and profile.id_cache_size:
+            why = (
+                f"the entity remembers ids by count (the last {profile.id_cache_size}), not "
+                "by time, so nothing says it still remembers this one"
+            )
+        else:
+            why = "the entity has no duplicate detection"
         if window <= timedelta(0) and 0 <= age < IN_FLIGHT_HORIZON.total_seconds():
             return (
                 f"message {message_id!r} is in doubt: another producer wrote its intent "
@@ -386,8 +435,8 @@ class Ledger:
         return (
             f"message {message_id!r} is in doubt: a send first attempted at {written} was "
             f"never confirmed (the producer that wrote its intent stopped before the ack was "
-            f"recorded) and {why}, so resending could duplicate it. It was not sent. Check "
-            "the entity and resolve the key by hand (Ledger.confirm or Ledger.release, see "
+            f"recorded) and {why}, so resending could duplicate it. It was not sent. Compare "
+            "it with the broker and resolve it by hand (Ledger.confirm or Ledger.release, see "
             "docs/ledger.md), or use Ledger(in_doubt='resend') to accept at-least-once."
         )
 

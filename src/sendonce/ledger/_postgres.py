@@ -182,6 +182,12 @@ def _entries(rows: list[tuple[Any, ...]]) -> dict[Key, Entry]:
     return found
 
 
+def _has_ledger_table(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the database holds a ledger (one of the first format has no version row)."""
+    row = conn.execute("SELECT to_regclass('sendonce_ledger') IS NOT NULL").fetchone()
+    return bool(row and row[0])
+
+
 def _keys(keys: Sequence[Key]) -> dict[str, list[str]]:
     return {"mids": [k[0] for k in keys], "pks": [k[1] for k in keys]}
 
@@ -226,7 +232,12 @@ class PostgresStore:
     """
 
     def __init__(
-        self, url: str, *, connect_timeout: float | None = None, attempts: int | None = None
+        self,
+        url: str,
+        *,
+        connect_timeout: float | None = None,
+        attempts: int | None = None,
+        create: bool = True,
     ) -> None:
         if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
             raise ConfigurationError(
@@ -241,6 +252,9 @@ class PostgresStore:
         self._lock = threading.Lock()
         self._conn: psycopg.Connection[Any] | None = None
         self._closed = False
+        self._create = create
+        self.created = False
+        """Whether this open created the ledger's tables (the database had none)."""
         self._run(self._ensure_schema)
 
     def __repr__(self) -> str:
@@ -320,6 +334,14 @@ class PostgresStore:
             conn.execute("SELECT pg_advisory_xact_lock(hashtext('sendonce_ledger'))")
             version = self._schema_version(conn)
             if version is None:
+                if not _has_ledger_table(conn):
+                    if not self._create:
+                        raise ConfigurationError(
+                            f"database {redact(self.url)!r} holds no sendonce ledger "
+                            "(create=True creates its tables there)",
+                            field="ledger",
+                        )
+                    self.created = True
                 conn.execute(_SCHEMA)  # a database of version 1 without its row: adopted
                 version = "1"
             if version == "1":

@@ -262,7 +262,13 @@ class SQLiteStore:
     """Ledger rows in one SQLite file (WAL), shared safely by many processes."""
 
     def __init__(
-        self, path: str, *, durability: str = "normal", busy_timeout: float = 60.0
+        self,
+        path: str,
+        *,
+        durability: str = "normal",
+        busy_timeout: float = 60.0,
+        create: bool = True,
+        read_only: bool = False,
     ) -> None:
         if not isinstance(path, str) or not path:
             raise ConfigurationError("ledger path must be a non-empty str", field="ledger")
@@ -280,22 +286,42 @@ class SQLiteStore:
                 "(create it first; the ledger creates only the file)",
                 field="ledger",
             )
+        if (read_only or not create) and not os.path.lexists(real):
+            raise ConfigurationError(
+                f"there is no ledger file {real!r}"
+                + ("" if read_only else " (create=True starts a new, empty ledger there)"),
+                field="ledger",
+            )
         self.path = real
         self.url = f"sqlite://{real}" + ("?durability=full" if durability == "full" else "")
         self.busy_timeout = busy_timeout
+        self.read_only = read_only
+        self.created = False
+        """Whether this open created the file (it did not exist)."""
         self._eids: ByName[int] = ByName()  # entity ids by name, any spelling
-        self._handle: SharedHandle = open_shared(
-            real,
-            create=_create,
-            setup=_setup(real),  # type: ignore[arg-type]
-            configure=_configure,
-            errors=_ERRORS,
-            synchronous="FULL" if durability == "full" else "NORMAL",
-            busy_timeout=busy_timeout,
-        )
+
+        def create_file(target: str) -> None:
+            _create(target)
+            self.created = True
+
+        try:
+            self._handle: SharedHandle = open_shared(
+                real,
+                create=create_file if create and not read_only else None,
+                setup=_setup(real),  # type: ignore[arg-type]
+                configure=_configure,
+                errors=_ERRORS,
+                synchronous="FULL" if durability == "full" else "NORMAL",
+                busy_timeout=busy_timeout,
+                read_only=read_only,
+            )
+        except ConfigurationError as exc:
+            if exc.field != "path":
+                raise
+            raise ConfigurationError(str(exc), field="ledger") from None
 
     @classmethod
-    def from_url(cls, url: str) -> SQLiteStore:
+    def from_url(cls, url: str, *, create: bool = True, read_only: bool = False) -> SQLiteStore:
         """``sqlite:///abs/path.db`` (or ``sqlite:relative.db``)."""
         parts = urlsplit(url)
         if parts.netloc not in ("", "localhost"):
@@ -311,7 +337,9 @@ class SQLiteStore:
             raise ConfigurationError(
                 f"ledger url {url!r}: unknown option(s) {sorted(unknown)}", field="ledger"
             )
-        return cls(path, durability=options.get("durability", "normal"))
+        return cls(
+            path, durability=options.get("durability", "normal"), create=create, read_only=read_only
+        )
 
     def __repr__(self) -> str:
         return f"SQLiteStore({self.path!r})"
@@ -321,6 +349,16 @@ class SQLiteStore:
             work,
             timeout=self.busy_timeout,
             on_busy=lambda text: LedgerError(f"ledger {text}"),
+        )
+        return result
+
+    def read(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``work`` in a read transaction (what a read-only store can do)."""
+        result: T = self._handle.transaction(
+            work,
+            timeout=self.busy_timeout,
+            on_busy=lambda text: LedgerError(f"ledger {text}"),
+            immediate=False,
         )
         return result
 
@@ -426,6 +464,20 @@ class SQLiteStore:
     def lookup(self, entity: str, keys: Sequence[Key]) -> dict[Key, Entry]:
         if not keys:
             return {}
+        if self.read_only:  # the entity's id is only read, never created
+            eid = self._eids.get(entity)
+            if eid is None:
+                row = self.read(
+                    lambda conn: conn.execute(
+                        "SELECT eid FROM ledger_entities WHERE name = ? COLLATE NOCASE", (entity,)
+                    ).fetchone()
+                )
+                if row is None:
+                    return {}
+                eid = self._eids[entity] = int(row[0])
+            pack = _packer(eid)
+            packed = {pack(k): Key(*k) for k in keys}
+            return self.read(lambda conn: _select(conn, packed))
         pack = _packer(self._entity_id(entity))
         packed = {pack(k): Key(*k) for k in keys}
         return self._tx(lambda conn: _select(conn, packed))

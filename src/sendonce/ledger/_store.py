@@ -12,18 +12,36 @@ acknowledged", can be one row, not one per message.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 __all__ = ["Confirmation", "Entry", "Key", "LedgerStore"]
 
 
-class Key(NamedTuple):
-    """The broker's uniqueness key: message id, and partition key where it counts ('' if not)."""
-
+class _KeyFields(NamedTuple):
     message_id: str
     partition_key: str
+
+
+class Key(_KeyFields):
+    """The broker's uniqueness key: message id, and partition key where it counts ('' if not).
+
+    ``None`` (or leaving it out) means no partition key, as everywhere else in sendonce:
+    ``Key(id, None)``, ``Key(id)`` and ``Key(id, "")`` are one key (equal, one hash), so a
+    key written by hand finds the row :meth:`~sendonce.ledger.Ledger.lookup` returned.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, message_id: str, partition_key: str | None = None) -> Key:
+        return tuple.__new__(cls, (message_id, partition_key or ""))
+
+    @classmethod
+    def _make(cls, iterable: Iterable[Any]) -> Key:  # type: ignore[override]
+        """As ``Key(*iterable)`` (``_replace`` builds through it): None is '' here too."""
+        message_id, partition_key = iterable
+        return tuple.__new__(cls, (message_id, partition_key or ""))
 
 
 class Entry(NamedTuple):

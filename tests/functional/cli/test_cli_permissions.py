@@ -129,30 +129,62 @@ def test_a_lock_file_of_another_user_is_named(broker: Path):
     assert looked.returncode == 0 and "snapshot" in looked.stderr
 
 
-def test_a_read_only_ledger_is_read_from_a_snapshot_and_not_resolved(tmp_path: Path):
+def test_a_read_only_ledger_is_read_in_place_writing_nothing_beside_it(tmp_path: Path):
+    """Issue 28 item 7: a ledger file the user may not write, in a directory they may: the
+    reading commands work and leave no -wal or -shm beside it (they would block its writers
+    later); the writing ones are refused; once writable again, publish uses it."""
     from datetime import UTC, datetime
 
-    from sendonce import Message
+    from sendonce import EntityProfile, Message
     from sendonce.ledger import Key, Ledger
 
     path = tmp_path / "ledger.db"
     with Ledger(f"sqlite://{path}", clock=lambda: datetime(2026, 1, 1, tzinfo=UTC)) as ledger:
         ledger.prepare(
-            "orders", [Message("x", message_id="1")], [Key("1", "")],
+            "orders", [Message("x", message_id="1")], [Key("1")],
             window=timedelta(minutes=10), margin=timedelta(seconds=5),
         )  # fmt: skip
+    with LocalBackend(tmp_path / "b.db") as backend:
+        backend.create_entity(EntityProfile("orders"))
+    before = sorted(os.listdir(tmp_path))
     path.chmod(0o444)
     try:
         stats = sendonce("ledger", "stats", str(path), "--json", cwd=tmp_path)
         assert stats.returncode == 0, stats.stderr
+        assert "reading it read-only" in stats.stderr
         assert json.loads(stats.stdout)["orders"]["unconfirmed"] == 1
         listed = sendonce("ledger", "in-doubt", str(path), "--entity", "orders", cwd=tmp_path)
-        assert "'1': first attempted 2026-01-01" in listed.stdout
+        assert "'1': first attempted 2026-01-01" in listed.stdout, listed.stderr
+        compared = sendonce("ledger", "reconcile", str(path), "--entity", "orders",
+                            "--broker", "local:b.db", "--json", cwd=tmp_path)  # fmt: skip
+        assert json.loads(compared.stdout)["absent"] == [
+            {"message_id": "1", "partition_key": None}
+        ], compared.stderr
+        assert sorted(os.listdir(tmp_path)) == before  # no -wal, no -shm, no .lock
         refused = sendonce("ledger", "confirm", str(path), "--entity", "orders", "--id", "1",
                            cwd=tmp_path)  # fmt: skip
         assert_refused(refused, f"no write permission on '{path}'")
     finally:
         path.chmod(0o644)
+    source = tmp_path / "o.jsonl"
+    source.write_text('{"order_id": 2}\n')
+    published = sendonce(
+        "publish", str(source), "--to", "local:b.db", "--entity", "orders", "--id",
+        "{order_id}", "--no-progress", "--ledger", str(path), cwd=tmp_path,
+    )  # fmt: skip
+    assert published.returncode == 0, published.stderr
+
+
+def test_a_read_only_broker_in_a_writable_directory_is_inspected_writing_nothing(broker: Path):
+    """The same for a broker: stats reads a snapshot, and no -wal or -shm is left beside it."""
+    home = broker.parent
+    before = sorted(p.name for p in home.iterdir())
+    broker.chmod(0o444)
+    stats = sendonce("broker", "stats", str(broker), "--json", cwd=home)
+    assert stats.returncode == 0, stats.stderr
+    assert json.loads(stats.stdout)["orders"]["messages"] == 1
+    assert sorted(p.name for p in home.iterdir()) == before
+    broker.chmod(0o644)
 
 
 def test_a_broker_on_a_read_only_file_system_is_inspected_not_written(broker: Path):

@@ -1,0 +1,88 @@
+"""When an unconfirmed ledger key is in doubt: the entity's own rule, in the CLI's words.
+
+The ledger records sends, not the rules of the entities it sent to, and the rule
+decides what an unconfirmed key means: with a duplicate-detection window a re-run
+inside it resends the key and the broker drops a copy, so only keys past it are in
+doubt; without duplicate detection, or with an Artemis-style id cache (which
+remembers ids by count, not by time), a re-run never resends an unconfirmed key, so
+every one is in doubt at once. Every ledger message (``ledger stats``, ``in-doubt``,
+the advice ``publish`` prints) says the rule it applies, or that it does not know it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from .._entity import EntityProfile
+from ._words import format_duration
+
+__all__ = ["MARGIN", "Rule"]
+
+MARGIN = timedelta(seconds=5)
+"""RetryPolicy's default safety margin: a key is resent until first attempt + window - it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """An entity's duplicate-detection rule, as far as the command knows it."""
+
+    kind: Literal["window", "none", "id_cache"] | None
+    """None: unknown (the command was given neither --broker nor --window / --no-dedup)."""
+    window: timedelta | None = None
+    id_cache_size: int | None = None
+
+    @classmethod
+    def of(cls, profile: EntityProfile) -> Rule:
+        if not profile.duplicate_detection:
+            return cls("none")
+        if profile.id_cache_size is not None:
+            return cls("id_cache", id_cache_size=profile.id_cache_size)
+        return cls("window", window=profile.window)
+
+    def cutoff(self, now: datetime) -> datetime | None:
+        """Keys first attempted before this are in doubt (None: every unconfirmed key)."""
+        if self.kind != "window" or self.window is None:
+            return None
+        return now - self.window + MARGIN
+
+    def words(self) -> str:
+        """The rule, as a clause: ``no duplicate detection``."""
+        if self.kind == "none":
+            return "no duplicate detection"
+        if self.kind == "id_cache":
+            return f"an id cache of the last {self.id_cache_size} ids, no time window"
+        if self.kind == "window" and self.window is not None:
+            return f"a {format_duration(self.window)} duplicate-detection window"
+        return "an unknown duplicate-detection rule"
+
+    def meaning(self) -> str:
+        """What an unconfirmed key of such an entity is, and what settles it."""
+        if self.kind == "window" and self.window is not None:
+            return (
+                f"a re-run within {format_duration(self.window)} of a key's first attempt "
+                "resends it and the broker drops a copy; past that, it is in doubt"
+            )
+        if self.kind == "none":
+            return (
+                "the broker remembers no ids, so a re-run never resends an unconfirmed key "
+                "(a copy would be stored twice): each is in doubt at once"
+            )
+        if self.kind == "id_cache":
+            return (
+                "the broker remembers ids by count, not by time, so a re-run never resends an "
+                "unconfirmed key: each is in doubt at once"
+            )
+        return (
+            "in doubt once the entity's duplicate-detection window has passed since its first "
+            "attempt, at once on an entity without duplicate detection or with an id cache "
+            "(give --broker to apply the entity's own rule)"
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "duplicate_detection": self.kind,
+            "window_seconds": None if self.window is None else self.window.total_seconds(),
+            "id_cache_size": self.id_cache_size,
+        }

@@ -1,0 +1,125 @@
+"""The broker a ``sendonce ledger`` command asks (``--broker URL``): the entity's rule, and
+what it shows of keys in doubt.
+
+The url is the one ``publish --to`` takes. A local broker file is opened as it is (never
+created: a typo must not start an empty broker, whose emptiness would look like "never
+stored"), read-only when the user may not write it; a Service Bus connection string (the
+emulator's too) is peeked through the azure-servicebus client.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import timedelta
+
+from .._entity import EntityProfile
+from ..backends._url import LOCAL_SCHEME, local_path
+from ..backends.local import LocalBackend
+from ..errors import SendOnceError, ValidationError, redact
+from ..ledger import Key
+from ..ledger._reconcile import BrokerView, local_view, peek_view
+from ._doubt_rule import Rule
+from ._files import os_errors, writable_problem
+from ._words import CommandError, InputError, cli_text
+
+__all__ = ["broker_view", "entity_rule"]
+
+
+@contextmanager
+def _local(url: str) -> Iterator[LocalBackend]:
+    try:
+        path, _ = local_path(url)
+    except ValidationError as exc:
+        raise InputError(f"--broker: {cli_text(exc)}") from None
+    if not os.path.exists(path):
+        raise InputError(
+            f"--broker: there is no broker file {path!r} (these commands never create one)"
+        )
+    read_only = writable_problem(path, "--broker: broker file", reading_only=True) is not None
+    try:
+        with os_errors("--broker: broker file"):
+            backend = LocalBackend(path, create=False, read_only=read_only)
+    except ValidationError as exc:
+        raise InputError(f"--broker: {cli_text(exc)}") from None
+    with backend:
+        try:
+            yield backend
+        except ValidationError as exc:
+            raise InputError(f"--broker: {cli_text(exc)}") from None
+        except SendOnceError as exc:
+            raise CommandError(f"--broker: {cli_text(exc)}") from None
+
+
+def _is_local(url: str) -> bool:
+    return url.strip().startswith(LOCAL_SCHEME)
+
+
+def entity_rule(url: str | None, entity: str, window: timedelta | None, no_dedup: bool) -> Rule:
+    """The entity's rule: read from ``--broker``, declared by ``--window`` / ``--no-dedup``,
+    or unknown."""
+    if window is not None and no_dedup:
+        raise InputError("--window and --no-dedup declare two different rules: give one")
+    if url is not None and (window is not None or no_dedup):
+        raise InputError("--broker reads the entity's rule: leave --window / --no-dedup out")
+    if no_dedup:
+        return Rule("none")
+    if window is not None:
+        return Rule("window", window=window)
+    if url is None:
+        return Rule(None)
+    return Rule.of(_profile(url, entity))
+
+
+def _profile(url: str, entity: str) -> EntityProfile:
+    if _is_local(url):
+        with _local(url) as backend:
+            return backend.describe(entity)
+    from ..backends import connect
+
+    try:
+        remote = connect(url)
+    except ModuleNotFoundError as exc:
+        raise InputError(_hint(exc)) from None
+    except ValidationError as exc:
+        raise InputError(f"--broker: {cli_text(exc)}") from None
+    try:
+        return remote.describe(entity)
+    except ValidationError as exc:
+        raise InputError(
+            f"--broker: {cli_text(exc)}; this broker cannot describe {entity!r}: declare its "
+            "rule with --window (or --no-dedup) instead of --broker"
+        ) from None
+    except SendOnceError as exc:
+        raise CommandError(f"--broker {redact(url)}: {cli_text(exc)}") from None
+    finally:
+        remote.close()
+
+
+def broker_view(
+    url: str, entity: str, keys: Sequence[Key], subscriptions: Sequence[str]
+) -> BrokerView:
+    """What the broker at ``url`` shows of ``keys`` in ``entity``."""
+    if _is_local(url):
+        if subscriptions:
+            raise InputError(
+                "--subscription: a local broker shows every subscription of a topic by itself"
+            )
+        with _local(url) as backend:
+            return local_view(backend, entity, keys)
+    try:
+        return peek_view(url.strip(), entity, subscriptions=subscriptions)
+    except ModuleNotFoundError as exc:
+        raise InputError(_hint(exc)) from None
+    except ValueError as exc:  # the client's own refusal of a malformed connection string
+        raise InputError(f"--broker: {cli_text(str(exc))}") from None
+    except Exception as exc:  # the client's errors: unreachable, no such entity, no rights
+        raise CommandError(
+            f"--broker {redact(url)}: peeking {entity!r} failed: {cli_text(str(exc))}"
+        ) from None
+
+
+def _hint(exc: ModuleNotFoundError) -> str:
+    name = (exc.name or "").split(".")[0] or "azure"
+    return f"--broker: this broker needs the {name} package: pip install 'sendonce[azure]'"

@@ -1,0 +1,248 @@
+"""Reconciling keys in doubt with what the broker can show.
+
+A key in doubt is an intent the ledger wrote and never saw confirmed: the send may
+or may not have been stored. The broker is the only witness, and what it can show
+differs:
+
+- the local broker (its file) shows every message it stores (all subqueues, dead
+  letters, scheduled and deferred ones, each topic subscription's copy) and the ids
+  it remembers for duplicate detection (its window, or an Artemis-style id cache).
+  A stored or remembered key was stored: confirming it is right. A key it neither
+  stores nor remembers, where it would still remember it had it been stored (inside
+  the window since the intent; an id cache, persisted, that never evicted), was
+  never stored: releasing it is right;
+- over AMQP (the emulator, Service Bus), a peek shows the messages stored now, and
+  nothing else: a key a peek does not show may have been received and completed,
+  expired or purged, and Service Bus shows no remembered ids.
+
+A key neither seen nor proven absent is ``absent``: only a person who knows that no
+consumer received from the entity since can say it was never stored.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+from .._entity import EntityProfile
+from ._inspect import Unconfirmed
+from ._store import Key
+
+__all__ = [
+    "BrokerView",
+    "Finding",
+    "Verdict",
+    "local_view",
+    "peek_view",
+    "reconcile",
+]
+
+Finding = Literal["held", "remembered", "not_stored", "absent"]
+"""``held``: the broker stores a message with the key; ``remembered``: it remembers the
+id (it was stored; a consumer may have taken it since); ``not_stored``: it would remember
+the id had it been stored, and does not; ``absent``: not seen, and nothing proves why."""
+
+_PROOF_MARGIN = timedelta(seconds=5)
+_CHUNK = 5000
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerView:
+    """What the broker showed for the keys asked about."""
+
+    held: frozenset[Key]
+    remembered: frozenset[Key]
+    proves_absence: Callable[[datetime], bool]
+    """Whether a key first attempted at that moment, neither held nor remembered, was
+    never stored (the broker would remember it)."""
+    profile: EntityProfile | None
+    """The entity's profile where the broker describes it (the local broker)."""
+    cannot_tell: tuple[str, ...] = ()
+    """What this broker cannot show, in words (said with the result)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One key in doubt and what the broker showed of it."""
+
+    item: Unconfirmed
+    finding: Finding
+
+
+@dataclass(slots=True)
+class _Seen:
+    held: set[Key] = field(default_factory=set)
+    remembered: set[Key] = field(default_factory=set)
+
+
+def reconcile(items: Sequence[Unconfirmed], view: BrokerView) -> list[Verdict]:
+    """Each key in doubt with its finding, in the order given."""
+    verdicts = []
+    for item in items:
+        finding: Finding
+        if item.key in view.held:
+            finding = "held"
+        elif item.key in view.remembered:
+            finding = "remembered"
+        elif view.proves_absence(item.first_attempt):
+            finding = "not_stored"
+        else:
+            finding = "absent"
+        verdicts.append(Verdict(item, finding))
+    return verdicts
+
+
+# -- the local broker: its file, exactly ------------------------------------------------
+
+
+def local_view(backend: Any, entity: str, keys: Iterable[Key]) -> BrokerView:
+    """What the local broker ``backend`` stores and remembers of ``keys`` in ``entity``."""
+    from ..backends.local._entities import lookup
+    from ..backends.local._store import US
+
+    wanted = list(keys)
+    mids = sorted({key.message_id for key in wanted})
+    store = backend._store
+
+    def work(conn: sqlite3.Connection) -> tuple[EntityProfile, int, _Seen, int]:
+        eid, profile, _next_seq, id_count = lookup(conn, entity)
+        seen = _Seen()
+        for start in range(0, len(mids), _CHUNK):
+            chunk = _json(mids[start : start + _CHUNK])
+            rows = conn.execute(
+                "SELECT message_id, partition_key, session_id FROM messages WHERE eid = ? "
+                "AND message_id IN (SELECT value FROM json_each(?))",
+                (eid, chunk),
+            ).fetchall()
+            for mid, pk, sid in rows:
+                seen.held.add(_stored_key(profile, mid, pk, sid))
+            if profile.duplicate_detection:
+                sql = (
+                    "SELECT mid, pkey FROM ids WHERE eid = ? "
+                    "AND mid IN (SELECT value FROM json_each(?))"
+                )
+                params: tuple[Any, ...] = (eid, chunk)
+                window = profile.window
+                if profile.id_cache_size is None and window is not None:
+                    sql += " AND stamp > ?"
+                    params += (store.now() - window // US,)
+                for mid, pkey in conn.execute(sql, params).fetchall():
+                    seen.remembered.add(Key(mid, pkey))
+        return profile, id_count, seen, store.now()
+
+    profile, id_count, seen, now_us = store.read(work)
+    now = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=now_us)
+    return BrokerView(
+        frozenset(seen.held),
+        frozenset(seen.remembered),
+        _local_proof(profile, id_count, now),
+        profile,
+        _local_limits(profile),
+    )
+
+
+def _stored_key(profile: EntityProfile, mid: str, pk: str | None, sid: str | None) -> Key:
+    """The ledger's key of a stored message: the broker's dedup key (EntityProfile.dedup_key)."""
+    if not profile.partitioned:
+        return Key(mid)
+    return Key(mid, pk or sid or mid)
+
+
+def _local_proof(
+    profile: EntityProfile, id_count: int, now: datetime
+) -> Callable[[datetime], bool]:
+    if not profile.duplicate_detection:
+        return lambda first_attempt: False
+    size = profile.id_cache_size
+    if size is not None:  # an id cache that never evicted (and survives restarts) forgets nothing
+        never_evicted = profile.persist_id_cache and id_count < size
+        return lambda first_attempt: never_evicted
+    window = profile.window
+    assert window is not None
+    # An id stored at or after the intent's first attempt is remembered for the window.
+    return lambda first_attempt: now < first_attempt + window - _PROOF_MARGIN
+
+
+def _local_limits(profile: EntityProfile) -> tuple[str, ...]:
+    if not profile.duplicate_detection:
+        return (
+            "the entity has no duplicate detection: the broker keeps no trace of a message "
+            "once a consumer completed it (or it expired, or was purged), so a key it does not "
+            "hold may still have been stored",
+        )
+    if profile.id_cache_size is not None:
+        return (
+            f"the broker remembers the last {profile.id_cache_size} ids; a key it neither "
+            "holds nor remembers was never stored only if the cache never evicted an id "
+            + (
+                "(it survives restarts)"
+                if profile.persist_id_cache
+                else "nor was emptied by a restart"
+            ),
+        )
+    return (
+        "the broker remembers ids for its duplicate-detection window only: past it, a key it "
+        "does not hold may have been stored and then completed by a consumer",
+    )
+
+
+# -- over AMQP: the emulator and Service Bus, by peeking ---------------------------------------
+
+
+def peek_view(
+    connection_string: str,
+    entity: str,
+    *,
+    subscriptions: Sequence[str] = (),
+    page: int = 250,
+) -> BrokerView:
+    """What a peek of ``entity`` (a queue, or the named ``subscriptions`` of a topic, and
+    their dead-letter subqueues) shows, through the azure-servicebus client."""
+    from azure.servicebus import ServiceBusClient, ServiceBusSubQueue
+
+    seen = _Seen()
+    client = ServiceBusClient.from_connection_string(connection_string, retry_total=2)
+    with client:
+        places: list[tuple[str | None, ServiceBusSubQueue | None]] = [
+            (name, queue)
+            for name in (list[str | None](subscriptions) or [None])
+            for queue in (None, ServiceBusSubQueue.DEAD_LETTER)
+        ]
+        for subscription, sub_queue in places:
+            if subscription is None:
+                receiver = client.get_queue_receiver(entity, sub_queue=sub_queue)
+            else:
+                receiver = client.get_subscription_receiver(
+                    entity, subscription, sub_queue=sub_queue
+                )
+            with receiver:
+                start = 0
+                while True:
+                    messages = receiver.peek_messages(max_message_count=page, sequence_number=start)
+                    if not messages:
+                        break
+                    for message in messages:
+                        mid = str(message.message_id)
+                        seen.held.add(Key(mid))
+                        other = message.partition_key or message.session_id or mid
+                        seen.held.add(Key(mid, other))
+                    start = max(int(m.sequence_number or 0) for m in messages) + 1
+    limits = [
+        "a peek shows the messages stored now: a key it does not show may have been "
+        "received and completed by a consumer, expired or purged",
+        "Service Bus shows no remembered ids (its duplicate-detection history)",
+    ]
+    if subscriptions:
+        limits.append("only the subscriptions named with --subscription were looked at")
+    return BrokerView(
+        frozenset(seen.held), frozenset(), lambda first_attempt: False, None, tuple(limits)
+    )
+
+
+def _json(values: list[str]) -> str:
+    import json
+
+    return json.dumps(values, ensure_ascii=False)
