@@ -22,7 +22,8 @@ import click
 import psycopg
 
 from ..errors import SendOnceError, ValidationError, redact
-from ._publish import _open_backend, _open_ledger
+from ..ledger import Ledger
+from ._publish import _open_backend
 from ._words import (
     EXIT_INTERRUPTED,
     CommandError,
@@ -54,6 +55,24 @@ def _outbox_errors(where: str) -> Iterator[None]:
     except psycopg.Error as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CommandError(f"{where}: {redact(first)}") from None
+
+
+@contextmanager
+def _ledger(url: str | None) -> Iterator[Ledger | None]:
+    """The ledger ``--ledger`` names (an existing one or a new file), or None."""
+    if url is None:
+        yield None
+        return
+    try:
+        opened = Ledger(url)
+    except ModuleNotFoundError as exc:
+        raise InputError(f"--ledger: pip install 'sendonce[postgres]' ({exc.name})") from None
+    except SendOnceError as exc:
+        raise InputError(f"--ledger {redact(url)}: {cli_text(exc)}") from None
+    except OSError as exc:
+        raise InputError(f"--ledger {redact(url)}: {exc.strerror or exc}") from None
+    with opened:
+        yield opened
 
 
 @click.command(epilog=OUTBOX_EXIT_HELP)
@@ -112,7 +131,7 @@ def relay(
         raise click.BadParameter("must be above 0", param_hint="--lease/--poll")
     backend = _open_backend(to)
     try:
-        with _open_ledger(ledger_url, None) as ledger, _outbox_errors("--outbox"):
+        with _ledger(ledger_url) as ledger, _outbox_errors("--outbox"):
             try:
                 worker = Relay(
                     outbox_url,
