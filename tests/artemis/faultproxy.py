@@ -8,6 +8,11 @@ closed. The client sees its connection drop with the outcome unknown: the in-dou
 never sees them. Each arm fires once; later connections pass through untouched, so the
 client's resend reaches the broker.
 
+``cut_after(pattern, settle=None)`` swallows the answers until ``cut()``: a test waits until
+the broker holds what it was sent (read through another connection), then cuts.
+``route_to(host, port)`` sends later connections elsewhere (a load balancer in front of a
+cluster that picks another node for the client's reconnection).
+
 Patterns: ``DISCHARGE`` is in a transaction's commit/abort message (proton describes the
 ``discharge`` list by its symbol); a marker in a message body finds a transfer.
 """
@@ -40,7 +45,7 @@ class FaultProxy:
         self._listener.listen(16)
         self.port = int(self._listener.getsockname()[1])
         self._lock = threading.Lock()
-        self._arm: tuple[str, bytes, float] | None = None
+        self._arm: tuple[str, bytes, float | None] | None = None
         self.fired = threading.Event()
         self.connections = 0
         self._closed = False
@@ -48,8 +53,9 @@ class FaultProxy:
         self._thread = threading.Thread(target=self._accept, name="fault-proxy", daemon=True)
         self._thread.start()
 
-    def cut_after(self, pattern: bytes, *, settle: float = 0.3) -> None:
-        """Forward the client's bytes holding ``pattern``, swallow the answers, then cut."""
+    def cut_after(self, pattern: bytes, *, settle: float | None = 0.3) -> None:
+        """Forward the client's bytes holding ``pattern``, swallow the answers, then cut
+        (after ``settle`` seconds, or at ``cut()`` when None)."""
         with self._lock:
             self._arm = ("after", pattern, settle)
             self.fired.clear()
@@ -60,7 +66,20 @@ class FaultProxy:
             self._arm = ("before", pattern, 0.0)
             self.fired.clear()
 
-    def _take(self, seen: bytes) -> tuple[str, float] | None:
+    def cut(self) -> None:
+        """Close every proxied connection now (the listener stays: clients may reconnect)."""
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def route_to(self, host: str, port: int) -> None:
+        """Connections accepted from now on go to ``host``:``port``."""
+        with self._lock:
+            self.target = (host, port)
+
+    def _take(self, seen: bytes) -> tuple[str, float | None] | None:
         with self._lock:
             if self._arm is None or self._arm[1] not in seen:
                 return None
@@ -74,8 +93,10 @@ class FaultProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            with self._lock:
+                target = self.target
             try:
-                upstream = socket.create_connection(self.target, timeout=10)
+                upstream = socket.create_connection(target, timeout=10)
             except OSError:
                 client.close()
                 continue
@@ -89,6 +110,7 @@ class FaultProxy:
     def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
         tail = b""  # the last bytes from the client: a pattern may straddle two reads
         mute_until: float | None = None
+        muted = False
         try:
             while True:
                 ready, _, _ = select.select([client, upstream], [], [], 0.05)
@@ -99,18 +121,20 @@ class FaultProxy:
                     if not data:
                         return
                     if sock is upstream:
-                        if mute_until is None:
+                        if not muted:
                             client.sendall(data)
                         continue
                     seen = tail + data
                     tail = seen[-64:]
-                    fault = None if mute_until is not None else self._take(seen)
+                    fault = None if muted else self._take(seen)
                     if fault is not None and fault[0] == "before":
                         self.fired.set()
                         return
                     upstream.sendall(data)
                     if fault is not None:
-                        mute_until = time.monotonic() + fault[1]
+                        muted = True
+                        if fault[1] is not None:
+                            mute_until = time.monotonic() + fault[1]
                         self.fired.set()
         except OSError:
             return

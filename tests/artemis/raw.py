@@ -6,14 +6,15 @@ independent of the backend under test.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from proton import Delivery, Link, Message, symbol
-from proton.reactor import LinkOption
+from proton.reactor import Copy, LinkOption
 from proton.utils import BlockingConnection
 
-__all__ = ["Routing", "drain", "raw_send"]
+__all__ = ["Routing", "browse_ids", "drain", "manage", "message_count", "raw_send", "wait_for"]
 
 
 class Routing(LinkOption):
@@ -63,6 +64,42 @@ def drain(url: str, address: str, *, capability: str = "queue", idle: float = 0.
             receiver.accept()
     finally:
         connection.close()
+
+
+def message_count(url: str, queue: str) -> int:
+    """How many messages ``queue`` holds (0 when it does not exist)."""
+    try:
+        return int(manage(url, f"queue.{queue}", "getMessageCount"))
+    except RuntimeError:
+        return 0
+
+
+def browse_ids(url: str, queue: str, *, capability: str = "queue", idle: float = 0.5) -> list[str]:
+    """The ``message-id`` of every message ``queue`` holds, in queue order, not consumed
+    (a browsing receiver: source distribution mode ``copy``)."""
+    connection = BlockingConnection(url, timeout=30)
+    try:
+        receiver = connection.create_receiver(
+            queue, credit=1000, options=[Routing(capability), Copy()]
+        )
+        ids = []
+        while True:
+            try:
+                ids.append(str(receiver.receive(timeout=idle).id))
+            except Exception:  # proton.Timeout: nothing more
+                return ids
+            receiver.accept()
+    finally:
+        connection.close()
+
+
+def wait_for(condition: Callable[[], bool], *, timeout: float = 60.0, what: str = "") -> None:
+    """Poll ``condition`` until it holds; ``AssertionError`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not reached within {timeout} s: {what or condition}")
+        time.sleep(0.05)
 
 
 ACCEPTED = Delivery.ACCEPTED

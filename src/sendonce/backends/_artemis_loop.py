@@ -36,7 +36,8 @@ from proton import Condition, Delivery, Endpoint, Handler, Link, Message, SSLDom
 from proton.handlers import MessagingHandler, TransactionHandler
 from proton.reactor import ApplicationEvent, Container, EventInjector, LinkOption
 
-from ..errors import ConfigurationError, SendError, TransientSendError, redact
+from ..errors import ConfigurationError, NotSentError, SendError, TransientSendError, redact
+from ._artemis_cache import Incarnation, queue_filter
 from ._artemis_errors import (
     attach_error,
     connection_error,
@@ -113,6 +114,8 @@ class Transfer(Request):
         self.outcomes: list[tuple[str, str | None, str | None] | None] = [None] * len(payloads)
         self.commit_sent = False
         self.txn: Any = None
+        self.sent_on: Incarnation | None = None  # the broker its first delivery went to
+        self.expect: int | None = None  # send only on this connection (a checked resend)
 
     def claim_next(self) -> int | None:
         """The index of the next message to send, or None once abandoned or all sent."""
@@ -140,6 +143,8 @@ class ManagementCall(Request):
         self.operation = operation
         self.params = params
         self.correlation = uuid.uuid4().hex
+        self.asked: float | None = None  # when the request went out (monotonic)
+        self.on_answer: Callable[[ManagementCall], None] | None = None  # in the loop thread
 
 
 class Connect(Request):
@@ -224,6 +229,10 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
         self._closing = False
         self._stop_task: Any = None
         self.acceptor: dict[str, Any] | None = None  # the acceptor's parameters, when read
+        self._connections = 0
+        self.incarnation: Incarnation | None = None  # the broker of the current connection
+        self.uptime_call: ManagementCall | None = None  # reads the current broker's start
+        self.queue_snapshots: dict[str, ManagementCall] = {}  # each address's first queues
         self.peer: dict[str, Any] = {}
         self._pid = os.getpid()
         self._thread = threading.Thread(
@@ -302,6 +311,17 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
         elif isinstance(request, ManagementCall):
             self._manage(request)
         elif isinstance(request, Transfer):
+            if request.expect is not None and (
+                self.incarnation is None or self.incarnation.connection != request.expect
+            ):
+                request.finish(
+                    error=NotSentError(
+                        f"the connection to {self.where} was replaced after the resend to "
+                        f"{request.entity!r} was checked; nothing was sent",
+                        condition="amqp:connection:forced",
+                    )
+                )
+                return
             self._transfers.add(request)
             if request.atomic:
                 self._txn_queue.append(request)
@@ -326,6 +346,8 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
         logger.debug("connecting to %s://%s", scheme, self.where)
         self._conn = self._container.connect(url=f"{scheme}://{self.where}", **options)
         self._ready = False
+        self._connections += 1
+        self.incarnation = None
 
     def on_connection_opened(self, event: Any) -> None:
         if event.connection != self._conn:
@@ -337,7 +359,13 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
         if self._require_artemis and product != ARTEMIS_PRODUCT:
             self._drop(lambda r: peer_error(self.where, product), close=True)
             return
+        incarnation = Incarnation(str(event.connection.remote_container), self._connections)
+        self.incarnation = incarnation
         if self._check_acceptor and product == ARTEMIS_PRODUCT:
+            uptime = ManagementCall("broker", "getUptimeMillis", [])
+            uptime.on_answer = lambda call: _started(incarnation, call)
+            self.uptime_call = uptime
+            self._manage(uptime)
             call = ManagementCall("broker", "getAcceptorsAsJSON", [])
             self._verify_call = call
             self._manage(call)
@@ -417,6 +445,12 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
         if link.remote_target is None or link.remote_target.address is None:
             return  # a refused attach: the detach with its error follows
         sl.attached = True
+        if self._check_acceptor and sl.address not in self.queue_snapshots:
+            # The queues the address has now (an anycast attach creates its queue): the
+            # first reading a resend check compares with (_artemis_cache).
+            snapshot = ManagementCall("broker", "listQueues", [queue_filter(sl.address), 1, 1000])
+            self.queue_snapshots[sl.address] = snapshot
+            self._manage(snapshot)
         waiting, sl.waiting = sl.waiting, []
         sl.queue.extend(waiting)
         self._pump(sl)
@@ -437,6 +471,8 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
                 if transfer.atomic and not transfer.abandoned and not transfer.commit_sent:
                     self._commit(transfer)
                 continue
+            if transfer.sent_on is None:
+                transfer.sent_on = self.incarnation
             delivery = link.delivery(link.delivery_tag())
             link.stream(transfer.payloads[index])
             link.advance()
@@ -453,13 +489,7 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
 
     def on_settled(self, event: Any) -> None:
         delivery = event.delivery
-        if not delivery.link.is_sender:
-            return
-        call = getattr(delivery, "sendonce_call", None)
-        if call is not None:
-            self._management_settled(call, delivery)
-            return
-        slot = getattr(delivery, "sendonce_slot", None)
+        slot = getattr(delivery, "sendonce_slot", None) if delivery.link.is_sender else None
         if slot is None:
             return
         self._heard()
@@ -622,20 +652,8 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
             properties={"_AMQ_ResourceName": call.resource, "_AMQ_OperationName": call.operation},
         )
         request.id = call.correlation
-        delivery = self._mgmt_sender.send(request)
-        delivery.sendonce_call = call  # a refused request (no manage permission) says so here
-
-    def _management_settled(self, call: ManagementCall, delivery: Any) -> None:
-        """The broker took the request (its answer comes as a message) or refused it."""
-        self._heard()
-        if delivery.remote_state == Delivery.ACCEPTED:
-            return
-        condition = delivery.remote.condition
-        said = str(condition) if condition is not None else _outcome_name(delivery.remote_state)
-        self._mgmt_calls.pop(call.correlation, None)
-        call.finish(error=ManagementRefused(f"{call.resource}.{call.operation}: {said}"))
-        if call is self._verify_call:
-            self._verified(call)
+        call.asked = time.monotonic()
+        self._mgmt_sender.send(request)
 
     def on_message(self, event: Any) -> None:
         self._heard()
@@ -658,6 +676,8 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
         else:
             said = body[0] if isinstance(body, list) and body else body
             call.finish(error=ManagementRefused(f"{call.resource}.{call.operation}: {said}"))
+        if call.on_answer is not None:
+            call.on_answer(call)
         if call is self._verify_call:
             self._verified(call)
 
@@ -825,6 +845,14 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
         # Stop the container now: left alone it would idle in select for up to 3 s more.
         if self._closing:
             self._container.stop()
+
+
+def _started(incarnation: Incarnation, call: ManagementCall) -> None:
+    """The broker's uptime came back: when (on this process's clock) it was started."""
+    uptime, asked = call.value, call.asked
+    if call.error is None and isinstance(uptime, int) and asked is not None:
+        seconds = uptime / 1000.0
+        incarnation.started = (asked - seconds, time.monotonic() - seconds)
 
 
 class ManagementRefused(Exception):

@@ -15,6 +15,10 @@ The distance is counted per backend instance and address, from every message att
 (first sends and resends alike: over-counting only makes the bound safer). Ids are
 remembered for a bounded count (four caches' worth); an id older than that is taken as a
 first send, which it almost certainly is.
+
+Beside its position, each id keeps the :class:`Attempt` of its first transfer that put
+anything on the wire: where that went (``_artemis_cache``), so a resend can be kept from
+reaching another cache than the first attempt did.
 """
 
 from __future__ import annotations
@@ -23,8 +27,19 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["Beyond", "ResendReach"]
+__all__ = ["Attempt", "Beyond", "ResendReach"]
+
+
+class Attempt:
+    """One transfer's attempt: where it reached (set once it sent something), shared by
+    its ids."""
+
+    __slots__ = ("reached",)
+
+    def __init__(self) -> None:
+        self.reached: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +54,7 @@ class Beyond:
 @dataclass(slots=True)
 class _Address:
     sent: int = 0
-    first: OrderedDict[str, int] = field(default_factory=OrderedDict)
+    first: OrderedDict[str, tuple[int, Attempt]] = field(default_factory=OrderedDict)
 
 
 class ResendReach:
@@ -54,25 +69,50 @@ class ResendReach:
         """The largest distance at which a resend is still allowed."""
         return max(int(cache_size * self.reach) - 1, 0)
 
-    def admit(self, address: str, ids: Sequence[str], cache_size: int) -> list[Beyond]:
-        """Count ``ids`` as attempted now, unless one of them is a resend past the limit:
-        then nothing is counted and those ids are returned."""
+    def earlier(self, address: str, ids: Sequence[str]) -> list[tuple[str, Any]]:
+        """The ids attempted before whose first attempt reached the broker, with where it
+        went (an ``_artemis_cache.Reached``)."""
+        with self._lock:
+            state = self._addresses.get(address)
+            if state is None:
+                return []
+            first = state.first
+            found = []
+            for message_id in ids:
+                seen = first.get(message_id)
+                if seen is not None and seen[1].reached is not None:
+                    found.append((message_id, seen[1].reached))
+            return found
+
+    def admit(
+        self,
+        address: str,
+        ids: Sequence[str],
+        cache_size: int,
+        attempt: Attempt | None = None,
+    ) -> list[Beyond]:
+        """Count ``ids`` as attempted now (by ``attempt``), unless one of them is a resend
+        past the limit: then nothing is counted and those ids are returned."""
         limit = self.limit(cache_size)
+        attempt = Attempt() if attempt is None else attempt
         with self._lock:
             state = self._addresses.get(address)
             if state is None:
                 state = self._addresses[address] = _Address()
             first, sent = state.first, state.sent
             beyond = [
-                Beyond(message_id, sent - at, limit)
+                Beyond(message_id, sent - seen[0], limit)
                 for message_id in ids
-                if (at := first.get(message_id)) is not None and sent - at > limit
+                if (seen := first.get(message_id)) is not None and sent - seen[0] > limit
             ]
             if beyond:
                 return beyond
             for message_id in ids:
-                if message_id not in first:
-                    first[message_id] = sent
+                seen = first.get(message_id)
+                if seen is None:
+                    first[message_id] = (sent, attempt)
+                elif seen[1].reached is None:  # its earlier attempts sent nothing
+                    first[message_id] = (seen[0], attempt)
                 sent += 1
             state.sent = sent
             keep = max(4 * cache_size, 1024)
