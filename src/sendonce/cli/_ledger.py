@@ -109,7 +109,7 @@ def ledger() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (also for an error).")
 @json_errors
 def create(ledger_url: str, as_json: bool) -> None:
-    """Create an empty ledger (nothing else creates one, but publish --create-ledger)."""
+    """Create an empty ledger: the decision to start one (publish --create-ledger takes it too)."""
     with open_ledger(
         ledger_url, "LEDGER", mode="create", create_hint="", created_by="sendonce ledger create"
     ) as opened:
