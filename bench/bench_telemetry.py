@@ -19,7 +19,7 @@ Trees and modes:
 
 Ratios are medians of the rounds divided by ``before``'s.
 
-    python bench/bench_telemetry.py [--rounds 5] [--calls 20000] [--messages 50000]
+    python bench/bench_telemetry.py [--rounds 5] [--calls 20000] [--messages 50000] [--smoke]
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from _smoke import add_smoke, apply_smoke
 
 ROOT = Path(__file__).resolve().parents[1]
 BEFORE = "4939ec9"  # main just before the telemetry seam landed
@@ -146,7 +148,8 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=50_000)
     parser.add_argument("--before", default=BEFORE, help="git revision of the baseline tree")
     parser.add_argument("--modes", default="before,off,api,sdk")
-    args = parser.parse_args()
+    add_smoke(parser)
+    args = apply_smoke(parser.parse_args(), rounds=1, calls=1100, messages=200)
     modes = args.modes.split(",")
     with tempfile.TemporaryDirectory() as tmp:
         trees = {mode: ROOT / "src" for mode in modes}

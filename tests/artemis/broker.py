@@ -57,6 +57,9 @@ INSTALL_SCRIPT = Path(__file__).resolve().parent / "install.sh"
 READY_LINE = "AMQ221007"
 USER = "sendonce"
 PASSWORD = "artemis-test-secret"
+# A second user who may send (and create addresses and queues) but not manage the broker.
+SEND_ONLY_USER = "sender"
+SEND_ONLY_PASSWORD = "send-only-secret"
 _DEFAULT_JAVA_ARGS = (
     "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xms32M -Xmx256M -Dlog4j2.disableJmx=true "
     "--add-opens java.base/jdk.internal.misc=ALL-UNNAMED"
@@ -206,6 +209,12 @@ class ArtemisBroker:
         if "GuestLoginModule" in text or "PropertiesLoginModule required" not in text:
             raise RuntimeError(f"unexpected login.config in the template:\n{text}")
         path.write_text(text)
+        # The send-only user (a plain password: the properties login accepts one).
+        etc = self.instance / "etc"
+        with open(etc / "artemis-users.properties", "a") as users:
+            users.write(f"\n{SEND_ONLY_USER} = {SEND_ONLY_PASSWORD}\n")
+        with open(etc / "artemis-roles.properties", "a") as roles:
+            roles.write(f"\nsenders = {SEND_ONLY_USER}\n")
 
     def _write_profile(self, java_args: str) -> None:
         profile = self.instance / "etc" / "artemis.profile"
@@ -266,9 +275,18 @@ class ArtemisBroker:
             for match, values in address_settings.items()
         )
         text = text.replace("<address-settings>", "<address-settings>\n" + settings, 1)
+        text, count = re.subn(
+            r'(<permission type="(?!manage)[A-Za-z]+" roles=")amq(")', r"\1amq,senders\2", text
+        )
+        if count < 5:
+            raise RuntimeError("broker.xml of the template has no security settings to extend")
         path.write_text(text)
 
     # -- addresses for clients ---------------------------------------------------------------
+
+    def send_only_url(self) -> str:
+        """The url of a user who may send (and create addresses) but not manage the broker."""
+        return self.url(user=SEND_ONLY_USER, password=SEND_ONLY_PASSWORD)
 
     def url(
         self, *, user: str | None = None, password: str | None = None, port: int | None = None

@@ -39,6 +39,7 @@ RUNS: dict[str, list[tuple[list[str], list[pytest.MarkDecorator]]]] = {
     "bench_spark.py": [([], _SPARK)],
     "bench_spark_rows.py": [([], [])],
     "bench_spark_servicebus.py": [([], [*_SPARK, pytest.mark.emulator])],
+    "bench_telemetry.py": [([], [])],
     "delay_proxy.py": [(["--check"], [])],
 }
 

@@ -489,7 +489,13 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
 
     def on_settled(self, event: Any) -> None:
         delivery = event.delivery
-        slot = getattr(delivery, "sendonce_slot", None) if delivery.link.is_sender else None
+        if not delivery.link.is_sender:
+            return
+        call = getattr(delivery, "sendonce_call", None)
+        if call is not None:
+            self._management_settled(call, delivery)
+            return
+        slot = getattr(delivery, "sendonce_slot", None)
         if slot is None:
             return
         self._heard()
@@ -653,7 +659,20 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
         )
         request.id = call.correlation
         call.asked = time.monotonic()
-        self._mgmt_sender.send(request)
+        delivery = self._mgmt_sender.send(request)
+        delivery.sendonce_call = call  # a refused request (no manage permission) says so here
+
+    def _management_settled(self, call: ManagementCall, delivery: Any) -> None:
+        """The broker took the request (its answer comes as a message) or refused it."""
+        self._heard()
+        if delivery.remote_state == Delivery.ACCEPTED:
+            return
+        condition = delivery.remote.condition
+        said = str(condition) if condition is not None else _outcome_name(delivery.remote_state)
+        self._mgmt_calls.pop(call.correlation, None)
+        call.finish(error=ManagementRefused(f"{call.resource}.{call.operation}: {said}"))
+        if call is self._verify_call:
+            self._verified(call)
 
     def on_message(self, event: Any) -> None:
         self._heard()

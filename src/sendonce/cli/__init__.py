@@ -21,6 +21,8 @@ _SUBCOMMANDS = [
     ("sendonce.cli._broker", "broker", None),
     ("sendonce.cli._publish", "publish", None),
     ("sendonce.cli._ledger", "ledger", None),
+    ("sendonce.cli._outbox", "relay", "outbox"),
+    ("sendonce.cli._outbox", "outbox", "outbox"),
     ("sendonce.emulator._cli", "emulator", "emulator"),
     ("sendonce.cli._demo", "demo", None),
 ]

@@ -282,6 +282,12 @@ CASES: list[list[str]] = [
     ["ledger", "create", "{d}/missing/ledger.db"],
     ["ledger", "reconcile", "{d}/ledger.db", "--entity", "orders", "--broker", "local:{d}/no.db"],
     ["ledger", "reconcile", "{d}/ledger.db", "--entity", "orders", "--broker", "{d}/broker.db"],
+    ["relay", "--outbox", "mysql://x/y", "--to", "local:{d}/broker.db", "--entity", "orders"],
+    ["relay", "--outbox", "postgresql://h/db", "--to", "local:{d}/missing.db", "--entity", "o"],
+    ["outbox", "stats", "mysql://x/y"],
+    ["outbox", "dead", "sqlite:///{d}/ledger.db", "--json"],
+    ["outbox", "requeue", "postgresql://127.0.0.1:1/x", "--entity", "orders"],
+    ["outbox", "install", "{d}/text.txt"],
     ["emulator", "--db", "{d}/missing/b.db", "--port", "0"],
     ["emulator", "--db", "{d}/text.txt", "--port", "0"],
     ["emulator", "--db", "{d}/broker.db", "--port", "70000"],
@@ -305,7 +311,7 @@ def test_every_command_has_bad_input_cases():
     covered = set()
     for case in CASES:
         words = [w for w in case if not w.startswith("-")]
-        covered.add(tuple(words[:2]) if words[0] in ("broker", "ledger") else (words[0],))
+        covered.add(tuple(words[:2]) if words[0] in ("broker", "ledger", "outbox") else (words[0],))
     assert _leaf_commands(main) - covered == set()
 
 

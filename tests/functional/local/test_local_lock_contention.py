@@ -16,10 +16,12 @@ import textwrap
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from datetime import timedelta
 
 import pytest
 
 from sendonce import (
+    ConfigurationError,
     EntityProfile,
     IdempotentSender,
     InDoubtError,
@@ -149,3 +151,49 @@ def test_aio_sender_opens_without_waiting_and_reports_not_stored(opening: str) -
 
     asyncio.run(run())
     assert_each_once(opening, ["single", "batch-0", "batch-1", "batch-2"])
+
+
+@pytest.mark.parametrize("sender_kind", ["sync", "aio"])
+def test_a_sender_opens_on_a_missing_entity_without_waiting_and_its_first_send_creates_it(
+    created: str, sender_kind: str
+) -> None:
+    """Another process holds the write lock past the open: the entity cannot be created
+    then. The open does not wait for it (it used to wait the whole busy timeout and fail);
+    sends report not stored while the lock is held, and the first send once it is free
+    creates the entity, with the sender's profile, and stores each message once."""
+    audit = EntityProfile("audit", max_delivery_count=3, lock_duration=timedelta(seconds=30))
+    with LocalBackend(created, busy_timeout=120) as broker:  # this process's own handle
+        with write_lock_held(created) as holder:
+            if sender_kind == "sync":
+                sender = IdempotentSender(broker, audit, retry=retry())
+            else:
+                sender = sendonce_aio.IdempotentSender(
+                    sendonce_aio.ThreadedBackend(broker), audit, retry=retry()
+                )
+                asyncio.run(sender.open())
+            assert holder.poll() is None  # opened while the lock is still held
+            assert broker.describe("audit") == audit  # what the first send will create
+            with pytest.raises(ConfigurationError, match="does not exist"):
+                broker.count("audit")
+            if sender_kind == "sync":
+                with pytest.raises(NotStoredError):
+                    sender.send(Message("one", message_id="single"))
+        # the lock is free: the first send creates the entity in its own transaction
+        if sender_kind == "sync":
+            sender.send(Message("one", message_id="single"))
+            assert sender.send_many(messages("batch", 2)).sent == 2
+            sender.close()
+        else:
+
+            async def rest() -> int:
+                await sender.send(Message("one", message_id="single"))
+                report = await sender.send_many(messages("batch", 2))
+                await sender.close()
+                return report.sent
+
+            assert asyncio.run(rest()) == 2
+        assert broker.describe("audit") == audit
+        assert broker.count("audit") == 3
+    with LocalBackend(created) as again:  # another handle sees it stored
+        assert again.describe("AUDIT") == audit
+        assert Counter(again.message_ids("audit")) == Counter(["single", "batch-0", "batch-1"])

@@ -6,6 +6,7 @@ not through sendonce.
 
 from __future__ import annotations
 
+import logging
 import socket
 from pathlib import Path
 
@@ -272,3 +273,17 @@ def test_a_peer_that_never_answers_times_out_with_nothing_in_doubt():
                 conn.close()
     assert failed.value.attempts == 2
     assert len(held) >= 2  # each attempt gave up on its connection and opened a new one
+
+
+def test_a_user_who_may_not_manage_sends_with_a_profile(artemis_broker, artemis_address, caplog):
+    caplog.set_level(logging.INFO, logger="sendonce")
+    url = artemis_broker.send_only_url()
+    raw_send(artemis_broker.url(), artemis_address, [("x", "made by a first send")])
+    with pytest.raises(ConfigurationError, match="pass an explicit profile") as refused:
+        IdempotentSender(url, artemis_address)
+    assert refused.value.field == "entity"
+    with IdempotentSender(url, profile(artemis_address), retry=FAST) as sender:
+        assert sender.send(Message("y", message_id="y")).outcome == "sent"
+    # The acceptor's duplicate detection could not be read: said, not silently assumed.
+    assert "amqpDuplicateDetection is not checked" in caplog.text
+    assert [m.id for m in drain(artemis_broker.url(), artemis_address)] == ["x", "y"]

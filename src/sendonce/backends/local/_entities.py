@@ -12,14 +12,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import sqlite3
 from datetime import timedelta
 from typing import NamedTuple
 
 from ..._entity import DEFAULT_LOCK_DURATION, EntityProfile
 from ..._subscription import SubscriptionProfile, check_subscription_name
-from ...errors import ConfigurationError, PermanentSendError
-from ._store import US, Store
+from ...errors import ConfigurationError, NotSentError, PermanentSendError
+from ._store import RESTART_LOCK_WAIT, US, Store
+
+logger = logging.getLogger("sendonce.local")
 
 SUBSCRIPTIONS = "SELECT name FROM subscriptions WHERE eid = ? ORDER BY name"
 _SUBSCRIPTION = "SELECT name, profile FROM subscriptions WHERE eid = ? AND name = ? COLLATE NOCASE"
@@ -285,29 +288,29 @@ def profile_of(store: Store, name: str, text: str) -> EntityProfile:
 
 
 def describe(store: Store, entity: str) -> EntityProfile:
-    """The profile of ``entity`` as the broker enforces it."""
-    return store.read(lambda conn: lookup(conn, entity)[1])
+    """The profile of ``entity`` as the broker enforces it (or will create it with)."""
+    try:
+        return store.read(lambda conn: lookup(conn, entity)[1])
+    except ConfigurationError:
+        pending = store.pending.get(entity) if isinstance(entity, str) else None
+        if pending is None:
+            raise
+        return pending
 
 
 def create_entity(store: Store, profile: EntityProfile, *, exist_ok: bool = False) -> None:
-    """Create a queue or topic. Its duplicate-detection settings are fixed from now on."""
+    """Create a queue or topic. Its duplicate-detection settings are fixed from now on.
+
+    ``exist_ok`` (how a sender opens on its entity) never waits for another process's
+    write: an existing entity is only read, and a missing one is created if the write
+    lock comes within :data:`RESTART_LOCK_WAIT`, else by this backend's first send to it.
+    """
     if not isinstance(profile, EntityProfile):
         raise ConfigurationError("profile must be an EntityProfile", field="profile")
     text = profile_to_json(profile)
 
     def existing(conn: sqlite3.Connection) -> bool:
-        row = conn.execute(
-            "SELECT name, profile FROM entities WHERE name = ? COLLATE NOCASE", (profile.name,)
-        ).fetchone()
-        if row is None:
-            return False
-        if not exist_ok:
-            named = "" if row[0] == profile.name else f" (as {row[0]!r}: names ignore case)"
-            raise ConfigurationError(
-                f"entity {profile.name!r} already exists{named}", field="entity"
-            )
-        check_same(profile, profile_from_json(row[0], row[1]))
-        return True
+        return _existing(conn, profile, exist_ok=exist_ok)
 
     def work(conn: sqlite3.Connection) -> None:
         if not existing(conn):
@@ -315,8 +318,51 @@ def create_entity(store: Store, profile: EntityProfile, *, exist_ok: bool = Fals
 
     # A read first: a sender opening on an existing entity needs no write lock, so
     # it does not wait behind other writers.
-    if not store.read(existing):
+    if store.read(existing):
+        return
+    if not exist_ok:
         store.write(work)
+        return
+    try:
+        store.write(work, timeout=min(store.busy_timeout, RESTART_LOCK_WAIT))
+    except NotSentError:
+        # Another process holds the write lock (a long transaction, the sqlite3 shell):
+        # the first send creates the entity in its own transaction, which waits and is
+        # retried as sends are, so opening waits no longer than for an existing entity.
+        store.pending[profile.name] = profile
+        logger.info(
+            "entity %r does not exist yet and the broker file is locked by another process: "
+            "the first send to it creates it",
+            profile.name,
+        )
+
+
+def create_pending(conn: sqlite3.Connection, store: Store, entity: str) -> None:
+    """In a send's transaction: create ``entity`` if its creation was left to this send."""
+    profile = store.pending.get(entity)
+    if profile is None:
+        return
+    if _existing(conn, profile, exist_ok=True):
+        store.pending.pop(entity, None)  # created and committed (by this backend or another)
+        return
+    conn.execute(
+        "INSERT INTO entities (name, profile) VALUES (?, ?)",
+        (profile.name, profile_to_json(profile)),
+    )
+
+
+def _existing(conn: sqlite3.Connection, profile: EntityProfile, *, exist_ok: bool) -> bool:
+    """Whether ``profile``'s entity exists; an error if it may not, or differs from it."""
+    row = conn.execute(
+        "SELECT name, profile FROM entities WHERE name = ? COLLATE NOCASE", (profile.name,)
+    ).fetchone()
+    if row is None:
+        return False
+    if not exist_ok:
+        named = "" if row[0] == profile.name else f" (as {row[0]!r}: names ignore case)"
+        raise ConfigurationError(f"entity {profile.name!r} already exists{named}", field="entity")
+    check_same(profile, profile_from_json(row[0], row[1]))
+    return True
 
 
 def delete_entity(store: Store, name: str) -> None:

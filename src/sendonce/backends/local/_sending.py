@@ -25,6 +25,7 @@ from .._base import Ack
 from ._activation import PENDING, activate, note_waiting, targets
 from ._entities import (
     IdState,
+    create_pending,
     dead_letter_sessionless,
     entity_row,
     lookup,
@@ -185,6 +186,8 @@ def _plan(
         early = _Batch.of(entity, known[0], known[1], messages, at, raws)
 
     def work(conn: sqlite3.Connection) -> tuple[int, list[bool] | None]:
+        if store.pending:
+            create_pending(conn, store, entity)
         eid, text, base, ids = entity_row(conn, entity)
         if not messages:
             return base, None

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Literal, TypeVar
 
+from ..._names import ByName
 from ..._sqlite_share import FileErrors, SharedHandle, creator, is_busy, open_shared
 from ...errors import ConfigurationError, NotSentError, PermanentSendError
 from ._schema import FORMAT, SCHEMA, SCHEMA_VERSION, UpgradeRefused, upgrade
@@ -46,7 +47,9 @@ US = timedelta(microseconds=1)
 
 # Files below this size are fully checked on every restart, cleanly closed or not.
 VERIFY_ALWAYS_BELOW = 64 * 1024 * 1024
-# How long the first opener waits for the write lock to record the restart (seconds).
+# How long the first opener waits for the write lock to record the restart, and a sender
+# opening on a missing entity to create it (seconds): neither is worth waiting the whole
+# busy timeout behind another process's write.
 RESTART_LOCK_WAIT = 0.5
 
 
@@ -332,6 +335,10 @@ class Store:
         # Each entity's profile as last read (its stored text, parsed): sends check and
         # encode their messages against it before taking the file's write lock.
         self.profiles: dict[str, tuple[str, EntityProfile]] = {}
+        # Entities ``create_entity(..., exist_ok=True)`` found missing while another process
+        # held the write lock: each is created by this backend's first send to it, in that
+        # send's transaction (which waits as long as the send may), not by the open.
+        self.pending: ByName[EntityProfile] = ByName()
 
     def now(self) -> int:
         """The broker clock's time, in stored microseconds."""
