@@ -45,6 +45,7 @@ class RawClient:
 
     def __init__(self, port: int, *, timeout: float = 10.0) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.timeout = timeout
         self.transport = Transport()
         self.transport.sasl().allowed_mechs("ANONYMOUS")
         self.connection = Connection()
@@ -62,7 +63,10 @@ class RawClient:
         self.close()
 
     def flush(self) -> None:
-        """Write everything the engine has produced."""
+        """Write everything the engine has produced (within the client's timeout: ``pump``
+        leaves the socket with its short read wait, too short for a busy server to drain
+        a megabyte)."""
+        self.sock.settimeout(self.timeout)
         while True:
             pending = self.transport.pending()
             if pending <= 0:
