@@ -11,7 +11,7 @@ import click
 
 from .._extras import EXTRA_OF_MODULE, hint
 from ..errors import ConfigurationError
-from ._words import EXIT_CODES_HELP, InputError, cli_text
+from ._words import EXIT_CODES_HELP, InputError, cli_text, echo_json_error, reported_as_json
 
 __all__ = ["main"]
 
@@ -29,7 +29,29 @@ _SUBCOMMANDS = [
 _LOG_LEVELS = ["debug", "info", "warning", "error"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
+class _Sendonce(click.Group):
+    """The top-level group: with ``--json``, a refusal click raises while reading the
+    options (a missing file, a bad value) is one JSON object on stdout too, as every other
+    refusal of every command is (``status``, ``error``, ``exit_status``)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["sendonce.json"] = "--json" in args
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as exc:
+            if ctx.meta.get("sendonce.json") and not reported_as_json(exc):
+                echo_json_error("error", exc.exit_code, exc.format_message())
+            raise
+
+
+@click.group(
+    cls=_Sendonce,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog=EXIT_CODES_HELP,
+)
 @click.version_option(package_name="sendonce")
 @click.option(
     "--log-level",

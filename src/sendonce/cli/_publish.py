@@ -51,6 +51,7 @@ from ._words import (
     command_error,
     duration_option,
     format_duration,
+    mark_reported,
     profile_difference,
     window_error,
 )
@@ -545,6 +546,7 @@ def _json_on_error(entity: str, as_json: bool, ending: _Ending) -> Iterator[None
                 "exit_status": exc.exit_code,
             }
             click.echo(json.dumps(report, ensure_ascii=False))
+            mark_reported(exc)
         raise
 
 

@@ -1,11 +1,13 @@
 """Looking at a database the user may not write: a consistent copy, opened instead.
 
 A backup on a read-only volume, or a broker of another user, cannot be opened the
-usual way (opening takes its lock and write-ahead log beside it). A command that
-only reads (``broker stats``, ``peek``, ``backup``; ``ledger stats``, ``in-doubt``)
-copies it first with SQLite's online backup, reading it read-only, and works on the
-copy: nothing is written beside the original, and what is shown is one consistent
-moment of it (a producer writing at the same time would not show).
+usual way (opening takes its lock and write-ahead log beside it). A broker command
+that only reads (``broker stats``, ``peek``, ``backup``) copies it first with SQLite's
+online backup, reading it read-only (with the options that create no ``-wal`` or
+``-shm`` beside it), and works on the copy: nothing is written beside the original,
+and what is shown is one consistent moment of it (a producer writing at the same
+time would not show). The ``ledger`` commands read a ledger in place instead, through
+a read-only store.
 """
 
 from __future__ import annotations

@@ -285,6 +285,7 @@ def fail_invalid(facts: Facts, as_json: bool) -> NoReturn:
             json.dumps(
                 {
                     "status": "invalid",
+                    "error": f"{facts.bad} bad line(s): nothing was published",
                     "bad_lines": facts.bad,
                     "errors": errors,
                     "sent": 0,

@@ -34,6 +34,9 @@ __all__ = [
     "cli_text",
     "command_error",
     "duration_option",
+    "echo_json_error",
+    "mark_reported",
+    "reported_as_json",
     "format_duration",
     "parse_duration",
     "profile_difference",
@@ -289,18 +292,29 @@ def json_errors(command: F) -> F:
         try:
             return command(*args, **kwargs)
         except click.ClickException as exc:
-            if as_json:
-                _echo_json("error", exc.exit_code, exc.format_message())
+            if as_json and not reported_as_json(exc):
+                echo_json_error("error", exc.exit_code, exc.format_message())
+                mark_reported(exc)
             raise
         except KeyboardInterrupt:
             if as_json:
-                _echo_json("interrupted", EXIT_INTERRUPTED, "interrupted")
+                echo_json_error("interrupted", EXIT_INTERRUPTED, "interrupted")
             click.echo("\ninterrupted", err=True)
             sys.exit(EXIT_INTERRUPTED)
 
     return wrapper  # type: ignore[return-value]
 
 
-def _echo_json(status: str, code: int, error: str) -> None:
+def echo_json_error(status: str, code: int, error: str) -> None:
+    """A refusal as the one JSON object every command prints with ``--json``."""
     report = {"status": status, "error": error, "exit_status": code}
     click.echo(json.dumps(report, ensure_ascii=False))
+
+
+def mark_reported(exc: click.ClickException) -> None:
+    """Note that ``exc`` was already printed as JSON (by the command): not again."""
+    exc.sendonce_json_reported = True  # type: ignore[attr-defined]
+
+
+def reported_as_json(exc: click.ClickException) -> bool:
+    return bool(getattr(exc, "sendonce_json_reported", False))

@@ -110,26 +110,28 @@ def local_view(backend: Any, entity: str, keys: Iterable[Key]) -> BrokerView:
     def work(conn: sqlite3.Connection) -> tuple[EntityProfile, int, _Seen, int]:
         eid, profile, _next_seq, id_count = lookup(conn, entity)
         seen = _Seen()
-        for start in range(0, len(mids), _CHUNK):
-            chunk = _json(mids[start : start + _CHUNK])
-            rows = conn.execute(
-                "SELECT message_id, partition_key, session_id FROM messages WHERE eid = ? "
-                "AND message_id IN (SELECT value FROM json_each(?))",
-                (eid, chunk),
-            ).fetchall()
-            for mid, pk, sid in rows:
+        wanted = set(mids)
+        # Stored messages have no index by id: one pass over the entity's (every subqueue,
+        # subscription copy, scheduled message), whatever the number of keys asked about.
+        rows = conn.execute(
+            "SELECT message_id, partition_key, session_id FROM messages WHERE eid = ?", (eid,)
+        )
+        for mid, pk, sid in rows:
+            if mid in wanted:
                 seen.held.add(_stored_key(profile, mid, pk, sid))
-            if profile.duplicate_detection:
-                sql = (
-                    "SELECT mid, pkey FROM ids WHERE eid = ? "
-                    "AND mid IN (SELECT value FROM json_each(?))"
-                )
-                params: tuple[Any, ...] = (eid, chunk)
-                window = profile.window
-                if profile.id_cache_size is None and window is not None:
-                    sql += " AND stamp > ?"
-                    params += (store.now() - window // US,)
-                for mid, pkey in conn.execute(sql, params).fetchall():
+        if profile.duplicate_detection:  # remembered ids: probed by the ids' primary key
+            sql = (
+                "SELECT mid, pkey FROM ids WHERE eid = ? "
+                "AND mid IN (SELECT value FROM json_each(?))"
+            )
+            extra: tuple[Any, ...] = ()
+            window = profile.window
+            if profile.id_cache_size is None and window is not None:
+                sql += " AND stamp > ?"
+                extra = (store.now() - window // US,)
+            for start in range(0, len(mids), _CHUNK):
+                chunk = _json(mids[start : start + _CHUNK])
+                for mid, pkey in conn.execute(sql, (eid, chunk, *extra)).fetchall():
                     seen.remembered.add(Key(mid, pkey))
         return profile, id_count, seen, store.now()
 

@@ -493,3 +493,21 @@ def test_the_advice_on_keys_in_doubt_names_the_entitys_rule(
         assert python not in text
     if entity == "cached":
         assert "remembers ids by count (the last 100)" in text
+
+
+def test_every_json_refusal_carries_status_error_and_exit_status(here: Path):
+    (here / "bad.jsonl").write_text('{"id": 1\n')
+    intents("sqlite:l.db", "audit", records(here / "o.jsonl", 1), age=timedelta(hours=1))
+    refusals = [
+        run("broker", "stats", "typo.db", "--json"),
+        publish(here / "bad.jsonl", "orders", "--json"),
+        publish(here / "o.jsonl", "orders", "--ledger", "typo.db", "--json"),
+        run("ledger", "stats", "typo.db", "--json"),
+        run("ledger", "in-doubt", "l.db", "--entity", "nope", "--json"),
+        run("ledger", "confirm", "l.db", "--entity", "audit", "--id", "nope", "--json"),
+        run("ledger", "reconcile", "l.db", "--entity", "audit", "--broker", "local:t.db", "--json"),
+    ]
+    for result in refusals:
+        report = json.loads(result.stdout)
+        assert report["status"] in ("error", "invalid"), result.stdout
+        assert report["error"] and report["exit_status"] == result.exit_code == 2
