@@ -35,7 +35,7 @@ from ..ledger._ledger import IN_FLIGHT_HORIZON
 from ..ledger._reconcile import Verdict
 from ..ledger._reconcile import reconcile as compare
 from ._doubt_rule import Rule
-from ._ledger_broker import broker_view, entity_rule
+from ._ledger_broker import broker_view, entity_rule, entity_rules
 from ._ledger_keys import read_keys
 from ._ledger_open import Mode, open_ledger
 from ._rerun import utc_text
@@ -177,7 +177,7 @@ def stats(
             raise InputError(f"--entity: the ledger has no entity {entity!r} (it has {listed})")
     rules: dict[str, Rule] = {}
     if broker_url is not None:
-        rules = {c.entity: entity_rule(broker_url, c.entity, None, False) for c in counts}
+        rules = entity_rules(broker_url, [c.entity for c in counts])
     if as_json:
         data = {c.entity: _counts_json(c, retention, rules.get(c.entity)) for c in counts}
         click.echo(json.dumps(data, indent=2))

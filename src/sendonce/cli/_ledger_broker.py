@@ -13,8 +13,10 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
+from typing import Any
 
 from .._entity import EntityProfile
+from .._names import name_key
 from ..backends._url import LOCAL_SCHEME, local_path
 from ..backends.local import LocalBackend
 from ..errors import SendOnceError, ValidationError, redact
@@ -24,7 +26,7 @@ from ._doubt_rule import Rule
 from ._files import os_errors, writable_problem
 from ._words import CommandError, InputError, cli_text
 
-__all__ = ["broker_view", "entity_rule"]
+__all__ = ["broker_view", "entity_rule", "entity_rules"]
 
 
 @contextmanager
@@ -73,9 +75,24 @@ def entity_rule(url: str | None, entity: str, window: timedelta | None, no_dedup
 
 
 def _profile(url: str, entity: str) -> EntityProfile:
+    found = _profiles(url, [entity], missing_ok=False)[entity]
+    assert found is not None
+    return found
+
+
+def entity_rules(url: str, entities: Sequence[str]) -> dict[str, Rule]:
+    """Each entity's rule from the broker at ``url`` (opened once); unknown where the broker
+    has no such entity (a ledger keeps the keys of entities deleted since)."""
+    found = _profiles(url, entities, missing_ok=True)
+    return {name: Rule(None) if p is None else Rule.of(p) for name, p in found.items()}
+
+
+def _profiles(
+    url: str, entities: Sequence[str], *, missing_ok: bool
+) -> dict[str, EntityProfile | None]:
     if _is_local(url):
         with _local(url) as backend:
-            return backend.describe(entity)
+            return {name: _described(backend, name, missing_ok) for name in entities}
     from ..backends import connect
 
     try:
@@ -85,16 +102,25 @@ def _profile(url: str, entity: str) -> EntityProfile:
     except ValidationError as exc:
         raise InputError(f"--broker: {cli_text(exc)}") from None
     try:
-        return remote.describe(entity)
+        return {name: _described(remote, name, missing_ok) for name in entities}
     except ValidationError as exc:
         raise InputError(
-            f"--broker: {cli_text(exc)}; this broker cannot describe {entity!r}: declare its "
-            "rule with --window (or --no-dedup) instead of --broker"
+            f"--broker: {cli_text(exc)}; this broker cannot describe its entities: declare "
+            "the rule with --window (or --no-dedup) instead of --broker"
         ) from None
     except SendOnceError as exc:
         raise CommandError(f"--broker {redact(url)}: {cli_text(exc)}") from None
     finally:
         remote.close()
+
+
+def _described(backend: Any, entity: str, missing_ok: bool) -> EntityProfile | None:
+    entities = getattr(backend, "entities", None)
+    known = None if entities is None or not missing_ok else {name_key(p.name) for p in entities()}
+    if known is not None and name_key(entity) not in known:
+        return None
+    profile: EntityProfile = backend.describe(entity)
+    return profile
 
 
 def broker_view(
@@ -108,6 +134,12 @@ def broker_view(
             )
         with _local(url) as backend:
             return local_view(backend, entity, keys)
+    if url.strip().lower().startswith(("amqp://", "amqps://")):
+        raise InputError(
+            "--broker: reconcile reads a local broker (local:FILE) or peeks the emulator or "
+            "Service Bus (a connection string); it cannot read an Artemis broker's queues yet: "
+            "browse them, then record what you find with `sendonce ledger confirm` / `release`"
+        )
     try:
         return peek_view(url.strip(), entity, subscriptions=subscriptions)
     except ModuleNotFoundError as exc:

@@ -447,6 +447,10 @@ def test_reconcile_refuses_a_missing_broker_or_entity(here: Path):
     typo = run("ledger", "reconcile", "l.db", "--entity", "audit", "--broker", "local:typo.db")
     assert typo.exit_code == 2 and "there is no broker file" in typo.stderr
     assert not (here / "typo.db").exists()  # an empty broker would read as "never stored"
+    artemis = run("ledger", "reconcile", "l.db", "--entity", "audit", "--broker",
+                  "amqp://u:secret@127.0.0.1:1")  # fmt: skip
+    assert artemis.exit_code == 2 and "cannot read an Artemis broker" in artemis.stderr
+    assert "secret" not in artemis.stderr
     unknown = run("ledger", "reconcile", "l.db", "--entity", "nope", "--broker", "local:broker.db")
     assert unknown.exit_code == 2 and "the ledger has no entity 'nope'" in unknown.stderr
     with Ledger("sqlite:l.db") as ledger:
@@ -511,3 +515,13 @@ def test_every_json_refusal_carries_status_error_and_exit_status(here: Path):
         report = json.loads(result.stdout)
         assert report["status"] in ("error", "invalid"), result.stdout
         assert report["error"] and report["exit_status"] == result.exit_code == 2
+
+
+def test_stats_with_a_broker_tolerates_an_entity_deleted_since(here: Path):
+    intents("sqlite:l.db", "gone", records(here / "o.jsonl", 1), age=timedelta(hours=1))
+    intents("sqlite:l.db", "audit", records(here / "o.jsonl", 1), age=timedelta(hours=1))
+    stats = run("ledger", "stats", "l.db", "--broker", "local:broker.db")
+    assert stats.exit_code == 0, stats.output
+    assert "audit (no duplicate detection)" in stats.stdout and "\ngone\n" in stats.stdout
+    typo = run("ledger", "stats", "l.db", "--broker", "local:typo.db")
+    assert typo.exit_code == 2 and "there is no broker file" in typo.stderr
