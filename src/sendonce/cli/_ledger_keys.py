@@ -1,9 +1,10 @@
 """The keys a ``sendonce ledger confirm`` or ``release`` resolves: from ``--id``, a file or stdin.
 
 Text (the default): one message id per line, optionally a tab and its partition key;
-blank lines are skipped. With ``--json``: what ``in-doubt --json`` and ``reconcile
---json`` print (an object whose ``keys`` lists them), a JSON array, or JSON Lines; each
-key is a message id or an object with ``message_id`` and ``partition_key``. A line
+blank lines are skipped. With ``--json``: what ``in-doubt --json`` prints (an object
+whose ``keys`` lists them), a JSON array (such as a list ``reconcile --json`` prints), or
+JSON Lines; each key is a message id or an object with ``message_id`` and
+``partition_key``. A line
 that is not a key is refused with its line number: nothing is resolved then.
 """
 

@@ -525,3 +525,15 @@ def test_stats_with_a_broker_tolerates_an_entity_deleted_since(here: Path):
     assert "audit (no duplicate detection)" in stats.stdout and "\ngone\n" in stats.stdout
     typo = run("ledger", "stats", "l.db", "--broker", "local:typo.db")
     assert typo.exit_code == 2 and "there is no broker file" in typo.stderr
+
+
+def test_a_list_reconcile_prints_is_keys_for_release(here: Path):
+    messages = records(here / "o.jsonl", 3)
+    send("audit", messages[:1])
+    intents("sqlite:l.db", "audit", messages, age=timedelta(hours=1))
+    shown = run("ledger", "reconcile", "l.db", "--entity", "audit", "--broker", "local:broker.db",
+                "--json")  # fmt: skip
+    (here / "absent.json").write_text(json.dumps(json.loads(shown.stdout)["absent"]))
+    released = run("ledger", "release", "l.db", "--entity", "audit", "--from", "absent.json",
+                   "--json")  # fmt: skip
+    assert json.loads(released.stdout)["count"] == 2, released.output
