@@ -6,9 +6,10 @@ distribution in that cache (about 3 s, once); every broker a test run starts is 
 in a temporary folder, its paths rewritten, its ``etc/broker.xml`` written for the test:
 
 - acceptor ``amqp`` (AMQP and CORE, ``amqpDuplicateDetection=true``), acceptor ``nodedup``
-  (AMQP, ``amqpDuplicateDetection=false``) and acceptor ``plain`` (AMQP, nothing said: the
-  defaults), each on a free port chosen at creation (kept across restarts, so a restarted
-  broker is where the clients left it);
+  (AMQP, ``amqpDuplicateDetection=false``), acceptor ``plain`` (AMQP, nothing said: the
+  defaults) and acceptor ``tls`` (AMQP over TLS, a self-signed ``localhost`` certificate:
+  ``ca_file``), each on a free port chosen at creation (kept across restarts, so a
+  restarted broker is where the clients left it);
 - persistence on (NIO journal) but ``journal-datasync=false``: a ``kill -9`` of the JVM loses
   nothing (the OS still holds the written pages), only a machine crash could;
 - the critical analyzer logs instead of halting the JVM (a loaded 2-core machine stalls),
@@ -64,7 +65,7 @@ _DEFAULT_JAVA_ARGS = (
     "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xms32M -Xmx256M -Dlog4j2.disableJmx=true "
     "--add-opens java.base/jdk.internal.misc=ALL-UNNAMED"
 )
-_TEMPLATE_FORM = "v1"  # changes with the ``artemis create`` options below
+_TEMPLATE_FORM = "v2"  # changes with the ``artemis create`` options below
 # Files of an instance that hold its own absolute path (rewritten in each copy).
 _PATH_FILES = (
     "bin/artemis",
@@ -126,12 +127,65 @@ def _template(home: Path) -> Path:
             capture_output=True,
             timeout=300,
         )
+        _make_certificate(work / "i" / "etc")
         (work / "i" / "template-path").write_text(str(work / "i"))  # the path inside its files
         with contextlib.suppress(OSError):  # another run may have made it first: keep that one
             (work / "i").rename(target)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return target
+
+
+TLS_STORE_PASSWORD = "tls-store-secret"
+
+
+def _make_certificate(etc: Path) -> None:
+    """A self-signed certificate for ``localhost`` (the ``tls`` acceptor's), made once per
+    template: ``broker.p12`` for the broker, ``broker.pem`` for the clients to trust."""
+    keytool = shutil.which("keytool") or str(
+        Path(os.environ.get("JAVA_HOME", "/usr")) / "bin" / "keytool"
+    )
+    store = etc / "broker.p12"
+    common = ["-keystore", str(store), "-storetype", "PKCS12", "-storepass", TLS_STORE_PASSWORD]
+    subprocess.run(
+        [
+            keytool,
+            "-genkeypair",
+            "-alias",
+            "broker",
+            "-keyalg",
+            "RSA",
+            "-keysize",
+            "2048",
+            "-validity",
+            "3650",
+            "-dname",
+            "CN=localhost",
+            "-ext",
+            "SAN=dns:localhost,ip:127.0.0.1",
+            "-keypass",
+            TLS_STORE_PASSWORD,
+            *common,
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    subprocess.run(
+        [
+            keytool,
+            "-exportcert",
+            "-rfc",
+            "-alias",
+            "broker",
+            "-file",
+            str(etc / "broker.pem"),
+            *common,
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
 
 
 def _die_with_parent() -> None:
@@ -181,6 +235,8 @@ class ArtemisBroker:
         self.port = _free_port()
         self.nodedup_port = _free_port()
         self.plain_port = _free_port()
+        self.tls_port = _free_port()
+        self.ca_file = self.instance / "etc" / "broker.pem"  # trust it to reach ``tls_port``
         self.user, self.password = USER, PASSWORD
         self.log_path = self.instance / "log" / "console.log"
         self._process: subprocess.Popen[bytes] | None = None
@@ -247,6 +303,9 @@ class ArtemisBroker:
             f"{common};amqpDuplicateDetection=false</acceptor>\n"
             f'  <acceptor name="plain">tcp://127.0.0.1:{self.plain_port}?protocols=AMQP'
             "</acceptor>\n"
+            f'  <acceptor name="tls">tcp://127.0.0.1:{self.tls_port}?protocols=AMQP;{common};'
+            f"sslEnabled=true;keyStorePath={self.instance / 'etc' / 'broker.p12'};"
+            f"keyStorePassword={TLS_STORE_PASSWORD};keyStoreType=PKCS12</acceptor>\n"
             "</acceptors>"
         )
         text = re.sub(r"<acceptors>.*?</acceptors>", lambda _: acceptors, text, count=1, flags=re.S)

@@ -30,6 +30,7 @@ from ..errors import (
 
 __all__ = [
     "PERMANENT_CONDITIONS",
+    "TLS_FAILED",
     "TRANSIENT_CONDITIONS",
     "attach_error",
     "connection_error",
@@ -68,6 +69,7 @@ TRANSIENT_CONDITIONS: frozenset[str] = frozenset(
     }
 )
 
+TLS_FAILED = "sendonce:tls-failed"
 _DUPLICATE_ID = re.compile(r"_AMQ_DUPL_ID=(.*?)(?:, [A-Za-z_]\w*=|\})")
 
 
@@ -152,9 +154,15 @@ def connection_error(condition: str | None, description: str | None, *, host: st
         said = "the connection closed"
     else:
         said = redact(f"{condition}: {description}" if description else condition)
-    if condition == "amqp:unauthorized-access" or (
-        description is not None and "sasl" in description.lower()
-    ):
+    lowered = (description or "").lower()
+    if "ssl failure" in lowered or "certificate" in lowered:
+        return PermanentSendError(
+            f"TLS with the broker at {host} failed ({said}): its certificate is not trusted or "
+            "does not name the host; pass ca_file= (?ca_file=/path/ca.pem in the url) with the "
+            "CA that signed it; nothing was sent",
+            condition=TLS_FAILED,
+        )
+    if condition == "amqp:unauthorized-access" or "sasl" in lowered:
         return PermanentSendError(
             f"the broker at {host} refused the credentials (SASL: {said}); check the user and "
             "password of the url; nothing was sent",

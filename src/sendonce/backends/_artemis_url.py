@@ -3,7 +3,8 @@
 Parsed with ``urllib.parse``; what it does not understand is refused, not guessed at. The
 user name and password may be percent-encoded (``%40`` for ``@``). Query options are the
 backend's keyword options that a plain string can carry: ``max_in_flight``,
-``resend_reach``, ``connect_timeout``, ``management_timeout``, ``heartbeat``.
+``resend_reach``, ``connect_timeout``, ``management_timeout``, ``heartbeat``, and
+``ca_file`` (a PEM file of CAs to trust for ``amqps``: ``?ca_file=/etc/broker-ca.pem``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ..errors import ConfigurationError, redact
 __all__ = ["AMQP_SCHEMES", "is_amqp_url", "parse_amqp_url"]
 
 AMQP_SCHEMES = ("amqp", "amqps")
+_TEXTS = {"ca_file": str}
 _NUMBERS = {
     "max_in_flight": int,
     "resend_reach": float,
@@ -63,11 +65,11 @@ def parse_amqp_url(url: str) -> dict[str, Any]:
     elif parts.password is not None:
         raise ConfigurationError(f"Artemis url {shown!r} has a password but no user", field="url")
     for name, value in parse_qsl(parts.query, keep_blank_values=True):
-        convert = _NUMBERS.get(name)
+        convert = _NUMBERS.get(name) or _TEXTS.get(name)
         if convert is None:
             raise ConfigurationError(
                 f"Artemis url {shown!r}: unknown option {name!r} (the options are "
-                f"{', '.join(_NUMBERS)})",
+                f"{', '.join([*_NUMBERS, *_TEXTS])})",
                 field="url",
             )
         if name in options:

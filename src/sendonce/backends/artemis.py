@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -55,6 +56,7 @@ from ..errors import (
 )
 from ._artemis_cache import QueueSet, Reached, different_cache, queue_filter, queue_ids
 from ._artemis_convert import encode
+from ._artemis_errors import TLS_FAILED
 from ._artemis_loop import ArtemisLoop, Connect, ManagementCall, ManagementRefused, Transfer
 from ._artemis_reach import Attempt, ResendReach
 from ._base import Ack
@@ -98,8 +100,10 @@ class ArtemisBackend:
     ``connect("amqp://app:secret@broker.example:5672")`` (``amqps://`` for TLS). Keyword
     options:
 
-    - ``tls``: TLS (``amqps``), verifying the broker's certificate against the system's
-      CAs unless ``ssl_domain`` (a ``proton.SSLDomain``) says otherwise;
+    - ``tls``: TLS (``amqps``), verifying the broker's certificate and host name against the
+      system's CAs, or against ``ca_file`` (a PEM file of the CAs to trust, such as a
+      self-signed broker's certificate), unless ``ssl_domain`` (a ``proton.SSLDomain``)
+      says otherwise;
     - ``profiles``: explicit :class:`EntityProfile` values by address name (they win over
       the broker's management answers; needed where the user may not manage);
     - ``kinds``: ``"queue"`` (anycast) or ``"topic"`` (multicast) by address name;
@@ -125,6 +129,7 @@ class ArtemisBackend:
         user: str | None = None,
         password: str | None = None,
         tls: bool = False,
+        ca_file: str | None = None,
         ssl_domain: SSLDomain | None = None,
         profiles: Mapping[str, EntityProfile] | None = None,
         kinds: Mapping[str, EntityKind] | None = None,
@@ -173,8 +178,21 @@ class ArtemisBackend:
         self.host, self.port, self.user = host, port, user
         self.tls = tls or ssl_domain is not None
         self.require_duplicate_detection = require_duplicate_detection
+        if ca_file is not None:
+            if not isinstance(ca_file, str) or not os.path.isfile(ca_file):
+                raise ConfigurationError(
+                    f"ca_file must name a PEM file of trusted CAs, got {ca_file!r}",
+                    field="ca_file",
+                )
+            if ssl_domain is not None:
+                raise ConfigurationError("give ca_file or ssl_domain, not both", field="ca_file")
+            self.tls = True
         if self.tls and ssl_domain is None:
             ssl_domain = SSLDomain(SSLDomain.MODE_CLIENT)
+            if ca_file is not None and ssl_domain.set_trusted_ca_db(ca_file) != 0:
+                raise ConfigurationError(
+                    f"ca_file {ca_file!r} cannot be read as PEM certificates", field="ca_file"
+                )
             ssl_domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME)
         self._profiles: dict[str, EntityProfile] = {}
         self._kinds: dict[str, EntityKind] = dict(kinds or {})
@@ -325,6 +343,8 @@ class ArtemisBackend:
             raise error
         if isinstance(error, PermanentSendError) and error.condition == "amqp:unauthorized-access":
             raise ConfigurationError(str(error), field="password") from None
+        if isinstance(error, PermanentSendError) and error.condition == TLS_FAILED:
+            raise ConfigurationError(str(error), field="url") from None
         logger.info(
             "cannot reach the broker at %s yet (%s); sends will retry", self._loop.where, error
         )

@@ -287,3 +287,20 @@ def test_a_user_who_may_not_manage_sends_with_a_profile(artemis_broker, artemis_
     # The acceptor's duplicate detection could not be read: said, not silently assumed.
     assert "amqpDuplicateDetection is not checked" in caplog.text
     assert [m.id for m in drain(artemis_broker.url(), artemis_address)] == ["x", "y"]
+
+
+def test_a_scheduled_message_arrives_at_its_time_and_shares_the_id_space(
+    artemis_broker, artemis_address
+):
+    from datetime import UTC, datetime, timedelta
+
+    at = datetime.now(UTC) + timedelta(seconds=4)
+    with IdempotentSender(artemis_broker.url(), profile(artemis_address), retry=FAST) as sender:
+        result = sender.schedule(Message("later", message_id="s-1"), at)
+        sender.send(Message("later", message_id="s-1"))  # the same id, sent now: dropped
+    assert (result.outcome, result.sequence_number) == ("scheduled", None)
+    assert drain(artemis_broker.url(), artemis_address) == []  # not yet
+    remaining = (at - datetime.now(UTC)).total_seconds()
+    got = drain(artemis_broker.url(), artemis_address, idle=max(remaining, 0) + 2.0)
+    assert [(m.id, m.body) for m in got] == [("s-1", "later")]
+    assert datetime.now(UTC) >= at
