@@ -30,7 +30,8 @@ FLOORS: list[tuple[str, ...]] = [
     # Mechanisms.
     # retry policy; one SQLite connection per file; transfers in flight (one per key at a time)
     ("_retry", "_sqlite_share", "_inflight"),
-    ("backends", "ledger"),  # where messages go; what was sent, durably
+    ("backends",),  # where messages go
+    ("ledger",),  # what was sent, durably (reconcile reads the local broker)
     ("_report",),  # what a send call reports, per message
     ("_ledger_layer",),  # the ledger around the transfer step: intents, confirmations
     ("_sender_core",),  # what every sender does: validation, batching, memory, accounting
