@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._extras import requires_extra
+from ..backends._artemis_url import is_amqp_url
 from ..backends._url import LOCAL_SCHEME, is_connection_string, local_path
 from ..errors import ConfigurationError, redact
 from ._base import AsyncBackend
@@ -21,6 +22,10 @@ def connect(url: str, **options: Any) -> AsyncBackend:
       is a short blocking call.
     - ``Endpoint=sb://...``: :class:`sendonce.aio.AzureServiceBusBackend` on
       ``azure.servicebus.aio`` (no I/O until the first call).
+    - ``amqp://user:password@host:5672`` / ``amqps://``: AMQ Broker / Artemis, as a
+      :class:`~sendonce.aio.ThreadedBackend` over ``ArtemisBackend`` with one worker per
+      transfer in flight (the backend runs its own proton event loop; a call only hands it
+      work and waits, so calls run side by side).
     """
     if not isinstance(url, str) or not url.strip():
         raise ConfigurationError("url must be a non-empty str", field="url")
@@ -36,8 +41,16 @@ def connect(url: str, **options: Any) -> AsyncBackend:
             from ._servicebus import AzureServiceBusBackend
 
         return AzureServiceBusBackend.from_connection_string(url, **options)
+    if is_amqp_url(url):
+        with requires_extra("an amqp:// url (AMQ Broker / Apache ActiveMQ Artemis)", "artemis"):
+            from ..backends.artemis import ArtemisBackend
+        from ._threaded import ThreadedBackend
+
+        artemis = ArtemisBackend.from_url(url, **options)
+        return ThreadedBackend(artemis, workers=artemis.max_in_flight)
     raise ConfigurationError(
-        f"unrecognised backend url {redact(url)[:80]!r}: expected local:///path/broker.db or a "
-        "Service Bus connection string (Endpoint=sb://...)",
+        f"unrecognised backend url {redact(url)[:80]!r}: expected local:///path/broker.db, a "
+        "Service Bus connection string (Endpoint=sb://...) or an Artemis url "
+        "(amqp://user:password@host:5672)",
         field="url",
     )

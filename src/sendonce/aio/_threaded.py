@@ -7,6 +7,10 @@ call is still running in the thread, which would let the next call in beside
 it; one worker thread serialises calls whatever happens to the awaiting tasks,
 and does not tie up the loop's default executor. A call that has not started
 when its task is cancelled never starts.
+
+A backend that is safe for many threads at once (``ArtemisBackend``: its calls only
+hand work to its own event loop and wait) can be given ``workers=N``: up to N calls run
+side by side, so the async sender's transfers are in flight together.
 """
 
 from __future__ import annotations
@@ -34,14 +38,16 @@ _PROTOCOL = ("describe", "send", "schedule", "close")
 
 class ThreadedBackend:
     """Adapts a sync :class:`~sendonce.backends.Backend` (``LocalBackend``,
-    ``FaultyBackend``, ...) to :class:`~sendonce.aio.AsyncBackend`.
+    ``FaultyBackend``, ``ArtemisBackend``...) to :class:`~sendonce.aio.AsyncBackend`.
+    ``workers`` (default 1) is how many calls may run at once: more only for a backend
+    safe for many threads.
 
     Closing it closes the wrapped backend. Any other method of the wrapped
     backend (``create_entity``, ``receive``, ``count``, ``message_ids``...) is
     available as a coroutine function of the same name, run on the same thread.
     """
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, *, workers: int = 1) -> None:
         missing = [name for name in _PROTOCOL if not callable(getattr(backend, name, None))]
         if missing:
             raise ConfigurationError(
@@ -54,8 +60,10 @@ class ThreadedBackend:
                 f"{type(backend).__name__} is already asynchronous: use it directly",
                 field="backend",
             )
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+            raise ConfigurationError("workers must be an int >= 1", field="workers")
         self._inner = backend
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sendonce-aio")
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sendonce-aio")
         self._closed = False
 
     @property

@@ -288,8 +288,9 @@ class ArtemisBackend:
             if "AMQ229203" in str(exc) or "does not exist" in str(exc).lower():
                 raise ConfigurationError(
                     f"address {entity!r} does not exist on the broker at {self._loop.where}; "
-                    "create it (or pass an EntityProfile to let the broker auto-create it on "
-                    "the first send)",
+                    "create it, or declare its id cache to let the broker auto-create it on "
+                    "the first send (EntityProfile(name, id_cache_size=20000); sendonce "
+                    "publish --id-cache-size 20000)",
                     field="entity",
                 ) from None
             raise self._needs_profile(entity, str(exc)) from None

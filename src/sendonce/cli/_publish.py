@@ -157,14 +157,29 @@ def _target(
     window: timedelta | None,
     partitioned: bool,
     sessions: bool,
+    id_cache_size: int | None = None,
 ) -> EntityProfile | str:
-    """The entity to send to: its name, or the profile ``--window`` declares.
+    """The entity to send to: its name, or the profile ``--window`` (or, for an Artemis
+    style id cache, ``--id-cache-size``) declares.
 
     On a local broker a missing entity is named with the existing ones (a typo is plain
     to see), or, with ``--window``, created; the creation is said on stderr.
     """
     entities = getattr(backend, "entities", None)
     known = None if entities is None else {p.name: p for p in entities()}
+    if id_cache_size is not None:
+        if window is not None or partitioned or sessions:
+            raise click.UsageError(
+                "--id-cache-size declares an Artemis-style id cache: it does not go with "
+                "--window, --partitioned or --sessions"
+            )
+        declared = EntityProfile(entity, id_cache_size=id_cache_size)
+        existing = None if known is None else known.get(entity)
+        if existing is not None:
+            difference = profile_difference(existing, declared)
+            if difference is not None:
+                raise InputError(difference + "; nothing was sent")
+        return declared
     if window is None:
         if partitioned or sessions:
             raise click.UsageError("--partitioned and --sessions declare a profile: add --window")
@@ -330,7 +345,8 @@ def _spec(
     "--to",
     "url",
     required=True,
-    help="Backend url: local:///path/broker.db or a Service Bus connection string.",
+    help="Backend url: local:///path/broker.db, a Service Bus connection string or an "
+    "Artemis url amqp://user:password@host:5672.",
 )
 @click.option("--entity", required=True, help="Queue or topic to publish to.")
 @click.option(
@@ -389,6 +405,13 @@ def _spec(
 @click.option("--partitioned", is_flag=True, help="With --window: the entity is partitioned.")
 @click.option("--sessions", is_flag=True, help="With --window: the entity requires sessions.")
 @click.option(
+    "--id-cache-size",
+    type=click.IntRange(min=1),
+    help="Declare the entity's Artemis-style id cache (the last N ids per address) instead "
+    "of reading it from the broker: for an amqp:// broker whose address does not exist yet "
+    "(the first send creates it) or whose management the user may not read.",
+)
+@click.option(
     "--timeout",
     callback=duration_option,
     help="Time limit of each send attempt, e.g. 30s (default 30s).",
@@ -442,6 +465,7 @@ def publish(
     window: timedelta | None,
     partitioned: bool,
     sessions: bool,
+    id_cache_size: int | None,
     timeout: timedelta | None,
     attempts: int | None,
     ledger_url: str | None,
@@ -470,7 +494,7 @@ def publish(
         source = source_options(file, fmt, encoding, delimiter, strip)
         with _source(file) as path, _opened(url) as backend, ExitStack() as stack:
             # One validation pass needs the entity's rules: the backend is opened first.
-            target = _target(backend, entity, window, partitioned, sessions)
+            target = _target(backend, entity, window, partitioned, sessions, id_cache_size)
             ledger = None
             if ledger_url is not None:
                 ledger = stack.enter_context(
