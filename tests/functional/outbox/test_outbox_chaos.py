@@ -31,18 +31,27 @@ HERE = Path(__file__).parent
 class Fleet:
     """Producer and relay processes, killed and restarted at random."""
 
-    def __init__(self, outbox: str, broker: str, seed: int) -> None:
-        self.outbox, self.broker = outbox, broker
+    def __init__(self, outbox: str, broker: str, seed: int, logs: Path) -> None:
+        self.outbox, self.broker, self.logs = outbox, broker, logs
         self.rng = random.Random(seed)
         self.incarnation = 0
         self.producers: list[subprocess.Popen[bytes]] = []
         self.relays: list[subprocess.Popen[bytes]] = []
         self.kills = 0
+        self.born: dict[int, float] = {}
 
     def _spawn(self, *args: str) -> subprocess.Popen[bytes]:
         self.incarnation += 1
         command = [sys.executable, str(HERE / "outbox_chaos.py"), *args]
-        return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(self.logs / f"{args[0]}-{self.incarnation}.log", "wb") as log:
+            process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
+        self.born[process.pid] = time.monotonic()
+        return process
+
+    def log_tail(self) -> str:
+        """The end of what the processes wrote on stderr (tracebacks of real failures)."""
+        texts = [p.read_text(errors="replace")[-600:] for p in sorted(self.logs.glob("*.log"))]
+        return "\n".join(t for t in texts if "Error" in t)[-3000:]
 
     def producer(self) -> subprocess.Popen[bytes]:
         seed = str(self.rng.randrange(1 << 30))
@@ -57,6 +66,10 @@ class Fleet:
             time.sleep(self.rng.uniform(0.2, 0.8))
             pool = self.producers if self.rng.random() < 0.5 else self.relays
             victim = self.rng.randrange(len(pool))
+            # A process needs a moment to start (imports take over a second on a busy
+            # machine): kill it only once it has had time to work, at a random point.
+            if time.monotonic() - self.born[pool[victim].pid] < self.rng.uniform(1.5, 3.0):
+                continue
             pool[victim].kill()  # kill -9, wherever it is
             pool[victim].wait()
             self.kills += 1
@@ -105,6 +118,10 @@ def _prove(
     fleet.producers = [fleet.producer() for _ in range(producers)]
     fleet.relays = [fleet.relay() for _ in range(relays)]
     try:
+        with psycopg.connect(outbox, autocommit=True) as conn:  # the producers are working
+            while conn.execute("SELECT count(*) FROM orders").fetchone() == (0,):
+                assert any(p.poll() is None for p in fleet.producers), fleet.log_tail()
+                time.sleep(0.1)
         fleet.chaos(seconds, tick)
         fleet.stop_producers()
         _drained(outbox, fleet.relays)
@@ -114,7 +131,7 @@ def _prove(
     with LocalBackend(broker_path) as broker:
         ids = broker.message_ids("orders")
     counts = outbox_chaos.check(outbox, ids)
-    assert counts["orders"] > 0 and fleet.kills > 0
+    assert counts["orders"] > 0 and fleet.kills > 0, fleet.log_tail()
     return counts
 
 
@@ -131,7 +148,7 @@ def test_kill_9_producers_and_relays_on_the_local_broker(
     outbox_url: str, tmp_path: Path, seed: int
 ) -> None:
     path = _setup(outbox_url, tmp_path)
-    fleet = Fleet(outbox_url, f"local://{path}", seed)
+    fleet = Fleet(outbox_url, f"local://{path}", seed, tmp_path)
     _prove(outbox_url, path, fleet, seconds=6, producers=2, relays=3)
 
 
@@ -143,7 +160,7 @@ def test_kill_9_and_cut_connections_through_the_emulator(outbox_url: str, tmp_pa
 
     path = _setup(outbox_url, tmp_path)
     with Emulator(path) as emulator:
-        fleet = Fleet(outbox_url, emulator.connection_string, seed=7)
+        fleet = Fleet(outbox_url, emulator.connection_string, 7, tmp_path)
         actions = [
             FaultAction.DROP_AFTER_COMMIT,
             FaultAction.DROP_BEFORE_COMMIT,
@@ -163,5 +180,5 @@ def test_kill_9_at_random_for_longer_on_the_local_broker(
     outbox_url: str, tmp_path: Path, seed: int
 ) -> None:
     path = _setup(outbox_url, tmp_path)
-    fleet = Fleet(outbox_url, f"local://{path}", seed)
+    fleet = Fleet(outbox_url, f"local://{path}", seed, tmp_path)
     _prove(outbox_url, path, fleet, seconds=40, producers=3, relays=4)
