@@ -14,10 +14,12 @@ medians, and the ratios to the run without a ledger, measured in this run.
 Targets: SQLite <= 1.3x, PostgreSQL <= 1.5x, a confirmed re-run <= 1.0x.
 
     python bench/bench_ledger.py [--messages 20000] [--network-messages 2000]
-        [--rtt-ms 0 5] [--repeats 3] [--no-postgres] [--no-local] [--plain] [--smoke]
+        [--rtt-ms 0 5] [--repeats 3] [--no-postgres] [--no-local] [--plain] [--no-dedup]
+        [--smoke]
 
-``--plain`` sends to an unpartitioned entity instead (the sender batches); ``--rtt-ms``
-with no value skips the emulator.
+``--plain`` sends to an unpartitioned entity instead (the sender batches); ``--no-dedup``
+to an entity without duplicate detection (where the ledger writes no intent ahead of the
+transfers in flight: see docs/ledger.md); ``--rtt-ms`` with no value skips the emulator.
 """
 
 from __future__ import annotations
@@ -54,7 +56,9 @@ def one_run(
 ) -> float:
     ledger = Ledger(url) if url else None
     try:
-        with IdempotentSender(backend, profile, ledger=ledger) as sender:
+        with IdempotentSender(
+            backend, profile, ledger=ledger, require_duplicate_detection=False
+        ) as sender:
             start = time.perf_counter()
             report = sender.send_many(batch)
             elapsed = time.perf_counter() - start
@@ -110,7 +114,11 @@ def measure(
                 times.setdefault(f"{name} re-run", []).append(rerun)
     base = statistics.median(times["none"])
     kind = "unpartitioned" if args.plain else "partitioned"
-    print(f"{label}: {n} messages, {args.keys} keys, {kind} entity (load {load()})")
+    dedup = "without" if args.no_dedup else "with"
+    print(
+        f"{label}: {n} messages, {args.keys} keys, {kind} entity {dedup} duplicate "
+        f"detection (load {load()})"
+    )
     for name, values in times.items():
         med = statistics.median(values)
         print(f"  {name:16s} {med:7.3f}s  {n / med:9.0f} msg/s  {med / base:5.2f}x no ledger")
@@ -126,6 +134,9 @@ def main() -> None:
         "--rtt-ms", type=float, nargs="*", default=[0.0, 5.0], help="none: no emulator runs"
     )
     parser.add_argument("--plain", action="store_true", help="an unpartitioned entity")
+    parser.add_argument(
+        "--no-dedup", action="store_true", help="an entity without duplicate detection"
+    )
     parser.add_argument("--no-postgres", action="store_true")
     parser.add_argument("--no-local", action="store_true")
     add_smoke(parser)
@@ -138,7 +149,11 @@ def main() -> None:
             with LocalBackend(root / "broker.db") as broker:
 
                 def local(name: str, r: int) -> tuple[Backend, EntityProfile]:
-                    profile = EntityProfile(f"{name}{r}", partitioned=not args.plain)
+                    profile = EntityProfile(
+                        f"{name}{r}",
+                        partitioned=not args.plain,
+                        duplicate_detection=not args.no_dedup,
+                    )
                     broker.create_entity(profile)
                     return broker, profile
 
@@ -153,7 +168,12 @@ def main() -> None:
             for kind in ("none", "sqlite", "postgres")
             for r in range(args.repeats)
         ]
-        profiles = {name: EntityProfile(name, partitioned=not args.plain) for name in names}
+        profiles = {
+            name: EntityProfile(
+                name, partitioned=not args.plain, duplicate_detection=not args.no_dedup
+            )
+            for name in names
+        }
         if not names:
             return
         with (

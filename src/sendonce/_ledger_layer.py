@@ -44,7 +44,9 @@ WRITE_AHEAD_TRANSFERS = 32
 WRITE_AHEAD_MESSAGES = 256
 """Messages one write covers at most (a bigger transfer is a window of its own)."""
 
-Fail = Callable[[Sequence[Message], SendError, SendReport, dict[object, SendError]], None]
+Fail = Callable[
+    [Sequence[Message], SendError, SendReport, dict[object, SendError], Sequence[int]], None
+]
 KeyOf = Callable[[Message], object]
 
 
@@ -128,17 +130,23 @@ class LedgerLayer:
     def account(
         self,
         prepared: Prepared,
+        messages: Sequence[Message],
+        at: Sequence[int],
         report: SendReport,
         failed: dict[object, SendError],
         key_of: KeyOf,
     ) -> None:
-        """Report what the ledger decided without a transfer: sent earlier, conflict, in doubt."""
-        for message, _row in prepared.confirmed:
-            report._results.append(
-                SendResult(message.message_id, message.partition_key, "duplicate", 0, None)
-            )
+        """Report what the ledger decided without a transfer: sent earlier, conflict, in doubt.
+
+        ``messages`` is the batch ``prepared`` decided on, ``at`` the input position of each.
+        """
+        for index, _row in prepared.confirmed:
+            message = messages[index]
+            result = SendResult(message.message_id, message.partition_key, "duplicate", 0)
+            report._add_result(result, at[index])
             report.from_ledger.append(message.message_id)
-        for message, row in prepared.conflicts:
+        for index, row in prepared.conflicts:
+            message = messages[index]
             error: SendError = PayloadConflictError(
                 f"message {message.message_id!r} was sent at {row.first_attempt.isoformat()} "
                 "with a different body (according to the ledger); the broker would silently "
@@ -146,9 +154,11 @@ class LedgerLayer:
                 message_id=message.message_id,
                 partition_key=message.partition_key,
             )
-            report.failures.append(SendFailure(message.message_id, message.partition_key, error))
+            failure = SendFailure(message.message_id, message.partition_key, error)
+            report._add_failure(failure, at[index])
             failed[key_of(message)] = error
-        for message, row in prepared.in_doubt:
+        for index, row in prepared.in_doubt:
+            message = messages[index]
             error = InDoubtError(
                 self.ledger.in_doubt_message(
                     message.message_id, row, window=self.window, profile=self.profile
@@ -157,7 +167,8 @@ class LedgerLayer:
                 partition_key=message.partition_key,
             )
             _telemetry.in_doubt(error, "ledger")
-            report.failures.append(SendFailure(message.message_id, message.partition_key, error))
+            failure = SendFailure(message.message_id, message.partition_key, error)
+            report._add_failure(failure, at[index])
             failed[key_of(message)] = error
 
     @staticmethod
@@ -176,7 +187,7 @@ class LedgerLayer:
         if isinstance(written, Exception):
             raise self.failure(written, message) from None
         report = SendReport()
-        self.account(written, report, {}, lambda m: m.message_id)
+        self.account(written, [message], (0,), report, {}, lambda m: m.message_id)
         if report.failures:
             raise report.failures[0].error
         if not written.send:
@@ -187,7 +198,7 @@ class LedgerLayer:
     def scheduled(prepared: Prepared, result: SendResult) -> Confirmation:
         """What to confirm once a schedule was acknowledged."""
         outcome = "duplicate" if result.outcome == "duplicate" else "scheduled"
-        return Confirmation((), {prepared.send_keys[0]: outcome})
+        return Confirmation((), {prepared.keys[prepared.send[0]]: outcome})
 
 
 def _windows(batches: Sequence[Sequence[Message]], limit: int) -> list[tuple[int, int]]:
@@ -212,12 +223,17 @@ class LedgerRun:
     ``next_write`` says which intents to write next, ``written``/``write_failed`` take the
     answer, ``ready``/``to_send`` say whether and what a transfer sends, ``done`` takes its
     outcome, and ``closing`` says what to release and confirm on the way out.
+
+    Messages are followed by position, never by identity: ``positions[i]`` is the input
+    position of each message of transfer ``i``, and what a transfer sends is named by
+    its messages' indices in its window's write (``Prepared`` decides by index).
     """
 
     def __init__(
         self,
         layer: LedgerLayer,
         batches: Sequence[Sequence[Message]],
+        positions: Sequence[Sequence[int]],
         started: float | None,
         limit: int,
         report: SendReport,
@@ -227,6 +243,7 @@ class LedgerRun:
     ) -> None:
         self.layer = layer
         self.batches = batches
+        self.positions = positions
         self.started = started
         self.report, self.failed, self.fail, self.key_of = report, failed, fail, key_of
         self.windows = _windows(batches, limit)
@@ -234,6 +251,10 @@ class LedgerRun:
         self.prepared: list[Prepared | None] = [None] * len(self.windows)
         self.left = [b - a for a, b in self.windows]
         self.sends: list[Sequence[Message] | None] = [None] * len(batches)
+        self.send_at: list[Sequence[int]] = [()] * len(batches)
+        """The index in its window's write of each message transfer ``i`` sends."""
+        self.window_at: list[list[int]] = [[] for _ in self.windows]
+        """The input position of each message of a window's write."""
         self.starts: list[float | None] = [started] * len(batches)
         self.tried: list[list[int]] = [[0] for _ in batches]
         """Attempts each transfer made (0: never attempted, its intents may be released)."""
@@ -253,9 +274,12 @@ class LedgerRun:
         a, b = self.windows[w]
         messages: list[Message] = []
         keys: list[Key] = []
-        for batch in self.batches[a:b]:
+        at = self.window_at[w]
+        for index in range(a, b):
+            batch = self.batches[index]
             messages.extend(batch)
             keys.extend(self.layer.keys(batch))
+            at.extend(self.positions[index])
         carried, self.pending = self.pending, None
         return w, messages, keys, carried
 
@@ -263,20 +287,28 @@ class LedgerRun:
         """Window ``w``'s intents are durable: decide what each of its transfers sends."""
         self.prepared[w] = prepared
         if prepared.confirmed or prepared.conflicts or prepared.in_doubt:
-            self.layer.account(prepared, self.report, self.failed, self.key_of)
+            at = self.window_at[w]
+            self.layer.account(prepared, messages, at, self.report, self.failed, self.key_of)
             self.reordered = True
         a, b = self.windows[w]
         whole = len(prepared.send) == len(messages)
-        sendable = None if whole else {id(m) for m in prepared.send}
-        offset = 0
+        chosen, keys, resumed = prepared.send, prepared.keys, prepared.resumed
+        offset, taken = 0, 0
         for index in range(a, b):
-            size = len(self.batches[index])
-            part = messages[offset : offset + size]
-            offset += size
-            if sendable is not None:
-                part = [m for m in part if id(m) in sendable]
-            self.sends[index] = part
-            if prepared.resumed and any(prepared.key_of(m) in prepared.resumed for m in part):
+            batch = self.batches[index]
+            end = offset + len(batch)
+            if whole:
+                self.sends[index] = batch
+                self.send_at[index] = range(offset, end)
+            else:
+                first = taken
+                while taken < len(chosen) and chosen[taken] < end:
+                    taken += 1
+                mine = chosen[first:taken]
+                self.send_at[index] = mine
+                self.sends[index] = [messages[i] for i in mine]
+            offset = end
+            if resumed and any(keys[i] in resumed for i in self.send_at[index]):
                 self.starts[index] = self.layer.resumed(prepared, self.started)
 
     def write_failed(self, w: int, exc: Exception, carried: Confirmation | None) -> None:
@@ -286,7 +318,8 @@ class LedgerRun:
         for index in range(self.windows[w][0], len(self.batches)):
             if self.sends[index] is None:
                 batch = self.batches[index]
-                self.fail(batch, self.layer.failure(exc, batch[0]), self.report, self.failed)
+                error = self.layer.failure(exc, batch[0])
+                self.fail(batch, error, self.report, self.failed, self.positions[index])
                 self.sends[index] = []
 
     def ready(self, index: int) -> bool:
@@ -299,6 +332,15 @@ class LedgerRun:
         assert sends is not None
         return sends, self.starts[index]
 
+    def sent_at(self, index: int) -> list[int]:
+        """The input position of each message transfer ``index`` sends."""
+        at = self.window_at[self.window_of[index]]
+        return [at[i] for i in self.send_at[index]]
+
+    def _indices(self, index: int, part: Part) -> Sequence[int]:
+        """The write indices of ``part``'s messages (part of transfer ``index``)."""
+        return self.send_at[index][part.offset : part.offset + len(part.messages)]
+
     def refused(self, index: int, parts: Sequence[Part]) -> tuple[list[Key], str]:
         """The keys of ``parts`` the broker refused (nothing stored), and their owner.
 
@@ -308,10 +350,10 @@ class LedgerRun:
         if prepared is None:
             return [], ""
         keys = [
-            prepared.key_of(m)
+            prepared.keys[i]
             for part in parts
             if part.attempted is None and isinstance(part.error, PermanentSendError)
-            for m in part.messages
+            for i in self._indices(index, part)
         ]
         return keys, prepared.owner
 
@@ -329,9 +371,9 @@ class LedgerRun:
                     "duplicate" if a.outcome == "duplicate" else "sent"
                     for a in part.attempted.value
                 ]
-                prepared.acknowledged(part.messages, outcomes)
+                prepared.acknowledged(self._indices(index, part), outcomes)
             elif isinstance(part.error, PermanentSendError):
-                released += prepared.refused(part.messages)  # nothing was stored
+                released += prepared.refused(self._indices(index, part))  # nothing stored
         self.left[w] -= 1
         if not self.left[w]:
             self.pending = prepared.confirmation().merged(self.pending)
@@ -347,10 +389,10 @@ class LedgerRun:
                 continue
             a, b = self.windows[w]
             keys = [
-                prepared.key_of(m)
+                prepared.keys[i]
                 for index in range(a, b)
                 if not self.finished[index] and not self.tried[index][0]
-                for m in self.sends[index] or ()
+                for i in self.send_at[index]
             ]
             fresh = [k for k in keys if k not in prepared.resumed]
             if fresh:

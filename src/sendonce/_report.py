@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from operator import attrgetter
 from typing import Literal, NamedTuple
 
@@ -42,11 +43,17 @@ class SendFailure:
 
 
 class Part(NamedTuple):
-    """What became of (part of) one transfer: acknowledged, or failed with ``error``."""
+    """What became of (part of) one transfer: acknowledged, or failed with ``error``.
+
+    ``offset`` is where ``messages`` start in the transfer (a transfer the transport
+    found too big is split in parts): with the transfer's input positions it says which
+    inputs the part's outcomes belong to.
+    """
 
     messages: Sequence[Message]
     attempted: Attempted[list[Ack]] | None
     error: SendError | None
+    offset: int = 0
 
 
 def ack_results(
@@ -85,7 +92,15 @@ class SendReport:
     ``failures`` one :class:`SendFailure` per message that did not (or may not have).
     """
 
-    __slots__ = ("_chunks", "_results", "failures", "from_ledger")
+    __slots__ = (
+        "_chunks",
+        "_failure_at",
+        "_reorder",
+        "_result_at",
+        "_results",
+        "failures",
+        "from_ledger",
+    )
 
     def __init__(
         self,
@@ -95,9 +110,15 @@ class SendReport:
         self._results: list[SendResult] = list(results or ())
         # Acknowledged transfers not yet turned into results: built on first access, so a
         # caller who only reads the counts never pays for one object per message.
-        # Each chunk carries its count of duplicates, taken once when it is added.
-        self._chunks: list[tuple[Sequence[Message], list[Ack], int, bool, int]] = []
+        # Each chunk carries its count of duplicates, taken once when it is added, and
+        # the input position of each of its messages.
+        self._chunks: list[tuple[Sequence[Message], list[Ack], int, bool, int, Sequence[int]]] = []
         self.failures: list[SendFailure] = list(failures or ())
+        # The input position of each entry of _results / failures, as the sender records
+        # them (what puts the report in input order: see _in_input_order).
+        self._result_at: list[int] = list(range(len(self._results)))
+        self._failure_at: list[int] = list(range(len(self.failures)))
+        self._reorder = False  # results are put in input order when first read
         self.from_ledger: list[str] = []
         """Ids reported ``duplicate`` because the ledger says an earlier run sent them."""
 
@@ -106,12 +127,41 @@ class SendReport:
         batch: Sequence[Message],
         attempted: Attempted[list[Ack]],
         duplicates: int | None = None,
+        at: Sequence[int] = (),
     ) -> None:
+        """An acknowledged transfer; ``at``: the input position of each of its messages."""
         acks, in_doubt = attempted.value, attempted.in_doubt_before
         if duplicates is None:
             duplicates = list(map(_OUTCOME, acks)).count("duplicate")
-        chunk = (batch, acks, attempted.attempts, in_doubt, 0 if in_doubt else duplicates)
+        chunk = (batch, acks, attempted.attempts, in_doubt, 0 if in_doubt else duplicates, at)
         self._chunks.append(chunk)
+
+    def _add_result(self, result: SendResult, at: int) -> None:
+        """A result known without a transfer (a repeat, a key the ledger confirmed)."""
+        self._results.append(result)
+        self._result_at.append(at)
+
+    def _add_failure(self, failure: SendFailure, at: int) -> None:
+        """A failure of the input at position ``at``."""
+        self.failures.append(failure)
+        self._failure_at.append(at)
+
+    def _in_input_order(self) -> None:
+        """Put ``results`` and ``failures`` in the order of the input positions recorded.
+
+        Transfers group messages by key and run concurrently, the ledger settles some
+        messages without a transfer, and repeats are settled last: a caller zipping
+        results with its input needs them back in input order. A report whose entries
+        were not all recorded with a position is left as it is. Results are sorted when
+        first read, so a caller reading only the counts (a Spark task) never pays for one
+        result object per message.
+        """
+        self._reorder = True
+        failures, at = self.failures, self._failure_at
+        if len(at) == len(failures) and _unsorted(at):
+            order = sorted(range(len(failures)), key=at.__getitem__)
+            self.failures[:] = [failures[i] for i in order]
+            self._failure_at = [at[i] for i in order]
 
     @property
     def results(self) -> list[SendResult]:
@@ -119,9 +169,22 @@ class SendReport:
         if self._chunks:
             chunks, self._chunks = self._chunks, []
             built: list[SendResult] = []
-            for batch, acks, attempts, in_doubt, _ in chunks:
+            positions: list[int] = []
+            for batch, acks, attempts, in_doubt, _, at in chunks:
                 built.extend(ack_results(batch, acks, attempts, in_doubt))
+                positions.extend(at)
             self._results[:0] = built  # transfers precede the in-call repeats
+            if len(positions) == len(built):
+                self._result_at[:0] = positions
+            else:  # recorded without positions: no order to restore
+                self._result_at = []
+        if self._reorder:
+            self._reorder = False
+            results, at = self._results, self._result_at
+            if len(at) == len(results) and _unsorted(at):
+                order = sorted(range(len(results)), key=at.__getitem__)
+                self._results = [results[i] for i in order]
+                self._result_at = [at[i] for i in order]
         return self._results
 
     @property
@@ -162,6 +225,10 @@ class SendReport:
 
     def __repr__(self) -> str:
         return f"SendReport(sent={self.sent}, duplicates={self.duplicates}, failed={self.failed})"
+
+
+def _unsorted(positions: Sequence[int]) -> bool:
+    return any(a > b for a, b in pairwise(positions))
 
 
 def per_message(error: SendError, message: Message) -> SendError:

@@ -260,7 +260,7 @@ class IdempotentSender(SenderCore):
         self._plan_remembered((message,), what="message", batch=False)
         report = SendReport()
         if self._ledger is not None:
-            self._send_through_ledger([[message]], report, {}, started)
+            self._send_through_ledger([[message]], [(0,)], report, {}, started)
         else:
             # One transfer: straight to it, no lanes or pool to set up (failures name it).
             batch = (message,)
@@ -270,7 +270,7 @@ class IdempotentSender(SenderCore):
             else:
                 with self._gate.hold(key):
                     parts = self._transfer(batch, started, None)
-            self._account_parts(parts, report, {})
+            self._account_parts(parts, report, {}, (0,))
         if report.failures:
             raise report.failures[0].error
         return report.results[0]
@@ -292,9 +292,11 @@ class IdempotentSender(SenderCore):
         report = SendReport()
         failed: dict[object, SendError] = {}
         if self._ledger is not None:
-            plan.reordered |= self._send_through_ledger(plan.batches, report, failed, started)
+            plan.reordered |= self._send_through_ledger(
+                plan.batches, plan.positions, report, failed, started
+            )
         else:
-            self._send_transfers(plan.batches, report, failed, started)
+            self._send_transfers(plan.batches, plan.positions, report, failed, started)
         self._account_repeats(items, plan, report, failed)
         logger.debug(
             "send_many to %r: %d message(s) in %d transfer(s): %r",
@@ -308,6 +310,7 @@ class IdempotentSender(SenderCore):
     def _send_transfers(
         self,
         batches: Sequence[Sequence[Message]],
+        positions: Sequence[Sequence[int]],
         report: SendReport,
         failed: dict[object, SendError],
         started: float | None,
@@ -333,8 +336,8 @@ class IdempotentSender(SenderCore):
 
         keys = [transfer_key(batch) for batch in batches]
         fly(keys, self.max_in_flight, step, finish, stop)
-        for parts in outcomes:
-            self._account_parts(parts, report, failed)
+        for parts, at in zip(outcomes, positions, strict=True):
+            self._account_parts(parts, report, failed, at)
 
     def _gate_key(self, batch: Sequence[Message]) -> object:
         key = transfer_key(batch)
@@ -346,21 +349,23 @@ class IdempotentSender(SenderCore):
         started: float | None,
         stop: threading.Event | None,
         tried: list[int] | None = None,
+        offset: int = 0,
     ) -> list[Part]:
         """One planned transfer with its retries (split in two if the transport finds it
         too big); what became of each part. ``Stopped`` leaves if ``stop`` is set;
-        ``tried`` counts the attempts made."""
+        ``tried`` counts the attempts made; ``offset``: where ``batch`` starts in its
+        planned transfer (once split)."""
         try:
             attempted = self._attempt_transfer(batch, started=started, stop=stop, tried=tried)
         except MessageSizeError:
             if len(batch) == 1:
                 raise
             half = len(batch) // 2  # the transport's real limit is below our estimate: split
-            first = self._transfer(batch[:half], started, stop, tried)
-            return first + self._transfer(batch[half:], started, stop, tried)
+            first = self._transfer(batch[:half], started, stop, tried, offset)
+            return first + self._transfer(batch[half:], started, stop, tried, offset + half)
         except (InDoubtError, PermanentSendError) as exc:
-            return [Part(batch, None, exc)]
-        return [Part(batch, attempted, None)]
+            return [Part(batch, None, exc, offset)]
+        return [Part(batch, attempted, None, offset)]
 
     def _ledger_writer(self) -> ThreadPoolExecutor:
         """The worker thread intents are written in (one per sender, made on first use)."""
@@ -376,6 +381,7 @@ class IdempotentSender(SenderCore):
     def _send_through_ledger(
         self,
         batches: Sequence[Sequence[Message]],
+        positions: Sequence[Sequence[int]],
         report: SendReport,
         failed: dict[object, SendError],
         started: float | None,
@@ -391,7 +397,15 @@ class IdempotentSender(SenderCore):
         layer = self._ledger_layer
         assert layer is not None
         run = LedgerRun(
-            layer, batches, started, self.max_in_flight, report, failed, self._fail, self._key_of
+            layer,
+            batches,
+            positions,
+            started,
+            self.max_in_flight,
+            report,
+            failed,
+            self._fail,
+            self._key_of,
         )
         stop = threading.Event()
         outcomes: list[list[Part]] = [[] for _ in batches]
@@ -468,8 +482,9 @@ class IdempotentSender(SenderCore):
                 layer.release_quietly(keys_, owner)
             if confirmation:
                 layer.confirm_quietly(confirmation)
-        for parts in outcomes:
-            self._account_parts(parts, report, failed)
+        for index, parts in enumerate(outcomes):
+            if parts:
+                self._account_parts(parts, report, failed, run.sent_at(index))
         layer.ledger.maybe_prune()
         return run.reordered
 
@@ -533,7 +548,7 @@ class IdempotentSender(SenderCore):
                         attempted = scope.acked(retried())
         except PermanentSendError:
             if layer is not None and prepared is not None:  # refused: nothing was stored
-                layer.release_quietly(prepared.refused([message]), prepared.owner)
+                layer.release_quietly(prepared.refused([0]), prepared.owner)
             raise
         result = ack_results(
             [message],
@@ -585,7 +600,7 @@ class IdempotentSender(SenderCore):
         report = SendReport()
         if messages:
             attempted = self._attempt_transfer(messages, atomic=True, started=started)
-            self._account(report, messages, attempted, {})
+            self._account(report, messages, attempted, {}, range(len(messages)))
         return report
 
 

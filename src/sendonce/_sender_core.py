@@ -104,16 +104,22 @@ class _IdMemory:
 
 
 class _Plan:
-    """A validated call: the transfers to make, and the in-call repeats."""
+    """A validated call: the transfers to make, where their messages are in the input,
+    and the in-call repeats.
 
-    __slots__ = ("batches", "reordered", "repeated_results", "repeats", "seen")
+    ``positions[i]`` is the input position of each message of ``batches[i]`` (a range
+    for a slice of the input): the report is put back in input order by them, never by
+    the messages' identity (a ``MessageColumns`` builds its messages on access).
+    """
+
+    __slots__ = ("batches", "positions", "reordered", "repeats", "seen")
 
     def __init__(self) -> None:
         self.batches: list[Sequence[Message]] = []
+        self.positions: list[Sequence[int]] = []
         self.repeats: list[int] = []
         self.seen: dict[object, int] = {}
         self.reordered = False  # a batch took a message after a later batch had started
-        self.repeated_results: list[int] = []  # input index of each repeat reported as a result
 
 
 class SenderCore:
@@ -199,8 +205,8 @@ class SenderCore:
         overhead = self._overhead()
         memory = self._memory.entries
         plan = _Plan()
-        seen, repeats, batches = plan.seen, plan.repeats, plan.batches
-        open_batches: dict[object, list[Any]] = {}  # group -> [messages, bytes]
+        seen, repeats, batches, positions = plan.seen, plan.repeats, plan.batches, plan.positions
+        open_batches: dict[object, list[Any]] = {}  # group -> [messages, bytes, positions]
         for index, message in enumerate(messages):
             if message.__class__ is not Message and not isinstance(message, Message):
                 raise ValidationError(
@@ -233,20 +239,23 @@ class SenderCore:
             if one_per_transfer:
                 # The service rejects batches mixing ids on partitioned entities with dedup.
                 batches.append([message])
+                positions.append((index,))
                 continue
             pk, sid = message.partition_key, message.session_id
             group = None if pk is None and sid is None else (pk, sid)
             size += overhead
             entry = open_batches.get(group)
             if entry is None or entry[1] + size > limit or len(entry[0]) >= cap:
-                entry = [[message], size]
+                entry = [[message], size, [index]]
                 open_batches[group] = entry
                 batches.append(entry[0])
+                positions.append(entry[2])
             else:
                 if entry[0] is not batches[-1]:
                     plan.reordered = True
                 entry[0].append(message)
                 entry[1] += size
+                entry[2].append(index)
         return plan
 
     def _overhead(self) -> int:
@@ -313,6 +322,7 @@ class SenderCore:
             end = max(end, start + 1)
             chunk = messages[start:end]
             plan.batches.append(chunk if isinstance(chunk, MessageColumns | list) else list(chunk))
+            plan.positions.append(range(start, end))
             offset = ends[end - 1]
             start = end
         return plan
@@ -337,14 +347,20 @@ class SenderCore:
         return plan
 
     def _account_parts(
-        self, parts: Sequence[Part], report: SendReport, failed: dict[object, SendError]
+        self,
+        parts: Sequence[Part],
+        report: SendReport,
+        failed: dict[object, SendError],
+        at: Sequence[int],
     ) -> None:
-        """Record what became of one transfer (its parts, if the transport split it)."""
+        """Record what became of one transfer (its parts, if the transport split it);
+        ``at`` is the input position of each message the transfer sent."""
         for part in parts:
+            where = at[part.offset : part.offset + len(part.messages)]
             if part.attempted is not None:
-                self._account(report, part.messages, part.attempted, failed)
+                self._account(report, part.messages, part.attempted, failed, where)
             elif part.error is not None:
-                self._fail(part.messages, part.error, report, failed)
+                self._fail(part.messages, part.error, report, failed, where)
 
     def _started(self, first_attempt: float | datetime | None) -> float | None:
         """A resumed call's first attempt on the policy's clock (a datetime is wall time)."""
@@ -370,23 +386,25 @@ class SenderCore:
         batch: Sequence[Message],
         attempted: Attempted[list[Ack]],
         failed: dict[object, SendError],
+        at: Sequence[int],
     ) -> None:
         """Record an acknowledged transfer; members of an ignored group are failures."""
         acks = attempted.value
         outcomes = list(map(_OUTCOME, acks))
         if "ignored" not in outcomes:
-            report._add_chunk(batch, attempted, outcomes.count("duplicate"))
+            report._add_chunk(batch, attempted, outcomes.count("duplicate"), at)
             return
         culprits = [
             m.message_id for m, a in zip(batch, acks, strict=True) if a.outcome == "duplicate"
         ]
-        kept = [(m, a) for m, a in zip(batch, acks, strict=True) if a.outcome != "ignored"]
+        kept = [i for i, a in enumerate(acks) if a.outcome != "ignored"]
         if kept:
             report._add_chunk(
-                [m for m, _ in kept],
-                Attempted([a for _, a in kept], attempted.attempts, attempted.in_doubt_before),
+                [batch[i] for i in kept],
+                Attempted([acks[i] for i in kept], attempted.attempts, attempted.in_doubt_before),
+                at=[at[i] for i in kept],
             )
-        for message, ack in zip(batch, acks, strict=True):
+        for message, ack, position in zip(batch, acks, at, strict=True):
             if ack.outcome != "ignored":
                 continue
             error = PermanentSendError(
@@ -397,7 +415,8 @@ class SenderCore:
                 partition_key=message.partition_key,
                 condition="sendonce:group-ignored",
             )
-            report.failures.append(SendFailure(message.message_id, message.partition_key, error))
+            failure = SendFailure(message.message_id, message.partition_key, error)
+            report._add_failure(failure, position)
             failed[self._key_of(message)] = error
 
     def _fail(
@@ -406,12 +425,15 @@ class SenderCore:
         exc: SendError,
         report: SendReport,
         failed: dict[object, SendError],
+        at: Sequence[int],
     ) -> None:
-        """Record a transfer that failed: one failure per message, each naming its id."""
-        for message in batch:
+        """Record a transfer that failed: one failure per message, each naming its id;
+        ``at`` is the input position of each."""
+        for message, position in zip(batch, at, strict=True):
             named = len(batch) == 1 and exc.message_id == message.message_id
             error = exc if named else per_message(exc, message)
-            report.failures.append(SendFailure(message.message_id, message.partition_key, error))
+            failure = SendFailure(message.message_id, message.partition_key, error)
+            report._add_failure(failure, position)
             failed[self._key_of(message)] = error
         logger.warning("send of %d message(s) to %r failed: %s", len(batch), self.profile.name, exc)
 
@@ -422,21 +444,19 @@ class SenderCore:
         report: SendReport,
         failed: dict[object, SendError],
     ) -> None:
-        """A repeat inside one call shares the fate of its first copy."""
+        """A repeat inside one call shares the fate of its first copy; then the report is
+        put in input order if transfers or the ledger took messages out of it."""
         for index in plan.repeats:
             message = items[index]
             error = failed.get(self._key_of(message)) if failed else None
             if error is not None:
-                report.failures.append(
-                    SendFailure(message.message_id, message.partition_key, error)
-                )
+                failure = SendFailure(message.message_id, message.partition_key, error)
+                report._add_failure(failure, index)
             else:
-                report._results.append(
-                    SendResult(message.message_id, message.partition_key, "duplicate", 0, None)
-                )
-                plan.repeated_results.append(index)
+                result = SendResult(message.message_id, message.partition_key, "duplicate", 0)
+                report._add_result(result, index)
         if plan.reordered or plan.repeats:
-            _in_input_order(items, plan, report)
+            report._in_input_order()
 
     # -- the ledger (shared by the sync and aio senders) ----------------------------
 
@@ -454,30 +474,6 @@ def _single_attempt(policy: RetryPolicy) -> RetryPolicy:
     clone = copy.copy(policy)
     object.__setattr__(clone, "max_attempts", 1)
     return clone
-
-
-def _in_input_order(items: Sequence[Message], plan: _Plan, report: SendReport) -> None:
-    """Put ``report.results`` (and ``failures``) in the order of ``items``.
-
-    Transfers group messages by partition key and repeats are settled last; a
-    caller zipping results with its input needs them back in input order.
-    """
-    position: dict[int, int] = {}
-    first: dict[tuple[str, str | None], int] = {}
-    for index, message in enumerate(items):
-        position.setdefault(id(message), index)
-        first.setdefault((message.message_id, message.partition_key), index)
-    keys = [position[id(m)] for batch, *_ in report._chunks for m in batch]
-    results = report.results  # transfers, then results known without one (ledger), repeats
-    known = len(results) - len(keys) - len(plan.repeated_results)
-    keys.extend(first.get((r.message_id, r.partition_key), 0) for r in results[len(keys) :][:known])
-    keys.extend(plan.repeated_results)
-    if len(keys) != len(results):  # pragma: no cover - a safety net: keep the order as is
-        return
-    order = sorted(range(len(results)), key=keys.__getitem__)
-    report._results = [results[i] for i in order]
-    if report.failures:
-        report.failures.sort(key=lambda f: first.get((f.message_id, f.partition_key), 0))
 
 
 def _conflict(message: Message, where: str, earlier: str) -> PayloadConflictError:

@@ -269,7 +269,7 @@ class IdempotentSender(SenderCore):
         self._plan_remembered((message,), what="message", batch=False)
         if self._ledger is not None:
             report = SendReport()
-            await self._send_through_ledger([[message]], report, {}, started)
+            await self._send_through_ledger([[message]], [(0,)], report, {}, started)
         else:
             # One transfer: straight to it, holding as little as possible while it waits
             # for a lane (hundreds of callers may be waiting; see docs/benchmarks.md).
@@ -281,7 +281,7 @@ class IdempotentSender(SenderCore):
                 async with self._gate.hold(key):
                     parts = await self._transfer_held(batch, started, None)
             report = SendReport()
-            self._account_parts(parts, report, {})  # failures name the message
+            self._account_parts(parts, report, {}, (0,))  # failures name the message
         cancelled_meanwhile(before)
         if report.failures:
             raise report.failures[0].error
@@ -303,9 +303,11 @@ class IdempotentSender(SenderCore):
         report = SendReport()
         failed: dict[object, SendError] = {}
         if self._ledger is not None:
-            plan.reordered |= await self._send_through_ledger(plan.batches, report, failed, started)
+            plan.reordered |= await self._send_through_ledger(
+                plan.batches, plan.positions, report, failed, started
+            )
         else:
-            await self._send_transfers(plan.batches, report, failed, started)
+            await self._send_transfers(plan.batches, plan.positions, report, failed, started)
         cancelled_meanwhile(before)
         self._account_repeats(items, plan, report, failed)
         return report
@@ -313,6 +315,7 @@ class IdempotentSender(SenderCore):
     async def _send_transfers(
         self,
         batches: Sequence[Sequence[Message]],
+        positions: Sequence[Sequence[int]],
         report: SendReport,
         failed: dict[object, SendError],
         started: float | None,
@@ -331,8 +334,8 @@ class IdempotentSender(SenderCore):
 
         keys = [transfer_key(batch) for batch in batches]
         await afly(keys, self.max_in_flight, step, finish)
-        for parts in outcomes:
-            self._account_parts(parts, report, failed)
+        for parts, at in zip(outcomes, positions, strict=True):
+            self._account_parts(parts, report, failed, at)
 
     def _gate_key(self, batch: Sequence[Message]) -> object:
         key = transfer_key(batch)
@@ -349,23 +352,29 @@ class IdempotentSender(SenderCore):
             return await self._transfer_held(batch, started, tried)
 
     async def _transfer_held(
-        self, batch: Sequence[Message], started: float | None, tried: list[int] | None
+        self,
+        batch: Sequence[Message],
+        started: float | None,
+        tried: list[int] | None,
+        offset: int = 0,
     ) -> list[Part]:
+        """``offset``: where ``batch`` starts in its planned transfer (once split)."""
         try:
             attempted = await self._attempt_transfer(batch, started=started, tried=tried)
         except MessageSizeError:
             if len(batch) == 1:
                 raise
             half = len(batch) // 2  # the transport's real limit is below our estimate: split
-            first = await self._transfer_held(batch[:half], started, tried)
-            return first + await self._transfer_held(batch[half:], started, tried)
+            first = await self._transfer_held(batch[:half], started, tried, offset)
+            return first + await self._transfer_held(batch[half:], started, tried, offset + half)
         except (InDoubtError, PermanentSendError) as exc:
-            return [Part(batch, None, exc)]
-        return [Part(batch, attempted, None)]
+            return [Part(batch, None, exc, offset)]
+        return [Part(batch, attempted, None, offset)]
 
     async def _send_through_ledger(
         self,
         batches: Sequence[Sequence[Message]],
+        positions: Sequence[Sequence[int]],
         report: SendReport,
         failed: dict[object, SendError],
         started: float | None,
@@ -380,7 +389,15 @@ class IdempotentSender(SenderCore):
         layer = self._ledger_layer
         assert layer is not None
         run = LedgerRun(
-            layer, batches, started, self.max_in_flight, report, failed, self._fail, self._key_of
+            layer,
+            batches,
+            positions,
+            started,
+            self.max_in_flight,
+            report,
+            failed,
+            self._fail,
+            self._key_of,
         )
         outcomes: list[list[Part]] = [[] for _ in batches]
         writing: list[Any] = []  # [window, messages, future, carried] of the write in flight
@@ -440,8 +457,9 @@ class IdempotentSender(SenderCore):
                 collect(then_next=False)
             left, confirmation = run.closing()
             await asyncio.to_thread(_settle, layer, left, confirmation)
-        for parts in outcomes:
-            self._account_parts(parts, report, failed)
+        for index, parts in enumerate(outcomes):
+            if parts:
+                self._account_parts(parts, report, failed, run.sent_at(index))
         await asyncio.to_thread(layer.ledger.maybe_prune)
         return run.reordered
 
@@ -501,7 +519,7 @@ class IdempotentSender(SenderCore):
                         attempted = scope.acked(await retried())
         except PermanentSendError:
             if layer is not None and prepared is not None:  # refused: nothing was stored
-                keys = prepared.refused([message])
+                keys = prepared.refused([0])
                 await asyncio.to_thread(layer.release_quietly, keys, prepared.owner)
             raise
         result = ack_results(
@@ -546,7 +564,7 @@ class IdempotentSender(SenderCore):
         report = SendReport()
         if messages:
             attempted = await self._attempt_transfer(messages, atomic=True)
-            self._account(report, messages, attempted, {})
+            self._account(report, messages, attempted, {}, range(len(messages)))
         return report
 
 

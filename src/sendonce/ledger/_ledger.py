@@ -186,77 +186,71 @@ def shown_url(url: str) -> str:
 
 @dataclass(slots=True, eq=False)
 class Prepared:
-    """The ledger's decision for one transfer, its intents already durable.
+    """The ledger's decision for one write of intents, those intents already durable.
 
+    Messages are named by their index in the batch given to :meth:`Ledger.prepare`
+    (never by object identity: a ``MessageColumns`` builds its messages on access).
     The sender reports each acknowledged or refused part of ``send`` back
     (:meth:`acknowledged`, :meth:`refused`); :meth:`confirmation` then says what
-    to record, usually one row for the whole transfer.
+    to record, usually one row for the whole write.
     """
 
     owner: str = ""
-    """The transfer's owner token (its intents are released under it)."""
-    send: list[Message] = field(default_factory=list)
-    send_keys: list[Key] = field(default_factory=list)
-    """The broker key of each message of ``send``, in the same order."""
+    """The write's owner token (its intents are released under it)."""
+    keys: Sequence[Key] = ()
+    """The broker key of each message of the batch, by index."""
+    send: list[int] = field(default_factory=list)
+    """The indices of the messages to send, in batch order."""
     started: datetime | None = None
     """The earliest first attempt among resumed keys (their deadline is kept)."""
-    confirmed: list[tuple[Message, Entry]] = field(default_factory=list)
-    conflicts: list[tuple[Message, Entry]] = field(default_factory=list)
-    in_doubt: list[tuple[Message, Entry]] = field(default_factory=list)
+    confirmed: list[tuple[int, Entry]] = field(default_factory=list)
+    conflicts: list[tuple[int, Entry]] = field(default_factory=list)
+    in_doubt: list[tuple[int, Entry]] = field(default_factory=list)
+    """(index, the row found) of the messages not sent: sent earlier, conflicting, in doubt."""
     resumed: set[Key] = field(default_factory=set)
-    """Keys of ``send`` whose intent an earlier transfer wrote (confirmed one by one)."""
+    """Keys of ``send`` whose intent an earlier write wrote (confirmed one by one)."""
     _fresh: int = 0
     _acked: int = 0
     _released: int = 0
-    _acked_parts: list[Sequence[Message]] = field(default_factory=list)
+    _acked_parts: list[Sequence[int]] = field(default_factory=list)
     _keys: dict[Key, str] = field(default_factory=dict)
-    _by_message: dict[int, Key] | None = None
 
-    def key_of(self, message: Message) -> Key:
-        """The broker key of a message of ``send``."""
-        index = self._by_message
-        if index is None:
-            index = self._by_message = {
-                id(m): k for m, k in zip(self.send, self.send_keys, strict=True)
-            }
-        return index[id(message)]
-
-    def acknowledged(self, sent: Sequence[Message], outcomes: Sequence[str]) -> None:
-        """The broker acknowledged ``sent`` (part of ``send``): ``sent`` or ``duplicate`` each."""
+    def acknowledged(self, sent: Sequence[int], outcomes: Sequence[str]) -> None:
+        """The broker acknowledged the messages at ``sent`` (part of ``send``): ``sent``
+        or ``duplicate`` each."""
         if not self.resumed and "duplicate" not in outcomes:
             self._acked += len(sent)  # the usual case: nothing to record per key
             self._acked_parts.append(sent)
             return
-        mine: list[Message] = []
-        for message, outcome in zip(sent, outcomes, strict=True):
-            key = self.key_of(message)
+        keys = self.keys
+        mine: list[int] = []
+        for index, outcome in zip(sent, outcomes, strict=True):
+            key = keys[index]
             if key in self.resumed:
                 self._keys[key] = outcome
                 continue
             if outcome != "sent":
-                self._keys[key] = outcome  # overrides the transfer's "sent"
-            mine.append(message)
+                self._keys[key] = outcome  # overrides the write's "sent"
+            mine.append(index)
         self._acked += len(mine)
         self._acked_parts.append(mine)
 
-    def refused(self, sent: Sequence[Message]) -> list[Key]:
-        """``sent`` was refused, nothing stored: the keys whose intents are to be released."""
-        keys = [self.key_of(m) for m in sent]
+    def refused(self, sent: Sequence[int]) -> list[Key]:
+        """The messages at ``sent`` were refused, nothing stored: the keys whose intents
+        are to be released."""
+        keys = [self.keys[i] for i in sent]
         self._released += sum(1 for k in keys if k not in self.resumed)
         return keys
 
-    def unsent_keys(self) -> list[Key]:
-        """The keys of ``send`` whose intent this transfer wrote (released if never sent)."""
-        return [k for k in self.send_keys if k not in self.resumed]
-
     def confirmation(self) -> Confirmation:
-        """What to record: the whole transfer when every intent of it was acknowledged."""
+        """What to record: the whole write when every intent of it was acknowledged."""
         if self._fresh and self._acked + self._released == self._fresh:
             return Confirmation((self.owner,), self._keys)
         keys = dict(self._keys)
+        all_keys = self.keys
         for part in self._acked_parts:
-            for message in part:
-                keys.setdefault(self.key_of(message), "sent")
+            for index in part:
+                keys.setdefault(all_keys[index], "sent")
         return Confirmation((), keys)
 
 
@@ -472,26 +466,23 @@ class Ledger:
             owner=owner,
             confirm=_confirmation(confirm),
         )
-        prepared = Prepared(owner=owner)
+        prepared = Prepared(owner=owner, keys=keys)
         if not existing:
-            prepared.send = list(batch)
-            prepared.send_keys = list(keys)
+            prepared.send = list(range(len(batch)))
             prepared._fresh = len(batch)
             return prepared
-        send, send_keys, resumed = prepared.send, prepared.send_keys, prepared.resumed
-        for message, key, digest in zip(batch, keys, digests, strict=True):
+        send, resumed = prepared.send, prepared.resumed
+        for index, (message, key, digest) in enumerate(zip(batch, keys, digests, strict=True)):
             row = existing.get(key)
             if row is None or (row.owner == owner and row.confirmed_at is None):
-                send.append(message)
-                send_keys.append(key)
+                send.append(index)
                 prepared._fresh += 1
             elif not same_body(row, digest, message):
-                prepared.conflicts.append((message, row))
+                prepared.conflicts.append((index, row))
             elif row.confirmed_at is not None:
-                prepared.confirmed.append((message, row))
+                prepared.confirmed.append((index, row))
             elif window > timedelta(0) and now < row.first_attempt + window - margin:
-                send.append(message)
-                send_keys.append(key)
+                send.append(index)
                 resumed.add(key)
                 if prepared.started is None or row.first_attempt < prepared.started:
                     prepared.started = row.first_attempt
@@ -504,11 +495,10 @@ class Ledger:
                     entity,
                     row.first_attempt.isoformat(),
                 )
-                send.append(message)
-                send_keys.append(key)
+                send.append(index)
                 resumed.add(key)
             else:
-                prepared.in_doubt.append((message, row))
+                prepared.in_doubt.append((index, row))
         return prepared
 
     def confirm(
