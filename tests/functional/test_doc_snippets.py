@@ -16,6 +16,8 @@ A comment on the line before a fence says how to run the block:
   with ``spark`` and a small ``orders_df``/``df`` defined first).
 - ``<!-- snippet: artemis -->``: runs against the session's real Artemis broker, its url
   put where the docs write ``amqp://app:secret@127.0.0.1:5672``.
+- ``<!-- snippet: postgres -->``: runs against a throwaway PostgreSQL cluster, its url put
+  where the docs write ``postgresql://app@localhost/shop``.
 """
 
 from __future__ import annotations
@@ -87,10 +89,18 @@ orders_df = df = spark.createDataFrame(
 
 
 ARTEMIS_DOC_URL = "amqp://app:secret@127.0.0.1:5672"
+POSTGRES_DOC_URL = "postgresql://app@localhost/shop"
 
 
-def _prepare(code: str, workdir: Path, port: int | None, artemis: str | None = None) -> str:
+def _prepare(
+    code: str, workdir: Path, port: int | None, artemis: str | None = None, pg: str | None = None
+) -> str:
     code = code.replace("/tmp/", f"{workdir}/").replace("/data/", f"{workdir}/")
+    if pg is not None:
+        code = code.replace(POSTGRES_DOC_URL, pg).replace(
+            POSTGRES_DOC_URL.replace("postgresql://", "postgresql+psycopg://"),
+            pg.replace("postgresql://", "postgresql+psycopg://"),
+        )
     if artemis is not None:
         code = code.replace(ARTEMIS_DOC_URL, artemis)
     if port is not None:
@@ -110,11 +120,16 @@ def _reader_environment() -> dict[str, str]:
 
 
 def _run(
-    doc: Path, blocks: list[Snippet], workdir: Path, port: int | None, artemis: str | None = None
+    doc: Path,
+    blocks: list[Snippet],
+    workdir: Path,
+    port: int | None,
+    artemis: str | None = None,
+    pg: str | None = None,
 ) -> None:
     import json
 
-    payload = [(b.line, _prepare(b.code, workdir, port, artemis)) for b in blocks]
+    payload = [(b.line, _prepare(b.code, workdir, port, artemis, pg)) for b in blocks]
     if any(b.mark == "spark" for b in blocks):
         payload.insert(0, (0, _SPARK_PRELUDE))
     proc = subprocess.run(
@@ -135,7 +150,7 @@ CASES = [
         id=str(doc.relative_to(ROOT)),
         marks=[
             getattr(pytest.mark, kind)
-            for kind in ("spark", "artemis")
+            for kind in ("spark", "artemis", "postgres")
             if any(s.mark == kind for s in snippets(doc))
         ],
     )
@@ -161,6 +176,12 @@ def test_every_snippet_of_the_document_runs(
             _run(doc, blocks, tmp_path, emulator.port)
     elif any(b.mark == "artemis" for b in blocks):
         _run(doc, blocks, tmp_path, None, request.getfixturevalue("artemis_broker").url())
+    elif any(b.mark == "postgres" for b in blocks):
+        sys.path.insert(0, str(ROOT / "tests" / "functional" / "ledger"))
+        from pgserver import throwaway_cluster
+
+        with throwaway_cluster() as url:
+            _run(doc, blocks, tmp_path, None, pg=url)
     else:
         _run(doc, blocks, tmp_path, None)
 

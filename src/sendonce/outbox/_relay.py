@@ -26,6 +26,7 @@ import threading
 import uuid
 from collections import deque
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -117,19 +118,26 @@ class _Round:
 
     published: list[tuple[int, str, int | None]] = field(default_factory=list)
     dead: list[tuple[int, str, str]] = field(default_factory=list)
-    released: list[tuple[int, bool, datetime | None, bool, str | None]] = field(
-        default_factory=list
-    )
+    released: list[
+        tuple[int, bool, datetime | None, bool, str | None, datetime, int | None, bool]
+    ] = field(default_factory=list)
     transient: int = 0
+    now: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     def release(self, row: ClaimedRow, *, tried: bool, error: str | None = None) -> None:
         """Back to pending. A row that may have reached the broker keeps its first attempt;
         one that cannot have (never tried, or refused before the broker) gets its old one."""
-        self.released.append((row.id, tried, row.prior_attempt, tried, error))
+        self._add(row, tried, tried, error)
 
     def release_untouched(self, row: ClaimedRow, error: str | None = None) -> None:
         """Tried, yet nothing can have been stored (refused connection, ledger down)."""
-        self.released.append((row.id, False, row.prior_attempt, True, error))
+        self._add(row, False, True, error)
+
+    def _add(self, row: ClaimedRow, keep: bool, tried: bool, error: str | None) -> None:
+        attempted = row.prior_attempt if row.prior_attempt is not None else self.now
+        self.released.append(
+            (row.id, keep, row.prior_attempt, tried, error, attempted, row.through_before, row.head)
+        )
 
     def settled(self) -> Settled:
         return Settled(self.published, self.dead, self.released)
@@ -260,6 +268,9 @@ class Relay:
         self._senders: dict[str, IdempotentSender] = {}
         self._store: RelayStore | None = None
         self._listener: _Listener | None = None
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sendonce-relay")
+        self._ahead: Future[tuple[list[ClaimedRow], datetime]] | None = None
+        self._settling: Future[None] | None = None
         try:
             self._ledger = Ledger(ledger) if isinstance(ledger, str) else ledger
             policy = retry if retry is not None else DEFAULT_RELAY_RETRY
@@ -316,6 +327,9 @@ class Relay:
         return self._stopping.is_set()
 
     def close(self) -> None:
+        if self._store is not None:
+            self._release_ahead()
+        self._worker.shutdown(wait=True)
         for sender in self._senders.values():
             sender.close()
         if self._listener is not None:
@@ -349,8 +363,10 @@ class Relay:
                 next_prune = _monotonic() + self.prune_interval
             claimed = self._round_with_backoff()
             if claimed == 0 and not self._stopping.is_set():
+                self._release_ahead()
                 wait = min(self.poll_interval, max(next_prune - _monotonic(), 0.0))
                 self._listener.wait(wait, self._stopping)
+        self._release_ahead()
         return self.totals
 
     def drain(self) -> RelayTotals:
@@ -367,6 +383,7 @@ class Relay:
                     break
             except _Unavailable:
                 break
+        self._release_ahead()
         return self.totals.since(before)
 
     def _round_with_backoff(self) -> int:
@@ -419,21 +436,17 @@ class Relay:
     def round(self) -> int:
         """Claim, publish and settle once; the number of rows claimed (0: nothing to do).
 
-        Raises ``_Unavailable`` (internal) when rows failed transiently and none was
-        published, after settling them.
+        The next round's claim runs in the relay's worker thread while this round's transfers
+        are in flight, and this round's settlement after it: the database's round trips
+        overlap the broker's. Keys in flight cannot be claimed twice (their heads are
+        leased), so the overlap never reorders a key. Raises ``_Unavailable`` (internal) when
+        rows failed transiently and none was published, after settling them.
         """
-        now = datetime.now(UTC)
-        rows = self.store.claim(
-            list(self._senders),
-            self.owner,
-            limit=self.batch_size,
-            per_key=self.per_key - 1,
-            lease=self.lease,
-            now=now,
-        )
+        rows, now = self._claimed_rows()
         if not rows:
             return 0
-        done = _Round()
+        self._ahead = self._worker.submit(self._claim)  # the next round's, meanwhile
+        done = _Round(now=now)
         renewing = threading.Event()
         heartbeat = threading.Thread(
             target=self._renew, args=([r.id for r in rows], renewing), daemon=True
@@ -457,6 +470,9 @@ class Relay:
                         dead=len(done.dead) - before[1],
                         released=len(done.released) - before[2],
                     )
+        except BaseException:
+            self._release_ahead()  # interrupted: hand the next round's rows back at once
+            raise
         finally:
             renewing.set()
             heartbeat.join()
@@ -466,13 +482,59 @@ class Relay:
             for row in rows:
                 if row.id not in settled_ids:  # interrupted: it may have been sent
                     done.release(row, tried=True, error="relay interrupted")
-            self.store.settle(
-                done.settled(), self.owner, delete_published=self.retention == timedelta(0)
-            )
+            self._settling = self._worker.submit(self._settle, done.settled())
             self._count(done)
         if done.transient and not done.published:
+            self._release_ahead()  # backing off: do not hold the next round's rows meanwhile
             raise _Unavailable()
         return len(rows)
+
+    def _claim(self) -> tuple[list[ClaimedRow], datetime]:
+        now = datetime.now(UTC)
+        rows = self.store.claim(
+            list(self._senders),
+            self.owner,
+            limit=self.batch_size,
+            per_key=self.per_key - 1,
+            lease=self.lease,
+            now=now,
+        )
+        return rows, now
+
+    def _claimed_rows(self) -> tuple[list[ClaimedRow], datetime]:
+        """The rows claimed ahead by the previous round, else a claim now."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            rows, now = ahead.result()
+            if rows:
+                return rows, now
+            # Claimed before the last round settled: what it released may be claimable now.
+            self._worker.submit(int).result()
+        return self._claim()
+
+    def _settle(self, settled: Settled) -> None:
+        import psycopg
+
+        try:
+            self.store.settle(settled, self.owner, delete_published=self.retention == timedelta(0))
+        except psycopg.Error as exc:  # the rows stay leased: taken over once the lease expires
+            logger.warning("relay: could not settle %d rows (%s)", len(settled.published), exc)
+
+    def _release_ahead(self) -> None:
+        """Give back the rows claimed ahead (untried), and wait for the worker to finish."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            try:
+                rows, now = ahead.result()
+            except Exception as exc:
+                logger.warning("relay: the claim ahead failed (%s)", exc)
+                rows, now = [], datetime.now(UTC)
+            if rows:
+                done = _Round(now=now)
+                for row in rows:
+                    done.release(row, tried=False)
+                self._settle(done.settled())
+        self._worker.submit(int).result()  # every settlement queued has run
 
     def _count(self, done: _Round) -> None:
         totals = self.totals
@@ -621,6 +683,10 @@ class Relay:
         now: datetime,
         done: _Round,
     ) -> set[str]:
+        if not report.failures and not report.duplicates:
+            # Every message stored by this call: no result objects to build or match.
+            done.published.extend((row.id, "sent", None) for row in rows)
+            return set()
         waiting: dict[tuple[str, str | None], deque[ClaimedRow]] = {}
         for row in rows:
             m = row.message
@@ -638,8 +704,8 @@ class Relay:
                 continue
             row = queue.popleft()
             verdict = _verdict(failure.error, profile, retry, first_attempt, self._ledger)
-            if row.okey is not None:
-                failed.add(row.okey)
+            if verdict is None and row.okey is not None:
+                failed.add(row.okey)  # a row moved aside does not hold its key back
             if verdict is None:
                 done.transient += 1
                 if isinstance(failure.error, NotStoredError | LedgerError) or _storage(

@@ -21,9 +21,11 @@ from ..errors import ConfigurationError
 
 __all__ = ["SCHEMA_VERSION", "check_version", "ensure_schema", "read_version"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """The outbox schema this sendonce reads and writes. An older database is migrated on open
-(``_MIGRATIONS``); a newer one is refused with a ``ConfigurationError``."""
+(``_MIGRATIONS``); a newer one is refused with a ``ConfigurationError``. Version 2 added
+``claimed_through`` (a claimed head names the last row of its key claimed with it, so only
+heads are written at claim time) and a fill factor that leaves room for HOT lease updates."""
 
 _CREATE = """
 CREATE TABLE IF NOT EXISTS sendonce_outbox (
@@ -50,8 +52,9 @@ CREATE TABLE IF NOT EXISTS sendonce_outbox (
     published_at timestamptz,
     outcome text,
     sequence_number bigint,
+    claimed_through bigint,
     CHECK ((okey IS NULL) = (seq IS NULL))
-);
+) WITH (fillfactor = 70);
 CREATE INDEX IF NOT EXISTS sendonce_outbox_pending
     ON sendonce_outbox (entity, id) WHERE published_at IS NULL;
 CREATE INDEX IF NOT EXISTS sendonce_outbox_heads
@@ -92,8 +95,13 @@ _RECORD_VERSION = """
 INSERT INTO sendonce_outbox_meta (key, value) VALUES ('schema_version', %(version)s)
 ON CONFLICT (key) DO UPDATE SET value = excluded.value
 """
-_MIGRATIONS: dict[int, str] = {}
-"""From version N to N+1: the DDL to run (none yet: version 1 is the first)."""
+_MIGRATIONS: dict[int, str] = {
+    1: """
+    ALTER TABLE sendonce_outbox ADD COLUMN IF NOT EXISTS claimed_through bigint;
+    ALTER TABLE sendonce_outbox SET (fillfactor = 70);
+    """,
+}
+"""From version N to N+1: the DDL to run."""
 
 
 def read_version(cursor: Any) -> int | None:

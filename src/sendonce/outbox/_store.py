@@ -41,9 +41,14 @@ logger = logging.getLogger("sendonce.outbox")
 _ROW = "o.id, o.entity, o.okey, o.seq, o.first_attempt, o.attempts, " + ", ".join(
     "o." + c for c in COLUMNS
 )
-_CLAIM_HEADS = f"""
-WITH claimed AS (
-    SELECT {_ROW}
+# One statement claims a round: up to ``limit`` heads (and unordered rows) locked with SKIP
+# LOCKED, the rows following each head in sequence order (not written: nobody else claims a
+# key's rows while its head is leased), and the heads' leases. A head records the last row
+# of its key claimed with it (``claimed_through``), so a relay taking over a dead relay's
+# key knows which followers may have been sent, and since when (the head's first attempt).
+_CLAIM = f"""
+WITH heads AS (
+    SELECT {_ROW}, o.claimed_through AS through_before
     FROM sendonce_outbox AS o
     WHERE o.entity = ANY(%(entities)s::text[]) AND o.published_at IS NULL
       AND (o.lease_until IS NULL OR o.lease_until < now())
@@ -53,31 +58,28 @@ WITH claimed AS (
     ORDER BY o.id
     LIMIT %(limit)s
     FOR UPDATE OF o SKIP LOCKED
-), leased AS (
-    UPDATE sendonce_outbox AS o
-    SET lease_owner = %(owner)s, lease_until = now() + %(lease)s * interval '1 second',
-        first_attempt = coalesce(o.first_attempt, %(now)s), attempts = o.attempts + 1
-    FROM claimed AS c WHERE o.id = c.id
-)
-SELECT * FROM claimed ORDER BY id
-"""
-# The rows after each claimed head, in sequence order, leased with it.
-_CLAIM_FOLLOWERS = f"""
-WITH claimed AS (
-    SELECT f.* FROM unnest(%(entities)s::text[], %(okeys)s::text[], %(seqs)s::bigint[])
-        AS h(entity, okey, seq)
+), followers AS (
+    SELECT f.*, NULL::bigint AS through_before, h.first_attempt AS head_attempt,
+        h.through_before AS head_through
+    FROM heads AS h
     CROSS JOIN LATERAL (
         SELECT {_ROW} FROM sendonce_outbox AS o
-        WHERE o.entity = h.entity AND o.okey = h.okey AND o.published_at IS NULL
-          AND o.seq > h.seq
+        WHERE h.okey IS NOT NULL AND o.entity = h.entity AND o.okey = h.okey
+          AND o.published_at IS NULL AND o.seq > h.seq
         ORDER BY o.seq LIMIT %(per_key)s) AS f
+), reach AS (
+    SELECT entity, okey, max(seq) AS through FROM followers GROUP BY entity, okey
 ), leased AS (
     UPDATE sendonce_outbox AS o
     SET lease_owner = %(owner)s, lease_until = now() + %(lease)s * interval '1 second',
-        first_attempt = coalesce(o.first_attempt, %(now)s), attempts = o.attempts + 1
-    FROM claimed AS c WHERE o.id = c.id
+        first_attempt = coalesce(o.first_attempt, %(now)s), attempts = o.attempts + 1,
+        claimed_through = greatest(o.claimed_through, r.through, o.seq)
+    FROM heads AS h LEFT JOIN reach AS r ON r.entity = h.entity AND r.okey = h.okey
+    WHERE o.id = h.id
 )
-SELECT * FROM claimed ORDER BY entity, okey, seq
+SELECT h.*, NULL::timestamptz, NULL::bigint, true FROM heads AS h
+UNION ALL
+SELECT f.*, false FROM followers AS f
 """
 _RENEW = """
 UPDATE sendonce_outbox SET lease_until = now() + %(lease)s * interval '1 second'
@@ -115,12 +117,16 @@ WITH published AS (
 ), released AS (
     UPDATE sendonce_outbox AS o
     SET lease_owner = NULL, lease_until = NULL,
-        first_attempt = CASE WHEN u.keep THEN o.first_attempt ELSE u.prior END,
-        attempts = CASE WHEN u.tried THEN o.attempts ELSE o.attempts - 1 END,
+        first_attempt = CASE WHEN u.keep THEN coalesce(o.first_attempt, u.attempted)
+                             ELSE u.prior END,
+        claimed_through = CASE WHEN u.keep THEN o.claimed_through ELSE u.through END,
+        attempts = CASE WHEN u.tried OR NOT u.head THEN o.attempts ELSE o.attempts - 1 END,
         last_error = coalesce(u.error, o.last_error)
     FROM unnest(%(released)s::bigint[], %(keeps)s::boolean[], %(priors)s::timestamptz[],
-        %(tried)s::boolean[], %(release_errors)s::text[]) AS u(id, keep, prior, tried, error)
-    WHERE o.id = u.id AND o.lease_owner = %(owner)s
+        %(tried)s::boolean[], %(release_errors)s::text[], %(attempted)s::timestamptz[],
+        %(throughs)s::bigint[], %(heads)s::boolean[])
+        AS u(id, keep, prior, tried, error, attempted, through, head)
+    WHERE o.id = u.id AND (o.lease_owner = %(owner)s OR NOT u.head)
 )
 SELECT 1
 """
@@ -211,9 +217,14 @@ class ClaimedRow:
     okey: str | None
     seq: int | None
     prior_attempt: datetime | None
-    """The first attempt before this claim (None: never attempted)."""
+    """The first attempt before this claim (None: never attempted); a follower of a head
+    that a relay claimed before inherits that head's first attempt."""
     attempts: int
     message: Any
+    head: bool
+    """Claimed as its key's head (or an unordered row): the row holding the lease."""
+    through_before: int | None
+    """A head's ``claimed_through`` before this claim (restored if nothing was tried)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,8 +233,9 @@ class Settled:
 
     published: list[tuple[int, str, int | None]]
     dead: list[tuple[int, str, str]]
-    released: list[tuple[int, bool, datetime | None, bool, str | None]]
-    """(id, keep first_attempt, prior first_attempt, attempted, last error)"""
+    released: list[tuple[int, bool, datetime | None, bool, str | None, datetime, int | None, bool]]
+    """(id, keep the first attempt, prior first attempt, tried, last error, this round's
+    attempt time, the head's claimed_through before, head)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,9 +267,16 @@ class DeadRow:
     attempts: int
 
 
+_WIDTH = 6 + len(COLUMNS)
+
+
 def _claimed(row: tuple[Any, ...]) -> ClaimedRow:
     rid, entity, okey, seq, first, attempts = row[:6]
-    return ClaimedRow(rid, entity, okey, seq, first, attempts, message_of(row[6:]))
+    through_before, head_attempt, head_through, head = row[_WIDTH:]
+    if not head and first is None and head_through is not None and seq <= head_through:
+        first = head_attempt  # claimed with its head by a relay that then died
+    message = message_of(row[6:_WIDTH])
+    return ClaimedRow(rid, entity, okey, seq, first, attempts, message, head, through_before)
 
 
 class RelayStore:
@@ -333,29 +352,18 @@ class RelayStore:
     ) -> list[ClaimedRow]:
         """Lease up to ``limit`` heads (and unordered rows), then up to ``per_key`` rows
         following each claimed head; in (key, sequence) order for keyed rows."""
-        common = {"owner": owner, "lease": lease.total_seconds(), "now": now}
-
-        def work(conn: psycopg.Connection[Any]) -> list[ClaimedRow]:
-            heads = conn.execute(
-                _CLAIM_HEADS, {**common, "entities": list(entities), "limit": limit}
-            ).fetchall()
-            rows = [_claimed(r) for r in heads]
-            keyed = [r for r in rows if r.okey is not None]
-            if keyed and per_key > 0:
-                followers = conn.execute(
-                    _CLAIM_FOLLOWERS,
-                    {
-                        **common,
-                        "entities": [r.entity for r in keyed],
-                        "okeys": [r.okey for r in keyed],
-                        "seqs": [r.seq for r in keyed],
-                        "per_key": per_key,
-                    },
-                ).fetchall()
-                rows.extend(_claimed(r) for r in followers)
-            return rows
-
-        return self._run(work)
+        params = {
+            "owner": owner,
+            "lease": lease.total_seconds(),
+            "now": now,
+            "entities": list(entities),
+            "limit": limit,
+            "per_key": per_key,
+        }
+        rows = self._run(lambda conn: conn.execute(_CLAIM, params).fetchall())
+        claimed = [_claimed(r) for r in rows]
+        claimed.sort(key=lambda r: (r.okey is None, r.entity, r.okey or "", r.seq or r.id))
+        return claimed
 
     def renew(self, ids: Sequence[int], owner: str, lease: timedelta) -> int:
         """Extend this relay's leases; returns how many rows it still holds."""
@@ -378,6 +386,9 @@ class RelayStore:
             "priors": [r[2] for r in released],
             "tried": [r[3] for r in released],
             "release_errors": [r[4] for r in released],
+            "attempted": [r[5] for r in released],
+            "throughs": [r[6] for r in released],
+            "heads": [r[7] for r in released],
         }
         self._run(lambda conn: conn.execute(_SETTLE, params))
 

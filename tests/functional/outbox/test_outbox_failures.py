@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 
 import psycopg
@@ -213,3 +214,28 @@ def test_enqueue_refuses_bad_messages_and_connections_writing_nothing(outbox_url
         conn.commit()
         rows = conn.execute("SELECT message_id FROM sendonce_outbox").fetchall()
     assert rows == [("k-1",)]
+
+
+def test_published_rows_are_pruned_in_batches_that_never_wait_for_a_writer(
+    outbox_url: str, broker: LocalBackend
+) -> None:
+    """The cleanup bugs of outbox libraries (unbounded deletes that lock, deadlock or stall
+    writers): pruning deletes at most ``limit`` rows per statement and skips rows another
+    transaction holds, and idle key counters go with them."""
+    install(outbox_url)
+    committed(outbox_url, messages("k", *range(10)))
+    with Relay(outbox_url, broker, [ORDERS]) as relay:
+        relay.drain()
+        with psycopg.connect(outbox_url) as holder:  # a transaction holding one published row
+            holder.execute("SELECT 1 FROM sendonce_outbox WHERE message_id = 'k-3' FOR UPDATE")
+            assert relay.store.prune(timedelta(0), limit=4) == 4
+            assert relay.store.prune(timedelta(0), limit=100) == 5  # k-3 skipped, not waited for
+            holder.rollback()
+        assert relay.store.prune(timedelta(0), limit=100) == 1
+        with psycopg.connect(outbox_url) as conn:
+            assert conn.execute("SELECT count(*) FROM sendonce_outbox_keys").fetchone() == (0,)
+        committed(outbox_url, messages("k", 10))  # the key starts again after its counter went
+    with Relay(outbox_url, broker, [ORDERS], retention=timedelta(0)) as relay:
+        assert relay.drain().published == 1
+    assert stats(outbox_url) == []  # deleted at once with no retention
+    assert broker.message_ids("orders") == [f"k-{n}" for n in range(11)]
