@@ -35,6 +35,7 @@ RUNS: dict[str, list[tuple[list[str], list[pytest.MarkDecorator]]]] = {
     ],
     "bench_ids.py": [([], [])],
     "bench_ledger.py": [([], [pytest.mark.emulator, pytest.mark.postgres])],
+    "bench_outbox.py": [([], [pytest.mark.emulator, pytest.mark.postgres])],
     "bench_sender.py": [([], [])],
     "bench_servicebus.py": [([], [])],
     "bench_spark.py": [([], _SPARK)],

@@ -239,3 +239,26 @@ def test_published_rows_are_pruned_in_batches_that_never_wait_for_a_writer(
         assert relay.drain().published == 1
     assert stats(outbox_url) == []  # deleted at once with no retention
     assert broker.message_ids("orders") == [f"k-{n}" for n in range(11)]
+
+
+def test_an_older_schema_is_migrated_in_place_by_a_relay(
+    outbox_url: str, broker: LocalBackend
+) -> None:
+    from sendonce.outbox import SCHEMA_VERSION
+
+    install(outbox_url)
+    committed(outbox_url, messages("k", 1, 2))
+    with psycopg.connect(outbox_url, autocommit=True) as conn:  # as version 1 left it
+        conn.execute("ALTER TABLE sendonce_outbox DROP COLUMN claimed_through")
+        conn.execute("UPDATE sendonce_outbox_meta SET value = '1'")
+    with psycopg.connect(outbox_url) as conn:
+        with pytest.raises(ConfigurationError, match="older"):
+            enqueue(conn, messages("k", 3), entity="orders")
+        conn.rollback()
+    assert install(outbox_url) == 1
+    with Relay(outbox_url, broker, [ORDERS]) as relay:
+        assert relay.drain().published == 2
+    with psycopg.connect(outbox_url) as conn:
+        version = conn.execute("SELECT value FROM sendonce_outbox_meta").fetchone()
+    assert version == (str(SCHEMA_VERSION),)
+    assert broker.message_ids("orders") == ["k-1", "k-2"]
