@@ -48,6 +48,7 @@ def test_publish_to_artemis_from_executors_through_a_cut_connection_exactly_once
     assert (report.rows, report.sent, report.failed) == (300, 300, 0)
 
 
+@pytest.mark.slow  # two more jobs (17-47 s under load); the default run has the one above
 def test_partition_publisher_to_artemis_ships_the_url_not_the_password_in_its_repr(
     spark: Any, artemis_broker: Any, artemis_address: str
 ) -> None:
