@@ -14,7 +14,7 @@ from typing import Any
 
 from .._extras import requires_extra
 from .._names import name_key
-from ._enqueue import CHANNEL, enqueue
+from ._enqueue import CHANNEL, aenqueue, enqueue
 from ._relay import DEFAULT_RELAY_RETRY, Relay, RelayTotals
 from ._schema import SCHEMA_VERSION
 from ._store import DeadRow, EntityStats, RelayStore, check_url
@@ -27,6 +27,7 @@ __all__ = [
     "EntityStats",
     "Relay",
     "RelayTotals",
+    "aenqueue",
     "dead_rows",
     "enqueue",
     "install",

@@ -26,7 +26,7 @@ from ..errors import ConfigurationError, ValidationError
 from ._codec import COLUMNS, order_key, row_values
 from ._schema import check_version, read_version
 
-__all__ = ["CHANNEL", "dbapi_connection", "enqueue"]
+__all__ = ["CHANNEL", "aenqueue", "dbapi_connection", "enqueue"]
 
 CHANNEL = "sendonce_outbox"
 """The LISTEN/NOTIFY channel; the payload is the entity name."""
@@ -224,3 +224,80 @@ def _parameters(entity: str, items: list[Message]) -> dict[str, Any]:
     for name, values in zip(COLUMNS, columns, strict=True):
         params[name] = list(values)
     return params
+
+
+async def _adbapi_connection(conn: Any) -> Any:
+    """The psycopg ``AsyncConnection`` under ``conn`` (itself, or a SQLAlchemy
+    ``AsyncSession``/``AsyncConnection`` over ``postgresql+psycopg``)."""
+    if type(conn).__module__.startswith("sqlalchemy"):
+        if callable(getattr(conn, "get_bind", None)):
+            conn = await conn.connection()  # an AsyncSession: its connection, in its transaction
+        get_raw = getattr(conn, "get_raw_connection", None)
+        if get_raw is None:
+            raise ConfigurationError(
+                "aenqueue takes a SQLAlchemy AsyncSession or AsyncConnection, not a "
+                f"{type(conn).__name__}",
+                field="conn",
+            )
+        pooled = await get_raw()
+        conn = getattr(pooled, "driver_connection", None)
+    if (
+        conn is None
+        or not hasattr(conn, "autocommit")
+        or not callable(getattr(conn, "cursor", None))
+    ):
+        raise ConfigurationError(
+            "aenqueue takes a psycopg AsyncConnection or a SQLAlchemy AsyncSession/"
+            f"AsyncConnection over postgresql+psycopg, not a {type(conn).__name__}",
+            field="conn",
+        )
+    return conn
+
+
+async def aenqueue(
+    conn: Any,
+    messages: Iterable[Message],
+    *,
+    entity: str | EntityProfile,
+    notify: bool = True,
+) -> int:
+    """:func:`enqueue` for asyncio applications: a psycopg ``AsyncConnection``, or a
+    SQLAlchemy ``AsyncSession``/``AsyncConnection`` (``postgresql+psycopg``), in its open
+    transaction. Same rules, same single round trip; nothing is committed here."""
+    profile = entity if isinstance(entity, EntityProfile) else None
+    name = entity.name if isinstance(entity, EntityProfile) else entity
+    if not isinstance(name, str) or not name:
+        raise ConfigurationError(
+            "entity must be a non-empty entity name or an EntityProfile", field="entity"
+        )
+    items = _validated(messages, profile)
+    raw = await _adbapi_connection(conn)
+    if not _in_transaction(raw):
+        raise ConfigurationError(
+            "aenqueue must run in the caller's transaction, and this connection is in "
+            "autocommit mode outside any: use `async with conn.transaction():` or a "
+            "connection/session that is not autocommit; nothing was enqueued",
+            field="conn",
+        )
+    if not items:
+        return 0
+    params = _parameters(name_key(name), items)
+    async with raw.cursor() as cursor:
+        with _checked_lock:
+            known = _checked.get(raw)
+        if known is None:
+            await cursor.execute("SELECT to_regclass('sendonce_outbox_meta') IS NOT NULL")
+            exists = await cursor.fetchone()
+            version = None
+            if exists and exists[0]:
+                await cursor.execute(
+                    "SELECT value FROM sendonce_outbox_meta WHERE key = 'schema_version'"
+                )
+                found = await cursor.fetchone()
+                version = None if found is None else int(found[0])
+            check_version(version, "this database")
+            with _checked_lock, contextlib.suppress(TypeError):
+                _checked[raw] = version  # type: ignore[assignment]
+        await cursor.execute(_WITH_NOTIFY if notify else _WITHOUT_NOTIFY, params)
+        row = await cursor.fetchone()
+    return int(row[0])
