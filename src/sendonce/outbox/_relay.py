@@ -449,7 +449,7 @@ class Relay:
         done = _Round(now=now)
         renewing = threading.Event()
         heartbeat = threading.Thread(
-            target=self._renew, args=([r.id for r in rows], renewing), daemon=True
+            target=self._renew, args=([r.id for r in rows if r.head], renewing), daemon=True
         )
         heartbeat.start()
         settled_ids: set[int] = set()
@@ -546,10 +546,15 @@ class Relay:
             totals.dead_reasons[reason] = totals.dead_reasons.get(reason, 0) + 1
 
     def _renew(self, ids: list[int], done: threading.Event) -> None:
+        """Extend the leases of the claimed heads (the rows after a head need none)."""
         import psycopg
 
         every = self.lease.total_seconds() / 3
         while not done.wait(every):
+            ahead = self._ahead  # the next round's rows wait as long as this round takes
+            if ahead is not None and ahead.done() and ahead.exception() is None:
+                held_now = set(ids)
+                ids = ids + [r.id for r in ahead.result()[0] if r.head and r.id not in held_now]
             try:
                 held = self.store.renew(ids, self.owner, self.lease)
             except psycopg.Error as exc:

@@ -262,3 +262,26 @@ def test_an_older_schema_is_migrated_in_place_by_a_relay(
         version = conn.execute("SELECT value FROM sendonce_outbox_meta").fetchone()
     assert version == (str(SCHEMA_VERSION),)
     assert broker.message_ids("orders") == ["k-1", "k-2"]
+
+
+def test_a_relay_keeps_its_lease_while_a_slow_transfer_is_in_flight(
+    outbox_url: str, broker: LocalBackend
+) -> None:
+    """A round longer than the lease: the heartbeat renews it, so a second relay never takes
+    the key over (without renewal it would, after one lease)."""
+    install(outbox_url)
+    committed(outbox_url, messages("k", 1, 2))
+    slow = FaultyBackend(broker, [Fault.SLOW_ACK], slow_ack_delay=3.0)
+    lease = timedelta(seconds=0.9)
+    with Relay(outbox_url, slow, [ORDERS], lease=lease) as holder:
+        runner = threading.Thread(target=holder.drain)
+        runner.start()
+        try:
+            with Relay(outbox_url, broker, [ORDERS], lease=lease) as other:
+                while runner.is_alive():
+                    assert other.drain().published == 0
+                    time.sleep(0.05)
+        finally:
+            runner.join(timeout=30)
+        assert holder.totals.published == 2
+    assert broker.message_ids("orders") == ["k-1", "k-2"]
