@@ -15,16 +15,7 @@ from pgserver import throwaway_cluster
 
 from sendonce.backends import LocalBackend
 
-pytestmark = pytest.mark.postgres
-
 _numbers = itertools.count(1)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(str(item.path)).parents:
-            item.add_marker(pytest.mark.postgres)
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,8 @@ from sendonce.backends import LocalBackend
 from sendonce.errors import ConfigurationError
 from sendonce.outbox import Relay, aenqueue, install
 
+pytestmark = pytest.mark.postgres
+
 
 def test_aenqueue_joins_the_callers_async_transaction(
     outbox_url: str, broker: LocalBackend

@@ -25,6 +25,8 @@ from sendonce.backends import LocalBackend
 sys.path.insert(0, str(Path(__file__).parent))
 import outbox_chaos
 
+pytestmark = pytest.mark.postgres
+
 HERE = Path(__file__).parent
 
 

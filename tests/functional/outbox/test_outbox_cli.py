@@ -11,12 +11,15 @@ import time
 from pathlib import Path
 
 import psycopg
+import pytest
 from click.testing import CliRunner
 
 from sendonce import EntityProfile, Message
 from sendonce.backends import LocalBackend
 from sendonce.cli import main
 from sendonce.outbox import enqueue, install, stats
+
+pytestmark = pytest.mark.postgres
 
 
 def fill(url: str, count: int, keys: int = 10) -> None:

@@ -17,6 +17,8 @@ from sendonce import EntityProfile, Message, MessageSpec
 from sendonce.backends import LocalBackend
 from sendonce.outbox import Relay, enqueue, install, stats
 
+pytestmark = pytest.mark.postgres
+
 ORDERS = EntityProfile("orders", partitioned=True)
 
 

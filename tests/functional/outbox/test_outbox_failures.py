@@ -19,6 +19,8 @@ from sendonce.errors import ConfigurationError, MessageSizeError, ValidationErro
 from sendonce.outbox import Relay, dead_rows, enqueue, install, requeue, stats
 from sendonce.testing import Fault, FaultyBackend
 
+pytestmark = pytest.mark.postgres
+
 ORDERS = EntityProfile("orders", partitioned=True)
 NO_WAIT = RetryPolicy(max_attempts=3, initial_backoff=0, max_backoff=0, sleep=lambda s: None)
 

@@ -15,6 +15,8 @@ from sendonce import EntityProfile, Message
 from sendonce.backends import LocalBackend
 from sendonce.outbox import Relay, enqueue, install
 
+pytestmark = pytest.mark.postgres
+
 sys.path.insert(0, str(Path(__file__).parents[2]))
 
 pytest.importorskip("opentelemetry.sdk")

@@ -7,10 +7,13 @@ import threading
 import time
 
 import psycopg
+import pytest
 
 from sendonce import EntityProfile, Message
 from sendonce.backends import LocalBackend
 from sendonce.outbox import Relay, enqueue, install
+
+pytestmark = pytest.mark.postgres
 
 
 def _transactions(conn: psycopg.Connection, database: str) -> int:
