@@ -643,13 +643,22 @@ class TransferScope:
             return
         if exc is not None:
             if isinstance(exc, InDoubtError):
-                span.add_event("sendonce.in_doubt", _in_doubt_attributes(exc, "retries"))
+                span.add_event("sendonce.in_doubt", _in_doubt_attributes(exc, _why(exc)))
             attempts = getattr(exc, "attempts", None)
             if isinstance(attempts, int):
                 span.set_attribute("sendonce.attempts", attempts)
             _fail_span(telemetry, span, exc)
         telemetry._context.detach(self.token)
         span.end()
+
+
+def _why(error: InDoubtError) -> str:
+    """``not_resent`` when the backend refused a resend its broker may no longer detect (an
+    Artemis id cache the id may have left), else ``retries``: the attempts ran out."""
+    cause = error.last_error
+    if isinstance(cause, InDoubtError) or (cause is None and not error.attempts):
+        return "not_resent"
+    return "retries"
 
 
 def _in_doubt_attributes(error: InDoubtError, reason: str) -> dict[str, Any]:

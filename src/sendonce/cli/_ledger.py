@@ -325,10 +325,17 @@ def in_doubt(
         )
     if total:
         click.echo(f"Rule: {rule.meaning()}.", err=True)
+        artemis = (broker_url or "").strip().lower().startswith(("amqp://", "amqps://"))
+        compare = (
+            "browse the address's queues for their ids (reconcile cannot read an Artemis broker "
+            "yet), then"
+            if artemis
+            else "`sendonce ledger reconcile LEDGER --entity NAME --broker URL` compares them "
+            "with the broker and records what it shows;"
+        )
         click.echo(
-            "Next: `sendonce ledger reconcile LEDGER --entity NAME --broker URL` compares them "
-            "with the broker and records what it shows; `sendonce ledger confirm` (the broker "
-            "has it) or `release` (it has not: the next publish --ledger sends it) the rest.",
+            f"Next: {compare} `sendonce ledger confirm` (the broker has it) or `release` (it "
+            "has not: the next publish --ledger sends it) the rest.",
             err=True,
         )
 

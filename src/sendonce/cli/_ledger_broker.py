@@ -58,6 +58,10 @@ def _is_local(url: str) -> bool:
     return url.strip().startswith(LOCAL_SCHEME)
 
 
+def _is_artemis(url: str) -> bool:
+    return url.strip().lower().startswith(("amqp://", "amqps://"))
+
+
 def entity_rule(url: str | None, entity: str, window: timedelta | None, no_dedup: bool) -> Rule:
     """The entity's rule: read from ``--broker``, declared by ``--window`` / ``--no-dedup``,
     or unknown."""
@@ -104,6 +108,14 @@ def _profiles(
     try:
         return {name: _described(remote, name, missing_ok) for name in entities}
     except ValidationError as exc:
+        if exc.field != "entity":  # the url, the credentials: nothing about entities
+            raise InputError(f"--broker: {cli_text(exc)}") from None
+        if _is_artemis(url):
+            said = cli_text(exc).split("; ")[0]  # what follows is advice for senders
+            raise InputError(
+                f"--broker: {said}. An Artemis address remembers ids by count, so every "
+                "unconfirmed key is in doubt at once: leave --broker out to list them all"
+            ) from None
         raise InputError(
             f"--broker: {cli_text(exc)}; this broker cannot describe its entities: declare "
             "the rule with --window (or --no-dedup) instead of --broker"
@@ -134,7 +146,7 @@ def broker_view(
             )
         with _local(url) as backend:
             return local_view(backend, entity, keys)
-    if url.strip().lower().startswith(("amqp://", "amqps://")):
+    if _is_artemis(url):
         raise InputError(
             "--broker: reconcile reads a local broker (local:FILE) or peeks the emulator or "
             "Service Bus (a connection string); it cannot read an Artemis broker's queues yet: "

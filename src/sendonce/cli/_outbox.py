@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import _thread
 import json
+import re
 import signal
 import threading
 from collections.abc import Iterator
@@ -21,9 +22,11 @@ from typing import Any
 import click
 import psycopg
 
+from .._entity import EntityProfile
 from ..errors import SendOnceError, ValidationError, redact
 from ..ledger import Ledger
-from ._publish import _open_backend
+from ._ledger_open import open_ledger
+from ._publish import _open_backend, _target
 from ._words import (
     EXIT_INTERRUPTED,
     CommandError,
@@ -54,34 +57,87 @@ def _outbox_errors(where: str) -> Iterator[None]:
         raise command_error(exc) from None
     except psycopg.Error as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if _MALFORMED.search(first):  # the url itself is wrong: trying again cannot help
+            raise InputError(f"{where}: {redact(first)}") from None
         raise CommandError(f"{where}: {redact(first)}") from None
 
 
+# libpq's words for a url it cannot parse (an unknown option, a bad port or sslmode value).
+_MALFORMED = re.compile(r"invalid (URI|connection option|integer value|\w+ value|dsn)")
+
+
+_LEDGER_HINT = (
+    "sendonce relay creates one only with --create-ledger (or create it first with "
+    "`sendonce ledger create`)"
+)
+
+
 @contextmanager
-def _ledger(url: str | None) -> Iterator[Ledger | None]:
-    """The ledger ``--ledger`` names (an existing one or a new file), or None."""
+def _ledger(url: str | None, create: bool) -> Iterator[Ledger | None]:
+    """The ledger ``--ledger`` names (a url or a ledger file's path, as everywhere), or None.
+
+    A missing ledger is refused unless ``--create-ledger``: a typo must not start an empty
+    ledger, through which an entity without duplicate detection would get copies."""
     if url is None:
+        if create:
+            raise click.UsageError("--create-ledger needs --ledger: the ledger to create")
         yield None
         return
-    try:
-        opened = Ledger(url)
-    except ModuleNotFoundError as exc:
-        raise InputError(f"--ledger: pip install 'sendonce[postgres]' ({exc.name})") from None
-    except SendOnceError as exc:
-        raise InputError(f"--ledger {redact(url)}: {cli_text(exc)}") from None
-    except OSError as exc:
-        raise InputError(f"--ledger {redact(url)}: {exc.strerror or exc}") from None
-    with opened:
+    with open_ledger(
+        url, "--ledger", mode="create" if create else "write", create_hint=_LEDGER_HINT
+    ) as opened:
         yield opened
+
+
+# Where a refusal raised while the relay starts points: the outbox's own errors name it,
+# entity and ledger problems the entity, and everything else comes from the broker (--to).
+_FIELD_OPTIONS = {
+    "outbox": "--outbox",
+    "entity": "--entity",
+    "entities": "--entity",
+    "ledger": "--entity",
+    "duplicate_detection": "--entity",
+}
 
 
 @click.command(epilog=OUTBOX_EXIT_HELP)
 @click.option("--outbox", "outbox_url", required=True, help="The outbox: postgresql://...")
-@click.option("--to", "to", required=True, help="Broker url: local:///path.db or Endpoint=sb://...")
+@click.option(
+    "--to",
+    "to",
+    required=True,
+    help="Broker url: local:///path.db, Endpoint=sb://... or amqp://user:password@host:port",
+)
 @click.option(
     "--entity", "entities", required=True, multiple=True, help="Queue or topic (repeatable)."
 )
-@click.option("--ledger", "ledger_url", help="A send ledger (needed without duplicate detection).")
+@click.option(
+    "--ledger",
+    "ledger_url",
+    help="A send ledger, its url or file path (needed without duplicate detection). It must "
+    "exist, unless --create-ledger.",
+)
+@click.option(
+    "--create-ledger",
+    is_flag=True,
+    help="Create the --ledger if it does not exist (said on stderr).",
+)
+@click.option(
+    "--window",
+    callback=duration_option,
+    help="Declare each entity's duplicate-detection window (e.g. 10m) instead of reading it "
+    "from the broker (the Service Bus emulator cannot describe entities); with "
+    "--partitioned / --sessions.",
+)
+@click.option("--partitioned", is_flag=True, help="With --window: the entities are partitioned.")
+@click.option("--sessions", is_flag=True, help="With --window: the entities require sessions.")
+@click.option(
+    "--id-cache-size",
+    type=click.IntRange(min=1),
+    help="Declare each entity's Artemis id cache (the last N ids per address) instead of "
+    "reading it: for an amqp:// address that does not exist yet or whose management the "
+    "user may not read.",
+)
 @click.option(
     "--lease", callback=duration_option, default="30s", show_default=True, help="Claim lease."
 )
@@ -115,6 +171,11 @@ def relay(
     to: str,
     entities: tuple[str, ...],
     ledger_url: str | None,
+    create_ledger: bool,
+    window: timedelta | None,
+    partitioned: bool,
+    sessions: bool,
+    id_cache_size: int | None,
     lease: timedelta,
     poll: timedelta,
     retention: timedelta,
@@ -131,12 +192,16 @@ def relay(
         raise click.BadParameter("must be above 0", param_hint="--lease/--poll")
     backend = _open_backend(to)
     try:
-        with _ledger(ledger_url) as ledger, _outbox_errors("--outbox"):
+        with _ledger(ledger_url, create_ledger) as ledger, _outbox_errors("--outbox"):
+            targets: list[EntityProfile | str] = [
+                _target(backend, name, window, partitioned, sessions, id_cache_size)
+                for name in entities
+            ]
             try:
                 worker = Relay(
                     outbox_url,
                     backend,
-                    list(entities),
+                    targets,
                     ledger=ledger,
                     lease=lease,
                     poll_interval=poll.total_seconds(),
@@ -144,7 +209,7 @@ def relay(
                     batch_size=batch_size,
                 )
             except ValidationError as exc:
-                where = "--entity" if exc.field in ("entity", "ledger") else "--outbox"
+                where = _FIELD_OPTIONS.get(exc.field or "", "--to")
                 raise InputError(f"{where}: {cli_text(exc)}") from None
             with worker:
                 interrupted = _run(worker, drain, stop_timeout)

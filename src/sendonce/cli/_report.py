@@ -161,12 +161,22 @@ class Report:
                 "resend them (a copy could be stored twice); instead"
             )
         ledger, broker = redact(promise.ledger), redact(self.broker or "URL")
+        if broker.lower().startswith(("amqp://", "amqps://")):  # reconcile cannot read it
+            compare = (
+                "browse the address's queues for their ids (reconcile cannot read an Artemis "
+                "broker yet), then `sendonce ledger confirm` (the broker has it) or `sendonce "
+                "ledger release` (it has not: the next run sends it) each one; `sendonce ledger "
+            )
+        else:
+            compare = (
+                f"compare them with the broker: `sendonce ledger reconcile {ledger} --entity "
+                f"{self.entity} --broker {broker}` (--apply records what it shows), then "
+                "`sendonce ledger confirm` (the broker has it) or `sendonce ledger release` (it "
+                "has not: the next run sends it) what is left; `sendonce ledger "
+            )
         return (
             f"{count} message(s) are in doubt: the ledger holds a send of each that was never "
-            f"confirmed. {settle}, compare them with the broker: `sendonce ledger reconcile "
-            f"{ledger} --entity {self.entity} --broker {broker}` (--apply records what it "
-            "shows), then `sendonce ledger confirm` (the broker has it) or `sendonce ledger "
-            "release` (it has not: the next run sends it) what is left; `sendonce ledger "
+            f"confirmed. {settle}, {compare}"
             f"in-doubt {ledger} --entity {self.entity}` lists them (docs/ledger.md). Or give "
             "--in-doubt resend (at-least-once: they may be delivered twice)."
         )

@@ -152,6 +152,18 @@ _REPLACEMENTS: list[tuple[re.Pattern[str], str]] = [
         r"--body-field \1 holds \2 values, not text: name a text field, or leave "
         "--body-field out to send the whole record as JSON",
     ),
+    (
+        re.compile(
+            r"\(EntityProfile\(name, id_cache_size=(\d+)\); sendonce publish --id-cache-size \d+\)"
+        ),
+        r"(--id-cache-size \1)",
+    ),
+    (
+        re.compile(
+            r"pass an explicit profile, e\.g\. ArtemisBackend\(.*?with the address's id-cache-size"
+        ),
+        "declare it with --id-cache-size (the address's id-cache-size)",
+    ),
     (re.compile(r"duplicate_detection_window"), "--window"),
     (re.compile(r"\bconnection_string\b"), "the connection string"),
     (

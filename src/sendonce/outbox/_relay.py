@@ -48,6 +48,7 @@ from ..errors import (
     PayloadConflictError,
     PermanentSendError,
     SendError,
+    TransientSendError,
     ValidationError,
     redact,
 )
@@ -376,6 +377,8 @@ class Relay:
         the drain too (they stay pending). Returns what this drain did (``totals`` holds
         everything since the relay started).
         """
+        import psycopg
+
         before = self.totals.copy()
         while not self._stopping.is_set():
             try:
@@ -384,6 +387,10 @@ class Relay:
             except _Unavailable:
                 break
         self._release_ahead()
+        try:
+            self._observe_backlog()  # what a one-shot relay (a cron job) leaves behind
+        except psycopg.Error as exc:
+            logger.warning("outbox backlog not read (%s)", exc)
         return self.totals.since(before)
 
     def _round_with_backoff(self) -> int:
@@ -426,12 +433,16 @@ class Relay:
 
         try:
             self.store.prune(self.retention, 10_000)
-            if _telemetry.active() is not None:  # the backlog gauges, once per prune
-                served = [s for s in self.store.stats() if s.entity in self._senders]
-                lag = max((s.lag or 0.0 for s in served), default=0.0)
-                _telemetry.relay_backlog(lag, sum(s.pending + s.leased for s in served))
+            self._observe_backlog()  # the backlog gauges, once per prune
         except psycopg.Error as exc:
             logger.warning("outbox prune failed (%s); trying again later", exc)
+
+    def _observe_backlog(self) -> None:
+        """Set the lag and rows-pending gauges from the outbox (when telemetry is on)."""
+        if _telemetry.active() is not None:
+            served = [s for s in self.store.stats() if s.entity in self._senders]
+            lag = max((s.lag or 0.0 for s in served), default=0.0)
+            _telemetry.relay_backlog(lag, sum(s.pending + s.leased for s in served))
 
     def round(self) -> int:
         """Claim, publish and settle once; the number of rows claimed (0: nothing to do).
@@ -764,8 +775,13 @@ def _verdict(
         if not profile.duplicate_detection:
             return "in-doubt"  # nothing remembers the id: a resend could duplicate it
         window = profile.window
-        if window is None:
-            return None  # a count-bounded cache: no time limit to pass
+        if window is None:  # a count-bounded id cache (Artemis): no time limit to pass
+            if ledger is not None or not isinstance(error.last_error, TransientSendError):
+                # The ledger decides an unconfirmed key in doubt at once on such an entity,
+                # and the backend refuses a resend beyond its cache's reach: neither changes
+                # in a later round, so trying again would hold the key back for ever.
+                return "in-doubt"
+            return None  # retries ran out: a later round resends within the cache's reach
         deadline = first_attempt + window - retry.safety_margin
         return "in-doubt" if datetime.now(UTC) >= deadline else None
     if isinstance(error, PermanentSendError):

@@ -96,10 +96,12 @@ def test_bad_setups_are_refused_without_a_traceback_or_a_secret(
     install(outbox_url)
     code, out, err = run(*relay, outbox_url, "--entity", "audit")
     assert code == 2 and "--ledger" in err and "Traceback" not in out + err
-    code, out, err = run(
-        *relay, outbox_url, "--entity", "audit", "--ledger", f"sqlite://{tmp_path / 'ledger.db'}"
-    )
+    with_ledger = (*relay, outbox_url, "--entity", "audit", "--ledger", str(tmp_path / "ledger.db"))
+    code, out, err = run(*with_ledger)  # a missing ledger is a typo until told otherwise
+    assert code == 2 and "--create-ledger" in err and not (tmp_path / "ledger.db").exists()
+    code, out, err = run(*with_ledger, "--create-ledger")
     assert code == 0, err
+    assert "created a new, empty ledger" in err and (tmp_path / "ledger.db").exists()
     with psycopg.connect(outbox_url, autocommit=True) as conn:
         conn.execute("UPDATE sendonce_outbox_meta SET value = '7'")
     code, out, err = run(*relay, outbox_url, "--entity", "orders")
