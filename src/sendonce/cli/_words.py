@@ -144,7 +144,8 @@ _REPLACEMENTS: list[tuple[re.Pattern[str], str]] = [
         re.compile(
             r"resolve it by hand \(Ledger\.confirm or Ledger\.release, see docs/ledger\.md\)"
         ),
-        "resolve it (sendonce ledger reconcile, then confirm or release: see docs/ledger.md)",
+        "resolve it (check the broker, then sendonce ledger confirm or release: see "
+        "docs/ledger.md)",
     ),
     (re.compile(r"\(allow_empty=True accepts it\)"), "(--allow-empty accepts it)"),
     (
