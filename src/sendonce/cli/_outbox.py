@@ -8,7 +8,6 @@ its leases, prints what it did, and exits (0 after SIGTERM, 130 after Ctrl-C).
 
 from __future__ import annotations
 
-import _thread
 import json
 import re
 import signal
@@ -242,9 +241,13 @@ def _run(worker: Any, drain: bool, stop_timeout: timedelta) -> bool:
 
     def interrupt_later() -> None:
         if not finished.wait(stop_timeout.total_seconds()):
-            _thread.interrupt_main()  # transfers still running: their rows stay resendable
+            # Transfers still running: interrupt them (their rows stay resendable). A real
+            # signal, not _thread.interrupt_main(): that one only sets a flag, which a main
+            # thread blocked waiting for a broker's answer (Artemis) sees after its timeout.
+            signal.pthread_kill(main, signal.SIGINT)
 
     finished = threading.Event()
+    main = threading.main_thread().ident or 0
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         if signalled:  # a second signal: stop now

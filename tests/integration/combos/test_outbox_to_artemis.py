@@ -9,6 +9,7 @@ What the broker holds is read with a hand-written proton receiver, not through s
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from collections import defaultdict
@@ -185,3 +186,41 @@ def test_without_a_ledger_a_row_the_backend_will_not_resend_is_moved_aside_not_r
     (dead,) = dead_rows(outbox_url)
     assert dead.message_id == "c0-0" and "not resent" in dead.error
     assert [str(m.id) for m in drain(artemis_broker.url(), address)] == ["c0-0"]
+
+
+def test_sigterm_interrupts_transfers_waiting_on_artemis_after_the_stop_timeout(
+    artemis_broker, artemis_address: str, outbox_url: str
+) -> None:
+    """The broker stops answering (its answers are swallowed): the relay's transfers wait.
+    SIGTERM, then ``--stop-timeout 1s``: the waiting transfers are interrupted, the leases
+    released, exit 0, long before the transfers' own timeouts (3 attempts of 10 s) would
+    end. The interruption used to be a flag the blocked main thread saw only then."""
+    install(outbox_url)
+    batch = committed(outbox_url, artemis_address, 20)
+    with FaultProxy("127.0.0.1", artemis_broker.port) as proxy:
+        proxy.cut_after(b"order 0", settle=None)
+        command = [sys.executable, "-m", "sendonce.cli", "relay", "--outbox", outbox_url]
+        command += ["--to", artemis_broker.url(port=proxy.port), "--entity", artemis_address]
+        command += ["--id-cache-size", "20000", "--stop-timeout", "1s", "--json"]
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        try:
+            wait_for(proxy.fired.is_set, what="the relay's first transfer")
+            wait_for(lambda: stats(outbox_url)[0].leased > 0, what="rows claimed")
+            process.send_signal(signal.SIGTERM)
+            out, err = process.communicate(timeout=20)  # the transfers alone would take 30 s
+        finally:
+            process.kill()
+            proxy.cut()
+    assert process.returncode == 0, err
+    assert json.loads(out)["status"] == "ok" and "Traceback" not in err
+    (row,) = stats(outbox_url)
+    assert (row.leased, row.published) == (0, 0)  # released: the broker never answered
+    code, out, err = cli(
+        "relay", "--outbox", outbox_url, "--to", artemis_broker.url(),
+        "--entity", artemis_address, "--drain", "--json",
+    )  # fmt: skip
+    assert code == 0 and json.loads(out)["published"] == 20, err
+    ids = [str(m.id) for m in drain(artemis_broker.url(), artemis_address)]
+    assert sorted(ids) == sorted(m.message_id for m in batch) and len(ids) == 20
