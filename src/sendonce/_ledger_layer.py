@@ -5,10 +5,19 @@ for the sync and the aio sender alike (they do the I/O, in a worker thread; this
 decides what to write and when):
 
 - the intents of the next several transfers (a *write-ahead window*) are written in one
-  round trip, before the first attempt of any of them, while the previous window's
-  transfers are in flight; a transfer never starts before its window is durable;
-- confirmations of acknowledged transfers travel with the next intent write, and what is
-  left is written once on the way out;
+  round trip, before the first attempt of any of them; a transfer never starts before
+  its window is durable;
+- how far ahead depends on what an unconfirmed key costs after a crash. Where the broker
+  keeps a time window (duplicate detection on), a key left unconfirmed is resent on a
+  re-run inside that window and the broker drops the copy: windows are wide and the next
+  one is written while the current one is in flight. Elsewhere (no duplicate detection,
+  or an Artemis-style count-bounded id cache) every unconfirmed key is in doubt, a
+  possible duplicate or a key to check by hand: the intents durable and unconfirmed never
+  cover more than ``max_in_flight`` transfers, so a crash leaves at most the transfers in
+  flight in doubt (``LedgerRun.may_write``);
+- confirmations of acknowledged transfers travel with the next intent write (one
+  transaction: a window's confirmation and the next window's intents land together), and
+  what is left is written once on the way out;
 - on the way out, normal or interrupted (Ctrl-C, task cancellation), the intents of
   transfers never attempted are released and acknowledged transfers are confirmed, so a
   re-run finds neither in doubt.
@@ -40,7 +49,9 @@ LEDGER_FAILURES = (LedgerError, sqlite3.Error, OSError)
 """What a ledger that cannot write an intent raises: nothing may be sent then."""
 
 WRITE_AHEAD_TRANSFERS = 32
-"""Transfers whose intents one write covers at least (more with more in flight)."""
+"""Transfers whose intents one write covers at least (more with more in flight), where an
+unconfirmed key costs nothing (a broker window); elsewhere at most half of ``max_in_flight``
+(one transfer below 4), so one window is in flight while the next is written."""
 WRITE_AHEAD_MESSAGES = 256
 """Messages one write covers at most (a bigger transfer is a window of its own)."""
 
@@ -75,13 +86,13 @@ class LedgerLayer:
 
     def keys(self, batch: Sequence[Message]) -> list[Key]:
         """The broker key of each message (the ledger's key)."""
+        # Plain tuples equal (and hash like) Key: cheaper by the 100k.
         if not self.profile.partitioned:
-            # Plain tuples equal (and hash like) Key: cheaper by the 100k.
             if isinstance(batch, MessageColumns):
                 return cast(list[Key], [(mid, "") for mid in batch.message_ids])
             return cast(list[Key], [(m.message_id, "") for m in batch])
         dedup_key = self.profile.dedup_key
-        return [Key(mid, pk or "") for mid, pk in map(dedup_key, batch)]
+        return cast(list[Key], [(mid, pk or "") for mid, pk in map(dedup_key, batch)])
 
     def intents(
         self, batch: Sequence[Message], keys: Sequence[Key], confirm: Confirmation | None
@@ -201,9 +212,12 @@ class LedgerLayer:
         return Confirmation((), {prepared.keys[prepared.send[0]]: outcome})
 
 
-def _windows(batches: Sequence[Sequence[Message]], limit: int) -> list[tuple[int, int]]:
-    """Consecutive runs of transfers whose intents are written together."""
-    most = max(WRITE_AHEAD_TRANSFERS, 4 * limit)
+def _windows(
+    batches: Sequence[Sequence[Message]], limit: int, bounded: bool
+) -> list[tuple[int, int]]:
+    """Consecutive runs of transfers whose intents are written together; ``bounded``: no
+    more than half of ``limit`` transfers each (see ``LedgerRun.may_write``)."""
+    most = max(limit // 2, 1) if bounded else max(WRITE_AHEAD_TRANSFERS, 4 * limit)
     windows: list[tuple[int, int]] = []
     start, count = 0, 0
     for index, batch in enumerate(batches):
@@ -220,9 +234,10 @@ def _windows(batches: Sequence[Sequence[Message]], limit: int) -> list[tuple[int
 class LedgerRun:
     """One call's ledger protocol over its transfers (sans I/O: the sender does the I/O).
 
-    ``next_write`` says which intents to write next, ``written``/``write_failed`` take the
-    answer, ``ready``/``to_send`` say whether and what a transfer sends, ``done`` takes its
-    outcome, and ``closing`` says what to release and confirm on the way out.
+    ``next_write`` says which intents to write next (None: none may be written now),
+    ``written``/``write_failed`` take the answer, ``ready``/``to_send`` say whether and
+    what a transfer sends, ``done`` takes its outcome, and ``closing`` says what to release
+    and confirm on the way out.
 
     Messages are followed by position, never by identity: ``positions[i]`` is the input
     position of each message of transfer ``i``, and what a transfer sends is named by
@@ -246,7 +261,11 @@ class LedgerRun:
         self.positions = positions
         self.started = started
         self.report, self.failed, self.fail, self.key_of = report, failed, fail, key_of
-        self.windows = _windows(batches, limit)
+        self.limit = limit
+        self.bounded = layer.window <= timedelta(0)
+        """An unconfirmed key is in doubt at once (no broker window): write no further
+        ahead than ``limit`` transfers (see :meth:`may_write`)."""
+        self.windows = _windows(batches, limit, self.bounded)
         self.window_of = [w for w, (a, b) in enumerate(self.windows) for _ in range(a, b)]
         self.prepared: list[Prepared | None] = [None] * len(self.windows)
         self.left = [b - a for a, b in self.windows]
@@ -260,18 +279,43 @@ class LedgerRun:
         """Attempts each transfer made (0: never attempted, its intents may be released)."""
         self.finished = [False] * len(batches)
         self.pending: Confirmation | None = None
+        self.open = 0
+        """Transfers whose intents are durable (or being written) and not yet confirmed."""
+        self.settled = 0
+        """Of those, the transfers of finished windows whose confirmation is ``pending``."""
         self.next_window = 0
         self.broken = False
         self.reordered = False
         """Whether the report got entries outside the transfers' order (from the ledger)."""
 
-    def next_write(self) -> tuple[int, list[Message], list[Key], Confirmation | None] | None:
-        """The next window's intents to write, with the confirmations they carry (or None)."""
+    def may_write(self) -> bool:
+        """Whether the next window's intents may be written now.
+
+        Where an unconfirmed key is in doubt at once (``bounded``), the intents durable and
+        unconfirmed never cover more than ``limit`` transfers: a write is made only if the
+        confirmations it carries leave room for its window. Windows hold at most half of
+        ``limit``, so the next one is written while the current one is in flight; with a
+        limit of 1 each transfer's intents are written (with the previous transfer's
+        confirmation) once that transfer is acknowledged. A crash then leaves at most the
+        transfers in flight in doubt. Elsewhere the sender writes one window ahead.
+        """
         if self.broken or self.next_window >= len(self.windows):
+            return False
+        if not self.bounded:
+            return True
+        a, b = self.windows[self.next_window]
+        return self.open - self.settled + (b - a) <= self.limit
+
+    def next_write(self) -> tuple[int, list[Message], list[Key], Confirmation | None] | None:
+        """The next window's intents to write, with the confirmations they carry, or None
+        when none may be written now (:meth:`may_write`)."""
+        if not self.may_write():
             return None
         w = self.next_window
         self.next_window += 1
         a, b = self.windows[w]
+        self.open += (b - a) - self.settled
+        self.settled = 0
         messages: list[Message] = []
         keys: list[Key] = []
         at = self.window_at[w]
@@ -377,6 +421,8 @@ class LedgerRun:
         self.left[w] -= 1
         if not self.left[w]:
             self.pending = prepared.confirmation().merged(self.pending)
+            a, b = self.windows[w]
+            self.settled += b - a
         return released, prepared.owner
 
     def closing(self) -> tuple[list[tuple[list[Key], str]], Confirmation | None]:

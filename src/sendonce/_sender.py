@@ -389,10 +389,11 @@ class IdempotentSender(SenderCore):
         """The transfers with the ledger around them (see ``_ledger_layer``).
 
         The next window's intents are written in a worker thread while this window's
-        transfers are in flight (SQLite and psycopg release the GIL); a transfer starts
-        only once its window is durable. On the way out, interrupted or not, intents
-        never attempted are released and acknowledged transfers confirmed. Returns
-        whether the report got entries from the ledger (out of the transfers' order).
+        transfers are in flight (SQLite and psycopg release the GIL), as far ahead as
+        ``LedgerRun.may_write`` allows; a transfer starts only once its window is
+        durable. On the way out, interrupted or not, intents never attempted are released
+        and acknowledged transfers confirmed. Returns whether the report got entries from
+        the ledger (out of the transfers' order).
         """
         layer = self._ledger_layer
         assert layer is not None
@@ -420,18 +421,21 @@ class IdempotentSender(SenderCore):
             landed[w] = (messages, prepared)
             return prepared
 
-        def write_next() -> None:
+        room: Future[None] = Future()  # never set: waited for beside the transfers in flight
+
+        def write_next() -> bool:
             # Always in the worker thread, even for one window: Ctrl-C reaches only the
             # main thread, so a write that completes is recorded in `landed` whatever
             # the main thread was doing, and can be released on the way out.
             request = run.next_write()
             if request is None:
-                return
+                return False
             w, messages, keys, carried = request
             writing[:] = [w, messages, None, carried]
             # In the caller's context: the write's span is a child of the call's.
             run_in = contextvars.copy_context().run
             writing[2] = pool.submit(run_in, write, w, messages, keys, carried)
+            return True
 
         def collect(then_next: bool) -> None:
             w, messages, future, carried = writing
@@ -441,16 +445,16 @@ class IdempotentSender(SenderCore):
             except LEDGER_FAILURES as exc:
                 run.write_failed(w, exc, carried)
             if then_next:
-                write_next()  # one window ahead of the transfers
+                write_next()  # ahead of the transfers, as far as the rule allows
 
-        def ready(index: int) -> Future[Prepared] | None:
+        def ready(index: int) -> Future[Any] | None:
             while not run.ready(index):
-                if not writing:
-                    write_next()
-                    continue
-                if not writing[2].done():
-                    return cast("Future[Prepared]", writing[2])
-                collect(then_next=True)
+                if writing:
+                    if not writing[2].done():
+                        return cast("Future[Prepared]", writing[2])
+                    collect(then_next=True)
+                elif not write_next():
+                    return room  # a transfer in flight must end (and be confirmed) first
             return None
 
         def step(index: int) -> list[Part]:
@@ -465,6 +469,8 @@ class IdempotentSender(SenderCore):
             released, owner = run.done(index, parts)
             if released:
                 layer.release_quietly(released, owner)
+            if run.bounded and not writing:
+                write_next()  # its confirmation makes room: write the next window now
 
         try:
             write_next()

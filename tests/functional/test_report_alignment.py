@@ -234,7 +234,7 @@ def script(case: Case) -> Any:
 
 ONE_ATTEMPT = RetryPolicy(max_attempts=1, jitter=False)
 PROPERTY = settings(
-    max_examples=60,
+    max_examples=40,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

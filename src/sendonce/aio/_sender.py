@@ -48,6 +48,7 @@ from ..ledger import Key, Ledger
 from ..ledger._ledger import Prepared
 from ..ledger._store import Confirmation
 from ._base import AsyncBackend
+from ._dispatch import dispatch, reports_dispatch
 from ._inflight import AsyncKeyGate, afly, cancelled_meanwhile, cancelling
 
 __all__ = ["IdempotentSender", "Transaction"]
@@ -226,10 +227,21 @@ class IdempotentSender(SenderCore):
         first = batch[0]
         wire = batch  # what goes to the broker: with its trace context when traced
 
+        reports = reports_dispatch(backend)
+
         async def attempt(timeout: float) -> list[Ack]:
-            if tried is not None:
-                tried[0] += 1
-            acks = await backend.send(entity, wire, timeout=timeout, atomic=atomic)
+            if tried is None:
+                acks = await backend.send(entity, wire, timeout=timeout, atomic=atomic)
+            else:
+                # ``tried`` counts the attempts that may have reached the broker: a call
+                # cancelled while it waited in the backend's own queue sent nothing, and
+                # its intents are released on the way out (see ``_dispatch``).
+                with dispatch() as call:
+                    try:
+                        acks = await backend.send(entity, wire, timeout=timeout, atomic=atomic)
+                    finally:
+                        if not (reports and call.abandon()):
+                            tried[0] += 1
             if len(acks) != len(batch):
                 raise PermanentSendError(
                     f"backend returned {len(acks)} acks for {len(batch)} messages",
@@ -383,8 +395,9 @@ class IdempotentSender(SenderCore):
         worker thread so the event loop never waits on it.
 
         The next window's intents are written while this window's transfers are in
-        flight. On the way out, cancelled or not, intents never attempted are released
-        and acknowledged transfers confirmed; then the cancellation propagates.
+        flight, as far ahead as ``LedgerRun.may_write`` allows. On the way out, cancelled
+        or not, intents never attempted are released and acknowledged transfers
+        confirmed; then the cancellation propagates.
         """
         layer = self._ledger_layer
         assert layer is not None
@@ -402,15 +415,18 @@ class IdempotentSender(SenderCore):
         outcomes: list[list[Part]] = [[] for _ in batches]
         writing: list[Any] = []  # [window, messages, future, carried] of the write in flight
 
-        def write_next() -> None:
+        room: asyncio.Future[None] = asyncio.get_running_loop().create_future()  # never set
+
+        def write_next() -> bool:
             request = run.next_write()
             if request is None:
-                return
+                return False
             w, messages, keys, carried = request
             future = asyncio.ensure_future(
                 asyncio.to_thread(layer.intents, messages, keys, carried)
             )
             writing[:] = [w, messages, future, carried]
+            return True
 
         def collect(then_next: bool) -> None:
             w, messages, future, carried = writing
@@ -420,17 +436,17 @@ class IdempotentSender(SenderCore):
             except LEDGER_FAILURES as exc:
                 run.write_failed(w, exc, carried)
             if then_next:
-                write_next()  # one window ahead of the transfers
+                write_next()  # ahead of the transfers, as far as the rule allows
 
         def ready(index: int) -> asyncio.Future[Any] | None:
             while not run.ready(index):
-                if not writing:
-                    write_next()
-                    continue
-                future: asyncio.Future[Any] = writing[2]
-                if not future.done():
-                    return future
-                collect(then_next=True)
+                if writing:
+                    future: asyncio.Future[Any] = writing[2]
+                    if not future.done():
+                        return future
+                    collect(then_next=True)
+                elif not write_next():
+                    return room  # a transfer in flight must end (and be confirmed) first
             return None
 
         async def step(index: int) -> list[Part]:
@@ -446,6 +462,8 @@ class IdempotentSender(SenderCore):
         def finish(index: int, parts: list[Part]) -> None:
             outcomes[index] = parts
             run.done(index, parts)
+            if run.bounded and not writing:
+                write_next()  # its confirmation makes room: write the next window now
 
         try:
             write_next()

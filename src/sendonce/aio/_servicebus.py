@@ -66,6 +66,7 @@ from ..errors import (
     ValidationError,
     redact,
 )
+from ._dispatch import dispatching
 
 __all__ = ["AzureServiceBusBackend"]
 
@@ -89,6 +90,9 @@ class AzureServiceBusBackend:
 
     messaging_system = "servicebus"
     """OpenTelemetry's ``messaging.system`` for what this backend sends to."""
+    reports_dispatch = True
+    """A send cancelled while it waits for a free link sent nothing, and the sender knows
+    it (``sendonce.aio._dispatch``)."""
 
     def __init__(
         self,
@@ -393,6 +397,9 @@ class AzureServiceBusBackend:
                         "nothing was sent",
                         **_ids(messages),
                     )
+            if not dispatching():  # given up by the sender before it could go (see _dispatch)
+                failed = None
+                raise NotSentError(f"{operation} was given up; nothing was sent", **_ids(messages))
             async with asyncio.timeout(left):
                 if prepare is None:
                     result = await transfer(lane.sender, left)

@@ -28,7 +28,8 @@ from typing import Any, Literal, TypeVar
 from .._entity import EntityProfile
 from .._message import Message
 from ..backends._base import Ack, Backend
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, NotSentError
+from ._dispatch import dispatching
 
 __all__ = ["ThreadedBackend"]
 
@@ -96,17 +97,23 @@ class ThreadedBackend:
         """The wrapped backend's profile of ``entity``, read on the worker thread."""
         return await self.run(self._inner.describe, entity)
 
+    reports_dispatch = True
+    """A send cancelled while it waits for the worker thread never starts, and the sender
+    knows it sent nothing (``sendonce.aio._dispatch``)."""
+
     async def send(
         self, entity: str, messages: Sequence[Message], *, timeout: float, atomic: bool = False
     ) -> list[Ack]:
         """The wrapped backend's ``send``, run on the worker thread."""
-        return await self.run(self._inner.send, entity, messages, timeout=timeout, atomic=atomic)
+        inner = self._inner.send
+        return await self.run(_dispatched, inner, entity, messages, timeout=timeout, atomic=atomic)
 
     async def schedule(
         self, entity: str, messages: Sequence[Message], at: datetime, *, timeout: float
     ) -> list[Ack]:
         """The wrapped backend's ``schedule``, run on the worker thread."""
-        return await self.run(self._inner.schedule, entity, messages, at, timeout=timeout)
+        inner = self._inner.schedule
+        return await self.run(_dispatched, inner, entity, messages, at, timeout=timeout)
 
     async def close(self) -> None:
         """Close the wrapped backend (after any call in flight) and stop the thread."""
@@ -146,3 +153,13 @@ class ThreadedBackend:
 
     def __repr__(self) -> str:
         return f"ThreadedBackend({self._inner!r})"
+
+
+def _dispatched(call: Callable[..., list[Ack]], /, *args: Any, **kwargs: Any) -> list[Ack]:
+    """``call`` on the worker thread, unless its sender gave it up while it waited there."""
+    if not dispatching():
+        raise NotSentError(
+            "the call was given up (its task cancelled) while it waited for the backend's "
+            "worker thread; nothing was sent"
+        )
+    return call(*args, **kwargs)
