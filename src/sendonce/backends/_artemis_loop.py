@@ -670,7 +670,15 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
         condition = delivery.remote.condition
         said = str(condition) if condition is not None else _outcome_name(delivery.remote_state)
         self._mgmt_calls.pop(call.correlation, None)
-        call.finish(error=ManagementRefused(f"{call.resource}.{call.operation}: {said}"))
+        # Artemis refuses the request message itself when the user may not manage: its own
+        # words are then a Java NullPointerException text, so say what it means first.
+        call.finish(
+            error=ManagementRefused(
+                f"{call.resource}.{call.operation}: the broker refused the management request "
+                "(the user may lack the 'manage' permission on activemq.management); "
+                f"the broker said: {said}"
+            )
+        )
         if call is self._verify_call:
             self._verified(call)
 

@@ -282,6 +282,7 @@ def test_a_user_who_may_not_manage_sends_with_a_profile(artemis_broker, artemis_
     with pytest.raises(ConfigurationError, match="pass an explicit profile") as refused:
         IdempotentSender(url, artemis_address)
     assert refused.value.field == "entity"
+    assert "may lack the 'manage' permission" in str(refused.value)
     with IdempotentSender(url, profile(artemis_address), retry=FAST) as sender:
         assert sender.send(Message("y", message_id="y")).outcome == "sent"
     # The acceptor's duplicate detection could not be read: said, not silently assumed.
