@@ -30,14 +30,15 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from proton import Condition, Delivery, Endpoint, Handler, Link, Message, SSLDomain, symbol
-from proton.handlers import MessagingHandler, TransactionHandler
-from proton.reactor import ApplicationEvent, Container, EventInjector, LinkOption
+from proton.handlers import MessagingHandler, OutgoingMessageHandler, TransactionHandler
+from proton.reactor import Container, LinkOption
 
 from ..errors import ConfigurationError, NotSentError, SendError, TransientSendError, redact
 from ._artemis_cache import Incarnation, queue_filter
+from ._artemis_doorbell import Doorbell
 from ._artemis_errors import (
     attach_error,
     connection_error,
@@ -53,8 +54,9 @@ logger = logging.getLogger("sendonce.artemis")
 
 ARTEMIS_PRODUCT = "apache-activemq-artemis"
 MANAGEMENT_ADDRESS = "activemq.management"
-_WORK = "sendonce_work"
 _TRANSACTIONAL_STATE = 0x34
+_REPLY_CREDIT = 100  # management replies the broker may send before we read them
+_BOTH_ACTIVE = Endpoint.LOCAL_ACTIVE | Endpoint.REMOTE_ACTIVE
 
 
 class Request:
@@ -200,6 +202,10 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
         check_acceptor: bool,
     ) -> None:
         super().__init__(prefetch=0, auto_accept=True, auto_settle=True)
+        # Sender deliveries and credit are handled here (on_delivery, on_link_flow): one
+        # handler fewer to dispatch every event of the connection to.
+        children = cast("list[Any]", self.handlers)
+        self.handlers = [h for h in children if not isinstance(h, OutgoingMessageHandler)]
         self.host, self.port = host, port
         self.where = f"{host}:{port}"
         self._user, self._password = user, password
@@ -207,10 +213,11 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
         self._heartbeat = heartbeat
         self._require_artemis = require_artemis
         self._check_acceptor = check_acceptor
-        self._commands: deque[Callable[[], None]] = deque()
-        self._injector = EventInjector()
-        self._container = Container(self)
-        self._container.selectable(self._injector)
+        self._doorbell = Doorbell()
+        # This handler is the connection's, not the container's: the container's own events
+        # (each select, each socket update: several per transfer) skip its handler tree.
+        self._container = Container()
+        self._container.selectable(cast(Any, self._doorbell))  # an EventInjector's duck
         # Connection state (loop thread only).
         self._conn: Any = None
         self._ready = False
@@ -255,22 +262,22 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
             )
         if not self._thread.is_alive():
             raise ConfigurationError("the Artemis backend is closed", field="backend")
-        self._commands.append(command)
-        self._injector.trigger(ApplicationEvent(_WORK))
+        if not self._doorbell.ring(command):
+            raise ConfigurationError("the Artemis backend is closed", field="backend")
 
     def abandon(self, request: Request) -> bool:
         """The caller stopped waiting: forget ``request`` (False: it had finished)."""
         if not request.abandon():
             return False
-        if self._thread.is_alive():
-            self.call(lambda: self._forget(request))
+        if os.getpid() == self._pid:  # (a closed loop has forgotten it already)
+            self._doorbell.ring(lambda: self._forget(request))
         return True
 
     def close(self, wait: float) -> None:
         if not self._thread.is_alive():
             return
         self.call(lambda: self._shut(wait))
-        self._injector.close()
+        self._doorbell.last_call()
         self._thread.join(wait + 1.0)
 
     # -- the loop thread ----------------------------------------------------------------
@@ -283,14 +290,8 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
             self._drop(
                 lambda r: SendError(f"the Artemis event loop for {self.where} failed"), close=False
             )
-
-    def on_sendonce_work(self, event: Any) -> None:
-        while self._commands:
-            command = self._commands.popleft()
-            try:
-                command()
-            except Exception:  # pragma: no cover - keep the loop alive for the others
-                logger.exception("an Artemis loop command failed")
+        finally:
+            self._doorbell.close()
 
     def _start(self, request: Request) -> None:
         if request.abandoned:
@@ -344,7 +345,9 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
             options["allowed_mechs"] = "ANONYMOUS"
         scheme = "amqps" if self._ssl_domain is not None else "amqp"
         logger.debug("connecting to %s://%s", scheme, self.where)
-        self._conn = self._container.connect(url=f"{scheme}://{self.where}", **options)
+        self._conn = self._container.connect(
+            url=f"{scheme}://{self.where}", handler=self, **options
+        )
         self._ready = False
         self._connections += 1
         self.incarnation = None
@@ -455,9 +458,11 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
         sl.queue.extend(waiting)
         self._pump(sl)
 
-    def on_sendable(self, event: Any) -> None:
-        sl = getattr(event.link, "sendonce_link", None)
-        if sl is not None:
+    def on_link_flow(self, event: Any) -> None:
+        """Credit came (what proton's ``OutgoingMessageHandler`` turns into ``on_sendable``)."""
+        link = event.link
+        sl = getattr(link, "sendonce_link", None)
+        if sl is not None and link.state & _BOTH_ACTIVE == _BOTH_ACTIVE:
             self._pump(sl)
 
     def _pump(self, sl: _SenderLink) -> None:
@@ -487,10 +492,15 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
             if not transfer.abandoned and not transfer.commit_sent:
                 self._commit(transfer)
 
-    def on_settled(self, event: Any) -> None:
+    def on_delivery(self, event: Any) -> None:
+        """A sender delivery's disposition came: what proton's ``OutgoingMessageHandler``
+        does (receivers are ``IncomingMessageHandler``'s), without its callbacks."""
         delivery = event.delivery
-        if not delivery.link.is_sender:
-            return
+        if delivery.updated and delivery.settled and delivery.link.is_sender:
+            self._settled(delivery)
+            delivery.settle()
+
+    def _settled(self, delivery: Any) -> None:
         call = getattr(delivery, "sendonce_call", None)
         if call is not None:
             self._management_settled(call, delivery)
@@ -643,7 +653,7 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
             self._mgmt_receiver = self._container.create_receiver(
                 self._conn, None, dynamic=True, name=f"sendonce-reply-{uuid.uuid4().hex[:8]}"
             )
-            self._mgmt_receiver.flow(100)
+            self._mgmt_receiver.flow(_REPLY_CREDIT)
             self._mgmt_sender = self._container.create_sender(
                 self._conn, MANAGEMENT_ADDRESS, name=f"sendonce-mgmt-{uuid.uuid4().hex[:8]}"
             )
@@ -684,6 +694,9 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
 
     def on_message(self, event: Any) -> None:
         self._heard()
+        receiver = event.link
+        if receiver.credit < _REPLY_CREDIT // 2:  # every reply spends one: top it up
+            receiver.flow(_REPLY_CREDIT - receiver.credit)
         reply = event.message
         key = reply.correlation_id
         call = self._mgmt_calls.pop(str(key), None) if key is not None else None

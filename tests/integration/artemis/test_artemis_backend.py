@@ -112,6 +112,21 @@ def test_describe_reads_the_address_from_the_broker(artemis_broker, artemis_addr
     assert missing.value.field == "entity"
 
 
+def test_the_broker_keeps_answering_management_past_the_first_hundred_replies(
+    artemis_broker, artemis_address
+):
+    # Every answer (the resend checks' queue readings, describe) spends a credit of the
+    # reply link: the backend tops it up, or the 99th question on a connection went
+    # unanswered until management_timeout.
+    url = artemis_broker.url()
+    raw_send(url, artemis_address, [("x", "made by a first send")])
+    with ArtemisBackend.from_url(url, management_timeout=10) as backend:
+        for i in range(120):
+            with pytest.raises(ConfigurationError, match="does not exist"):
+                backend.describe(f"{artemis_address}-missing-{i}")
+        assert backend.describe(artemis_address).kind == "queue"
+
+
 def test_a_multicast_address_gives_every_subscription_a_copy(artemis_broker, artemis_address):
     url = artemis_broker.url()
     topic = f"{artemis_address}-topic"
