@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import re
 
+from proton import Delivery
+
 from ..errors import (
     ConfigurationError,
     MessageSizeError,
@@ -37,6 +39,7 @@ __all__ = [
     "culprit_of",
     "lost_error",
     "outcome_error",
+    "outcome_name",
     "peer_error",
 ]
 
@@ -75,6 +78,19 @@ _DUPLICATE_ID = re.compile(r"_AMQ_DUPL_ID=(.*?)(?:, [A-Za-z_]\w*=|\})")
 
 def _ids(message_id: str | None, partition_key: str | None) -> dict[str, str | None]:
     return {"message_id": message_id, "partition_key": partition_key}
+
+
+def outcome_name(state: int) -> str:
+    """The outcome a delivery's (terminal) disposition state names."""
+    if state == Delivery.ACCEPTED:
+        return "accepted"
+    if state == Delivery.REJECTED:
+        return "rejected"
+    if state == Delivery.MODIFIED:
+        return "modified"
+    if state == Delivery.RELEASED:
+        return "released"
+    return "released"  # settled with no outcome: the broker did not take it
 
 
 def outcome_error(

@@ -1,9 +1,10 @@
 """The proton event loop of one ``ArtemisBackend``: one thread owns every proton object.
 
 proton-python is single-threaded: its ``Container`` runs in one thread per backend, and
-callers hand it work through an ``EventInjector`` (a pipe the loop selects on) as
-:class:`Request` objects whose results they wait for. Nothing outside this thread touches
-a proton object.
+callers hand it work through a ``Doorbell`` (a pipe the loop selects on:
+``_artemis_doorbell``) as ``Request`` objects whose results they wait for
+(``_artemis_requests``). Nothing outside this thread touches a proton object. Broker
+management calls go through ``_artemis_management`` on the same connection.
 
 One AMQP connection carries everything: a sender link per (address, routing capability),
 each with as many unsettled deliveries as the broker's credit allows (Artemis grants
@@ -20,8 +21,6 @@ connection fails every request on it — in doubt for deliveries sent and not se
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
 import threading
@@ -32,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from proton import Condition, Delivery, Endpoint, Handler, Link, Message, SSLDomain, symbol
+from proton import Condition, Delivery, Endpoint, Handler, Link, SSLDomain, symbol
 from proton.handlers import MessagingHandler, OutgoingMessageHandler, TransactionHandler
 from proton.reactor import Container, LinkOption
 
@@ -45,112 +44,25 @@ from ._artemis_errors import (
     culprit_of,
     lost_error,
     outcome_error,
+    outcome_name,
     peer_error,
 )
+from ._artemis_management import (
+    ManagementCall,
+    ManagementChannel,
+    ManagementRefused,
+    flag,
+    our_acceptor,
+)
+from ._artemis_requests import Connect, Request, Transfer
 
-__all__ = ["ArtemisLoop", "Connect", "ManagementCall", "ManagementRefused", "Request", "Transfer"]
+__all__ = ["ArtemisLoop"]
 
 logger = logging.getLogger("sendonce.artemis")
 
 ARTEMIS_PRODUCT = "apache-activemq-artemis"
-MANAGEMENT_ADDRESS = "activemq.management"
 _TRANSACTIONAL_STATE = 0x34
-_REPLY_CREDIT = 100  # management replies the broker may send before we read them
 _BOTH_ACTIVE = Endpoint.LOCAL_ACTIVE | Endpoint.REMOTE_ACTIVE
-
-
-class Request:
-    """Work a caller hands to the loop and waits for; finished or abandoned exactly once."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self._done = threading.Event()
-        self.value: Any = None
-        self.error: BaseException | None = None
-        self.abandoned = False
-        self.started = time.monotonic()
-
-    def finish(self, value: Any = None, error: BaseException | None = None) -> None:
-        with self.lock:
-            if self._done.is_set() or self.abandoned:
-                return
-            self.value, self.error = value, error
-            self._done.set()
-
-    @property
-    def finished(self) -> bool:
-        return self._done.is_set()
-
-    def wait(self, timeout: float) -> bool:
-        return self._done.wait(max(timeout, 0.0))
-
-    def abandon(self) -> bool:
-        """Stop waiting; False when it had finished already (its result stands)."""
-        with self.lock:
-            if self._done.is_set():
-                return False
-            self.abandoned = True
-            return True
-
-
-class Transfer(Request):
-    """One ``send`` call: its encoded messages and what the broker said of each."""
-
-    def __init__(
-        self,
-        entity: str,
-        capability: str | None,
-        payloads: list[bytes],
-        ids: list[tuple[str, str | None]],
-        *,
-        atomic: bool,
-    ) -> None:
-        super().__init__()
-        self.entity = entity
-        self.capability = capability
-        self.payloads = payloads
-        self.ids = ids
-        self.atomic = atomic
-        self.sent = 0  # deliveries handed to proton (under ``lock``)
-        self.settled = 0
-        self.outcomes: list[tuple[str, str | None, str | None] | None] = [None] * len(payloads)
-        self.commit_sent = False
-        self.txn: Any = None
-        self.sent_on: Incarnation | None = None  # the broker its first delivery went to
-        self.expect: int | None = None  # send only on this connection (a checked resend)
-
-    def claim_next(self) -> int | None:
-        """The index of the next message to send, or None once abandoned or all sent."""
-        with self.lock:
-            if self.abandoned or self._done.is_set() or self.sent >= len(self.payloads):
-                return None
-            self.sent += 1
-            return self.sent - 1
-
-    @property
-    def in_doubt(self) -> bool:
-        """Something may have reached the broker: a delivery sent and not settled, or a
-        commit sent without its outcome."""
-        if self.atomic:
-            return self.commit_sent
-        return self.sent > self.settled
-
-
-class ManagementCall(Request):
-    """One broker management operation (``activemq.management``), answered as JSON."""
-
-    def __init__(self, resource: str, operation: str, params: list[Any]) -> None:
-        super().__init__()
-        self.resource = resource
-        self.operation = operation
-        self.params = params
-        self.correlation = uuid.uuid4().hex
-        self.asked: float | None = None  # when the request went out (monotonic)
-        self.on_answer: Callable[[ManagementCall], None] | None = None  # in the loop thread
-
-
-class Connect(Request):
-    """Open (and verify) the connection now; finishes with None once it is ready."""
 
 
 @dataclass(eq=False)
@@ -224,11 +136,7 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
         self._waiting: list[Request] = []  # until the connection is ready
         self._links: dict[tuple[str, str | None], _SenderLink] = {}
         self._transfers: set[Transfer] = set()
-        self._mgmt_sender: Any = None
-        self._mgmt_receiver: Any = None
-        self._reply_to: str | None = None
-        self._mgmt_waiting: list[ManagementCall] = []
-        self._mgmt_calls: dict[str, ManagementCall] = {}
+        self._management: ManagementChannel | None = None  # opened with the first call
         self._verify_call: ManagementCall | None = None
         self._txn_queue: deque[Transfer] = deque()
         self._txn_active: Transfer | None = None
@@ -386,8 +294,8 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
         """The acceptor list came back (or could not be read): check ours, then go."""
         self._verify_call = None
         if call.error is None:
-            acceptor = self.acceptor = _our_acceptor(call.value, self.port)
-            if acceptor is not None and _flag(acceptor, "amqpDuplicateDetection") is False:
+            acceptor = self.acceptor = our_acceptor(call.value, self.port)
+            if acceptor is not None and flag(acceptor, "amqpDuplicateDetection") is False:
                 name = acceptor.get("name")
                 self._drop(
                     lambda r: ConfigurationError(
@@ -439,11 +347,8 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
         link = event.link
         sl: _SenderLink | None = getattr(link, "sendonce_link", None) if link.is_sender else None
         if sl is None:
-            if link.is_receiver and link == self._mgmt_receiver:
-                self._reply_to = link.remote_source.address
-                calls, self._mgmt_waiting = self._mgmt_waiting, []
-                for call in calls:
-                    self._manage(call)
+            if self._management is not None:
+                self._management.link_opened(link)
             return
         if link.remote_target is None or link.remote_target.address is None:
             return  # a refused attach: the detach with its error follows
@@ -501,9 +406,8 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
             delivery.settle()
 
     def _settled(self, delivery: Any) -> None:
-        call = getattr(delivery, "sendonce_call", None)
-        if call is not None:
-            self._management_settled(call, delivery)
+        if self._management is not None and self._management.settled(delivery):
+            self._heard()
             return
         slot = getattr(delivery, "sendonce_slot", None)
         if slot is None:
@@ -518,7 +422,7 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
         if transfer.outcomes[index] is None:
             condition = delivery.remote.condition if state == Delivery.REJECTED else None
             transfer.outcomes[index] = (
-                _outcome_name(state),
+                outcome_name(state),
                 None if condition is None else str(condition.name),
                 None if condition is None else condition.description,
             )
@@ -649,77 +553,18 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
     # -- management -------------------------------------------------------------------------
 
     def _manage(self, call: ManagementCall) -> None:
-        if self._mgmt_receiver is None:
-            self._mgmt_receiver = self._container.create_receiver(
-                self._conn, None, dynamic=True, name=f"sendonce-reply-{uuid.uuid4().hex[:8]}"
-            )
-            self._mgmt_receiver.flow(_REPLY_CREDIT)
-            self._mgmt_sender = self._container.create_sender(
-                self._conn, MANAGEMENT_ADDRESS, name=f"sendonce-mgmt-{uuid.uuid4().hex[:8]}"
-            )
-        if self._reply_to is None:
-            self._mgmt_waiting.append(call)
-            return
-        self._mgmt_calls[call.correlation] = call
-        request = Message(
-            body=json.dumps(call.params),
-            reply_to=self._reply_to,
-            correlation_id=call.correlation,
-            properties={"_AMQ_ResourceName": call.resource, "_AMQ_OperationName": call.operation},
-        )
-        request.id = call.correlation
-        call.asked = time.monotonic()
-        delivery = self._mgmt_sender.send(request)
-        delivery.sendonce_call = call  # a refused request (no manage permission) says so here
+        if self._management is None:
+            self._management = ManagementChannel(self._container, self._conn, self._answered)
+        self._management.ask(call)
 
-    def _management_settled(self, call: ManagementCall, delivery: Any) -> None:
-        """The broker took the request (its answer comes as a message) or refused it."""
-        self._heard()
-        if delivery.remote_state == Delivery.ACCEPTED:
-            return
-        condition = delivery.remote.condition
-        said = str(condition) if condition is not None else _outcome_name(delivery.remote_state)
-        self._mgmt_calls.pop(call.correlation, None)
-        # Artemis refuses the request message itself when the user may not manage: its own
-        # words are then a Java NullPointerException text, so say what it means first.
-        call.finish(
-            error=ManagementRefused(
-                f"{call.resource}.{call.operation}: the broker refused the management request "
-                "(the user may lack the 'manage' permission on activemq.management); "
-                f"the broker said: {said}"
-            )
-        )
+    def _answered(self, call: ManagementCall) -> None:
         if call is self._verify_call:
             self._verified(call)
 
     def on_message(self, event: Any) -> None:
         self._heard()
-        receiver = event.link
-        if receiver.credit < _REPLY_CREDIT // 2:  # every reply spends one: top it up
-            receiver.flow(_REPLY_CREDIT - receiver.credit)
-        reply = event.message
-        key = reply.correlation_id
-        call = self._mgmt_calls.pop(str(key), None) if key is not None else None
-        if call is None:
-            return
-        props = reply.properties or {}
-        try:
-            body = json.loads(reply.body) if isinstance(reply.body, str) else reply.body
-        except ValueError:
-            body = reply.body
-        if props.get("_AMQ_OperationSucceeded") is True:
-            value = body[0] if isinstance(body, list) and len(body) == 1 else body
-            if isinstance(value, str) and value[:1] in "[{":
-                with contextlib.suppress(ValueError):
-                    value = json.loads(value)
-            call.finish(value)
-        else:
-            said = body[0] if isinstance(body, list) and body else body
-            call.finish(error=ManagementRefused(f"{call.resource}.{call.operation}: {said}"))
-        if call.on_answer is not None:
-            call.on_answer(call)
-        if call is self._verify_call:
-            self._verified(call)
+        if self._management is not None:
+            self._management.message(event.link, event.message)
 
     # -- failures -------------------------------------------------------------------------
 
@@ -733,8 +578,9 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
         self._link_gone(event.link, event.link.remote_condition)
 
     def _link_gone(self, link: Any, condition: Condition | None) -> None:
-        if link == self._mgmt_receiver or link == self._mgmt_sender:
-            self._fail_management(condition)
+        if self._management is not None and self._management.owns(link):
+            said = "the management link closed" if condition is None else str(condition)
+            self._management.fail(said)
             return
         sl: _SenderLink | None = getattr(link, "sendonce_link", None)
         if sl is None or self._links.get((sl.address, sl.capability)) is not sl:
@@ -757,18 +603,6 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
             else:
                 error = attach_error(name, description, entity=sl.address, host=self.where)
             self._end(transfer, error)
-
-    def _fail_management(self, condition: Condition | None) -> None:
-        said = "the management link closed" if condition is None else str(condition)
-        calls = list(self._mgmt_calls.values()) + self._mgmt_waiting
-        self._mgmt_calls.clear()
-        self._mgmt_waiting = []
-        self._mgmt_receiver = self._mgmt_sender = None
-        self._reply_to = None
-        for call in calls:
-            call.finish(error=ManagementRefused(f"{call.resource}.{call.operation}: {said}"))
-            if call is self._verify_call:
-                self._verified(call)
 
     def on_transport_error(self, event: Any) -> None:
         condition = event.transport.condition
@@ -817,19 +651,19 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
         conn, self._conn = self._conn, None
         self._ready = False
         requests: list[Request] = list(self._waiting) + list(self._transfers)
-        requests += list(self._mgmt_calls.values()) + self._mgmt_waiting
+        if self._management is not None:
+            requests += self._management.pending()
         for sl in self._links.values():
             requests += sl.waiting + list(sl.queue) + list(sl.transfers)
         if self._txn_active is not None:
             requests.append(self._txn_active)
         requests += list(self._txn_queue)
-        self._waiting, self._mgmt_waiting = [], []
+        self._waiting = []
         self._links.clear()
         self._transfers.clear()
-        self._mgmt_calls.clear()
         self._txn_queue.clear()
         self._txn_active = None
-        self._mgmt_receiver = self._mgmt_sender = self._reply_to = None
+        self._management = None
         self._verify_call = None
         seen: set[int] = set()
         for request in requests:
@@ -857,8 +691,8 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
             for sl in self._links.values():
                 if request in sl.queue:
                     sl.queue.remove(request)
-        if isinstance(request, ManagementCall):
-            self._mgmt_calls.pop(request.correlation, None)
+        if isinstance(request, ManagementCall) and self._management is not None:
+            self._management.forget(request)
         if self._conn is not None and (not self._ready or self._last_heard < request.started):
             logger.info(
                 "nothing heard from %s for %.1f s: closing the connection; the next call "
@@ -893,40 +727,3 @@ def _started(incarnation: Incarnation, call: ManagementCall) -> None:
     if call.error is None and isinstance(uptime, int) and asked is not None:
         seconds = uptime / 1000.0
         incarnation.started = (asked - seconds, time.monotonic() - seconds)
-
-
-class ManagementRefused(Exception):
-    """A management operation failed or could not be asked. Internal: the backend turns it
-    into what the caller sees (an unknown address, or a profile to pass)."""
-
-
-def _outcome_name(state: int) -> str:
-    if state == Delivery.ACCEPTED:
-        return "accepted"
-    if state == Delivery.REJECTED:
-        return "rejected"
-    if state == Delivery.MODIFIED:
-        return "modified"
-    if state == Delivery.RELEASED:
-        return "released"
-    return "released"  # settled with no outcome: the broker did not take it
-
-
-def _our_acceptor(acceptors: Any, port: int) -> dict[str, Any] | None:
-    """The acceptor listening on ``port`` (its params and extra properties merged)."""
-    if not isinstance(acceptors, list):
-        return None
-    for entry in acceptors:
-        if not isinstance(entry, dict):
-            continue
-        params = {**(entry.get("params") or {}), **(entry.get("extraProps") or {})}
-        if str(params.get("port")) == str(port):
-            return {"name": entry.get("name"), **params}
-    return None
-
-
-def _flag(params: dict[str, Any], name: str) -> bool | None:
-    value = params.get(name)
-    if value is None:
-        return None
-    return str(value).strip().lower() == "true"

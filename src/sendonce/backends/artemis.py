@@ -21,6 +21,17 @@ count-bounded ring per address (``id-cache-size``). This backend:
 - refuses a peer that is not Artemis, or an acceptor with ``amqpDuplicateDetection=false``,
   before anything is sent.
 
+How it is built (one concept per module): ``_artemis_url`` parses ``amqp://`` urls;
+``_artemis_convert`` encodes a message; ``_artemis_requests`` holds the work callers hand the
+event loop and wait for, ``_artemis_doorbell`` how they hand it over; ``_artemis_loop`` is
+that loop (one thread owning every proton object: the connection, sender links,
+transactions); ``_artemis_management`` asks the broker's management address;
+``_artemis_errors`` maps outcomes and conditions to errors; ``_artemis_reach`` bounds resends
+by the id cache and ``_artemis_cache`` says which cache a resend would reach. This module ties
+them to the ``Backend`` protocol. Tests: ``tests/integration/artemis`` against the real
+broker (``tests/artemis/broker.py`` runs it, ``tests/artemis/faultproxy.py`` cuts
+connections, ``tests/artemis/raw.py`` is an independent proton client).
+
 Addresses: an entity name is an Artemis address. An anycast address is a ``queue`` entity
 (sender link capability ``queue``), a multicast one a ``topic`` (capability ``topic``);
 ``describe`` reads the address's routing types through the broker's management address,
@@ -57,8 +68,10 @@ from ..errors import (
 from ._artemis_cache import QueueSet, Reached, different_cache, queue_filter, queue_ids
 from ._artemis_convert import encode
 from ._artemis_errors import TLS_FAILED
-from ._artemis_loop import ArtemisLoop, Connect, ManagementCall, ManagementRefused, Transfer
+from ._artemis_loop import ArtemisLoop
+from ._artemis_management import ManagementCall, ManagementRefused
 from ._artemis_reach import Attempt, ResendReach
+from ._artemis_requests import Connect, Transfer
 from ._base import Ack
 from ._servicebus_lanes import check_max_in_flight
 
