@@ -12,9 +12,12 @@ decides what to write and when):
   re-run inside that window and the broker drops the copy: windows are wide and the next
   one is written while the current one is in flight. Elsewhere (no duplicate detection,
   or an Artemis-style count-bounded id cache) every unconfirmed key is in doubt, a
-  possible duplicate or a key to check by hand: the intents durable and unconfirmed never
-  cover more than ``max_in_flight`` transfers, so a crash leaves at most the transfers in
-  flight in doubt (``LedgerRun.may_write``);
+  possible duplicate or a key to check by hand: the intents durable, sendable and
+  unconfirmed never cover more than ``max_in_flight`` transfers, so a crash leaves at
+  most the transfers in flight in doubt. Where the store can (SQLite), the next window
+  is still written while the current one is in flight, *staged*: not to be sent until
+  a one-row write arms it, with the confirmations that make room; a staged intent left
+  by a crash is taken over by the next writer, never in doubt (``LedgerRun``);
 - confirmations of acknowledged transfers travel with the next intent write (one
   transaction: a window's confirmation and the next window's intents land together), and
   what is left is written once on the way out;
@@ -28,6 +31,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from typing import cast
 
@@ -95,13 +99,51 @@ class LedgerLayer:
         return cast(list[Key], [(mid, pk or "") for mid, pk in map(dedup_key, batch)])
 
     def intents(
-        self, batch: Sequence[Message], keys: Sequence[Key], confirm: Confirmation | None
+        self,
+        batch: Sequence[Message],
+        keys: Sequence[Key],
+        confirm: Confirmation | None,
+        staged: bool = False,
     ) -> Prepared:
-        """Write ``batch``'s intents durably (with earlier confirmations): one round trip."""
+        """Write ``batch``'s intents durably (with earlier confirmations): one round trip.
+
+        ``staged``: written ahead, to be sent only once :meth:`arm` says so."""
         with _telemetry.ledger_write("intent", self.entity, self.ledger.store, keys=len(keys)):
             return self.ledger.prepare(
-                self.entity, batch, keys, window=self.window, margin=self.margin, confirm=confirm
+                self.entity,
+                batch,
+                keys,
+                window=self.window,
+                margin=self.margin,
+                confirm=confirm,
+                staged=staged,
             )
+
+    def arm(
+        self, prepared: Prepared, messages: Sequence[Message], confirm: Confirmation | None
+    ) -> Prepared | None:
+        """Arm a staged write (with the confirmations carried): None once armed.
+
+        If another writer took some of its intents over meanwhile (it found them staged
+        after a crash of ours it assumed), the messages it was to send are decided again,
+        unstaged: our own staged rows are taken back, the others' are what they are now.
+        Returns that decision, over the staged write's indices.
+        """
+        with _telemetry.ledger_write("confirm", self.entity, self.ledger.store, keys=0):
+            if self.ledger.arm(self.entity, prepared.owner, confirm):
+                return None
+        chosen = prepared.send
+        again = self.intents(
+            [messages[i] for i in chosen], [prepared.keys[i] for i in chosen], None
+        )
+        return replace(
+            again,
+            keys=prepared.keys,
+            send=[chosen[i] for i in again.send],
+            confirmed=[(chosen[i], row) for i, row in again.confirmed],
+            conflicts=[(chosen[i], row) for i, row in again.conflicts],
+            in_doubt=[(chosen[i], row) for i, row in again.in_doubt],
+        )
 
     def resumed(self, prepared: Prepared, started: float | None) -> float | None:
         """The retry deadline's start: a resumed key keeps its first attempt's deadline."""
@@ -216,7 +258,7 @@ def _windows(
     batches: Sequence[Sequence[Message]], limit: int, bounded: bool
 ) -> list[tuple[int, int]]:
     """Consecutive runs of transfers whose intents are written together; ``bounded``: no
-    more than half of ``limit`` transfers each (see ``LedgerRun.may_write``)."""
+    more than half of ``limit`` transfers each (see ``LedgerRun``)."""
     most = max(limit // 2, 1) if bounded else max(WRITE_AHEAD_TRANSFERS, 4 * limit)
     windows: list[tuple[int, int]] = []
     start, count = 0, 0
@@ -234,14 +276,29 @@ def _windows(
 class LedgerRun:
     """One call's ledger protocol over its transfers (sans I/O: the sender does the I/O).
 
-    ``next_write`` says which intents to write next (None: none may be written now),
-    ``written``/``write_failed`` take the answer, ``ready``/``to_send`` say whether and
-    what a transfer sends, ``done`` takes its outcome, and ``closing`` says what to release
-    and confirm on the way out.
+    ``next_arm``/``next_write`` say which write to make next (None: none may be made now),
+    ``armed``/``written`` and ``arm_failed``/``write_failed`` take the answer,
+    ``ready``/``to_send`` say whether and what a transfer sends, ``done`` takes its outcome,
+    and ``closing`` says what to release and confirm on the way out.
 
     Messages are followed by position, never by identity: ``positions[i]`` is the input
     position of each message of transfer ``i``, and what a transfer sends is named by
     its messages' indices in its window's write (``Prepared`` decides by index).
+
+    How far ahead intents are written (see the module's docstring):
+
+    - where an unconfirmed key costs nothing (a broker window), one window ahead of the
+      transfers, wide windows;
+    - elsewhere (``bounded``) the intents durable, sendable and unconfirmed never cover
+      more than ``limit`` transfers: a window is written plainly only if the
+      confirmations its write carries leave room for it. Windows hold at most half of
+      ``limit``, so one is in flight while the next is written. Where the store can
+      stage intents (``staging``), a window with no room yet is written ahead *staged*
+      (sent only once armed; after a crash another writer takes staged intents over, so
+      they are never in doubt), and armed by a one-row write, with the confirmations
+      that make room, as soon as there is room: with a limit of 1, the next transfer's
+      intents are written while the current one is in flight, and armed once it is
+      acknowledged. A crash leaves at most the transfers in flight in doubt.
     """
 
     def __init__(
@@ -263,8 +320,10 @@ class LedgerRun:
         self.report, self.failed, self.fail, self.key_of = report, failed, fail, key_of
         self.limit = limit
         self.bounded = layer.window <= timedelta(0)
-        """An unconfirmed key is in doubt at once (no broker window): write no further
-        ahead than ``limit`` transfers (see :meth:`may_write`)."""
+        """An unconfirmed key is in doubt at once (no broker window): no more than
+        ``limit`` transfers' intents durable, sendable and unconfirmed."""
+        self.staging = self.bounded and layer.ledger.stages
+        """Windows without room yet are written ahead staged, and armed later."""
         self.windows = _windows(batches, limit, self.bounded)
         self.window_of = [w for w, (a, b) in enumerate(self.windows) for _ in range(a, b)]
         self.prepared: list[Prepared | None] = [None] * len(self.windows)
@@ -272,50 +331,54 @@ class LedgerRun:
         self.sends: list[Sequence[Message] | None] = [None] * len(batches)
         self.send_at: list[Sequence[int]] = [()] * len(batches)
         """The index in its window's write of each message transfer ``i`` sends."""
+        self.go = [False] * len(batches)
+        """Whether transfer ``i`` may start (its intents durable, and armed if staged)."""
         self.window_at: list[list[int]] = [[] for _ in self.windows]
         """The input position of each message of a window's write."""
         self.starts: list[float | None] = [started] * len(batches)
         self.tried: list[list[int]] = [[0] for _ in batches]
-        """Attempts each transfer made (0: never attempted, its intents may be released)."""
+        """Attempts each transfer made that may have reached the broker (0: none, its
+        intents may be released)."""
         self.finished = [False] * len(batches)
         self.pending: Confirmation | None = None
         self.open = 0
-        """Transfers whose intents are durable (or being written) and not yet confirmed."""
+        """Transfers whose intents are durable (or being written), sendable (not staged)
+        and not yet confirmed."""
         self.settled = 0
         """Of those, the transfers of finished windows whose confirmation is ``pending``."""
         self.next_window = 0
+        self.to_arm: int | None = None
+        """The window written (or being written) staged, not armed yet: one at a time."""
+        self.staged_messages: list[Message] = []
         self.broken = False
         self.reordered = False
         """Whether the report got entries outside the transfers' order (from the ledger)."""
 
-    def may_write(self) -> bool:
-        """Whether the next window's intents may be written now.
+    def _room(self, w: int) -> bool:
+        a, b = self.windows[w]
+        return not self.bounded or self.open - self.settled + (b - a) <= self.limit
 
-        Where an unconfirmed key is in doubt at once (``bounded``), the intents durable and
-        unconfirmed never cover more than ``limit`` transfers: a write is made only if the
-        confirmations it carries leave room for its window. Windows hold at most half of
-        ``limit``, so the next one is written while the current one is in flight; with a
-        limit of 1 each transfer's intents are written (with the previous transfer's
-        confirmation) once that transfer is acknowledged. A crash then leaves at most the
-        transfers in flight in doubt. Elsewhere the sender writes one window ahead.
-        """
-        if self.broken or self.next_window >= len(self.windows):
-            return False
-        if not self.bounded:
-            return True
-        a, b = self.windows[self.next_window]
-        return self.open - self.settled + (b - a) <= self.limit
-
-    def next_write(self) -> tuple[int, list[Message], list[Key], Confirmation | None] | None:
-        """The next window's intents to write, with the confirmations they carry, or None
-        when none may be written now (:meth:`may_write`)."""
-        if not self.may_write():
-            return None
-        w = self.next_window
-        self.next_window += 1
+    def _carry(self, w: int) -> Confirmation | None:
+        """The confirmations a write carries; window ``w`` becomes sendable with it."""
         a, b = self.windows[w]
         self.open += (b - a) - self.settled
         self.settled = 0
+        carried, self.pending = self.pending, None
+        return carried
+
+    def next_write(
+        self,
+    ) -> tuple[int, list[Message], list[Key], Confirmation | None, bool] | None:
+        """The next window's intents to write (window, messages, keys, the confirmations
+        carried, whether staged), or None when none may be written now."""
+        if self.broken or self.next_window >= len(self.windows):
+            return None
+        w = self.next_window
+        staged = not self._room(w)
+        if staged and (not self.staging or self.to_arm is not None):
+            return None
+        self.next_window += 1
+        a, b = self.windows[w]
         messages: list[Message] = []
         keys: list[Key] = []
         at = self.window_at[w]
@@ -324,12 +387,44 @@ class LedgerRun:
             messages.extend(batch)
             keys.extend(self.layer.keys(batch))
             at.extend(self.positions[index])
-        carried, self.pending = self.pending, None
-        return w, messages, keys, carried
+        if staged:
+            self.to_arm, self.staged_messages = w, messages
+            return w, messages, keys, None, True
+        return w, messages, keys, self._carry(w), False
+
+    def next_arm(self) -> tuple[int, Prepared, list[Message], Confirmation | None] | None:
+        """The staged window to arm now (with the confirmations that make room), or None."""
+        w = self.to_arm
+        if w is None or self.broken or not self._room(w):
+            return None
+        prepared = self.prepared[w]
+        if prepared is None:  # its staged write is not back yet
+            return None
+        return w, prepared, self.staged_messages, self._carry(w)
 
     def written(self, w: int, messages: list[Message], prepared: Prepared) -> None:
         """Window ``w``'s intents are durable: decide what each of its transfers sends."""
         self.prepared[w] = prepared
+        self._decide(w, messages, prepared)
+        if self.to_arm == w and not prepared.send:  # nothing to send: nothing to arm
+            a, b = self.windows[w]
+            self.open += b - a  # settled like any other window once its transfers end
+            self.to_arm, self.staged_messages = None, []
+        if self.to_arm != w:
+            a, b = self.windows[w]
+            self.go[a:b] = [True] * (b - a)
+
+    def armed(self, w: int, again: Prepared | None) -> None:
+        """Window ``w``'s staged intents are armed; ``again``: decided anew (some had been
+        taken over by another writer), over the same indices."""
+        if again is not None:
+            self.prepared[w] = again
+            self._decide(w, self.staged_messages, again)
+        self.to_arm, self.staged_messages = None, []
+        a, b = self.windows[w]
+        self.go[a:b] = [True] * (b - a)
+
+    def _decide(self, w: int, messages: list[Message], prepared: Prepared) -> None:
         if prepared.confirmed or prepared.conflicts or prepared.in_doubt:
             at = self.window_at[w]
             self.layer.account(prepared, messages, at, self.report, self.failed, self.key_of)
@@ -356,19 +451,29 @@ class LedgerRun:
                 self.starts[index] = self.layer.resumed(prepared, self.started)
 
     def write_failed(self, w: int, exc: Exception, carried: Confirmation | None) -> None:
-        """No durable intent for window ``w``: it and every later window fail, unsent."""
+        """No durable (or armed) intent for window ``w``: it and every later window fail,
+        unsent."""
         self.broken = True
         self.pending = carried.merged(self.pending) if carried else self.pending
         for index in range(self.windows[w][0], len(self.batches)):
-            if self.sends[index] is None:
-                batch = self.batches[index]
+            if self.go[index]:
+                continue
+            sends = self.sends[index]
+            if sends is None:
+                batch, at = self.batches[index], self.positions[index]
+            else:  # staged, decided, never armed: what it would have sent fails
+                batch, at = sends, self.sent_at(index)
+            if batch:
                 error = self.layer.failure(exc, batch[0])
-                self.fail(batch, error, self.report, self.failed, self.positions[index])
-                self.sends[index] = []
+                self.fail(batch, error, self.report, self.failed, at)
+            self.sends[index] = []
+            self.go[index] = True
+
+    arm_failed = write_failed
 
     def ready(self, index: int) -> bool:
-        """Whether transfer ``index``'s intents are decided (it may start)."""
-        return self.sends[index] is not None
+        """Whether transfer ``index`` may start (its intents durable, and armed)."""
+        return self.go[index]
 
     def to_send(self, index: int) -> tuple[Sequence[Message], float | None]:
         """What transfer ``index`` sends, and from when its deadline counts."""

@@ -390,7 +390,7 @@ class IdempotentSender(SenderCore):
 
         The next window's intents are written in a worker thread while this window's
         transfers are in flight (SQLite and psycopg release the GIL), as far ahead as
-        ``LedgerRun.may_write`` allows; a transfer starts only once its window is
+        ``LedgerRun`` allows; a transfer starts only once its window is
         durable. On the way out, interrupted or not, intents never attempted are released
         and acknowledged transfers confirmed. Returns whether the report got entries from
         the ledger (out of the transfers' order).
@@ -411,49 +411,70 @@ class IdempotentSender(SenderCore):
         stop = threading.Event()
         outcomes: list[list[Part]] = [[] for _ in batches]
         pool = self._ledger_writer()
-        writing: list[Any] = []  # [window, messages, future, carried] of the write in flight
+        writing: list[Any] = []  # [kind, window, messages, future, carried] in flight
         landed: dict[int, tuple[list[Message], Prepared]] = {}  # every write that completed
 
         def write(
-            w: int, messages: list[Message], keys: list[Key], carried: Confirmation | None
+            w: int,
+            messages: list[Message],
+            keys: list[Key],
+            carried: Confirmation | None,
+            staged: bool,
         ) -> Prepared:
-            prepared = layer.intents(messages, keys, carried)
+            prepared = layer.intents(messages, keys, carried, staged)
             landed[w] = (messages, prepared)
             return prepared
 
+        def arm(
+            w: int, prepared: Prepared, messages: list[Message], carried: Confirmation | None
+        ) -> Prepared | None:
+            again = layer.arm(prepared, messages, carried)
+            if again is not None:  # decided anew: its owner is the one to release under
+                landed[w] = (messages, again)
+            return again
+
         room: Future[None] = Future()  # never set: waited for beside the transfers in flight
 
-        def write_next() -> bool:
+        def launch() -> bool:
             # Always in the worker thread, even for one window: Ctrl-C reaches only the
             # main thread, so a write that completes is recorded in `landed` whatever
-            # the main thread was doing, and can be released on the way out.
+            # the main thread was doing, and can be released on the way out. An arm goes
+            # first: transfers wait for it.
+            run_in = contextvars.copy_context().run  # the write's span: a child of the call's
+            arming = run.next_arm()
+            if arming is not None:
+                w, prepared, messages, carried = arming
+                writing[:] = ["arm", w, messages, None, carried]
+                writing[3] = pool.submit(run_in, arm, w, prepared, messages, carried)
+                return True
             request = run.next_write()
             if request is None:
                 return False
-            w, messages, keys, carried = request
-            writing[:] = [w, messages, None, carried]
-            # In the caller's context: the write's span is a child of the call's.
-            run_in = contextvars.copy_context().run
-            writing[2] = pool.submit(run_in, write, w, messages, keys, carried)
+            w, messages, keys, carried, staged = request
+            writing[:] = ["write", w, messages, None, carried]
+            writing[3] = pool.submit(run_in, write, w, messages, keys, carried, staged)
             return True
 
         def collect(then_next: bool) -> None:
-            w, messages, future, carried = writing
+            kind, w, messages, future, carried = writing
             writing.clear()
             try:
-                run.written(w, messages, future.result())
+                if kind == "arm":
+                    run.armed(w, future.result())
+                else:
+                    run.written(w, messages, future.result())
             except LEDGER_FAILURES as exc:
                 run.write_failed(w, exc, carried)
             if then_next:
-                write_next()  # ahead of the transfers, as far as the rule allows
+                launch()  # ahead of the transfers, as far as the rule allows
 
         def ready(index: int) -> Future[Any] | None:
             while not run.ready(index):
                 if writing:
-                    if not writing[2].done():
-                        return cast("Future[Prepared]", writing[2])
+                    if not writing[3].done():
+                        return cast("Future[Any]", writing[3])
                     collect(then_next=True)
-                elif not write_next():
+                elif not launch():
                     return room  # a transfer in flight must end (and be confirmed) first
             return None
 
@@ -470,19 +491,21 @@ class IdempotentSender(SenderCore):
             if released:
                 layer.release_quietly(released, owner)
             if run.bounded and not writing:
-                write_next()  # its confirmation makes room: write the next window now
+                launch()  # its confirmation makes room: arm or write the next window now
 
         try:
-            write_next()
+            launch()
             keys = [transfer_key(batch) for batch in batches]
             fly(keys, self.max_in_flight, step, finish, stop, ready=ready)
         finally:
-            if writing and writing[2] is not None:  # a window written ahead: learn its owner
+            if writing and writing[3] is not None:  # a window written ahead: learn its owner
                 collect(then_next=False)
             pool.submit(int).result()  # every write queued has ended
             for w, (messages, prepared) in landed.items():
                 if run.prepared[w] is None:  # written, then the call was interrupted
                     run.written(w, messages, prepared)
+                elif run.prepared[w] is not prepared:  # decided anew as it was armed
+                    run.prepared[w] = prepared
             releases, confirmation = run.closing()
             for keys_, owner in releases:
                 layer.release_quietly(keys_, owner)

@@ -395,7 +395,7 @@ class IdempotentSender(SenderCore):
         worker thread so the event loop never waits on it.
 
         The next window's intents are written while this window's transfers are in
-        flight, as far ahead as ``LedgerRun.may_write`` allows. On the way out, cancelled
+        flight, as far ahead as ``LedgerRun`` allows. On the way out, cancelled
         or not, intents never attempted are released and acknowledged transfers
         confirmed; then the cancellation propagates.
         """
@@ -413,39 +413,46 @@ class IdempotentSender(SenderCore):
             self._key_of,
         )
         outcomes: list[list[Part]] = [[] for _ in batches]
-        writing: list[Any] = []  # [window, messages, future, carried] of the write in flight
-
+        writing: list[Any] = []  # [kind, window, messages, future, carried] in flight
         room: asyncio.Future[None] = asyncio.get_running_loop().create_future()  # never set
 
-        def write_next() -> bool:
+        def launch() -> bool:
+            # An arm goes first: transfers wait for it.
+            arming = run.next_arm()
+            if arming is not None:
+                w, prepared, messages, carried = arming
+                job: Any = asyncio.to_thread(layer.arm, prepared, messages, carried)
+                writing[:] = ["arm", w, messages, asyncio.ensure_future(job), carried]
+                return True
             request = run.next_write()
             if request is None:
                 return False
-            w, messages, keys, carried = request
-            future = asyncio.ensure_future(
-                asyncio.to_thread(layer.intents, messages, keys, carried)
-            )
-            writing[:] = [w, messages, future, carried]
+            w, messages, keys, carried, staged = request
+            job = asyncio.to_thread(layer.intents, messages, keys, carried, staged)
+            writing[:] = ["write", w, messages, asyncio.ensure_future(job), carried]
             return True
 
         def collect(then_next: bool) -> None:
-            w, messages, future, carried = writing
+            kind, w, messages, future, carried = writing
             writing.clear()
             try:
-                run.written(w, messages, future.result())
+                if kind == "arm":
+                    run.armed(w, future.result())
+                else:
+                    run.written(w, messages, future.result())
             except LEDGER_FAILURES as exc:
                 run.write_failed(w, exc, carried)
             if then_next:
-                write_next()  # ahead of the transfers, as far as the rule allows
+                launch()  # ahead of the transfers, as far as the rule allows
 
         def ready(index: int) -> asyncio.Future[Any] | None:
             while not run.ready(index):
                 if writing:
-                    future: asyncio.Future[Any] = writing[2]
+                    future: asyncio.Future[Any] = writing[3]
                     if not future.done():
                         return future
                     collect(then_next=True)
-                elif not write_next():
+                elif not launch():
                     return room  # a transfer in flight must end (and be confirmed) first
             return None
 
@@ -463,15 +470,15 @@ class IdempotentSender(SenderCore):
             outcomes[index] = parts
             run.done(index, parts)
             if run.bounded and not writing:
-                write_next()  # its confirmation makes room: write the next window now
+                launch()  # its confirmation makes room: arm or write the next window now
 
         try:
-            write_next()
+            launch()
             keys = [transfer_key(batch) for batch in batches]
             await afly(keys, self.max_in_flight, step, finish, ready=ready)
         finally:
             if writing:  # a window written ahead: learn its owner, to release it below
-                await asyncio.wait([writing[2]])
+                await asyncio.wait([writing[3]])
                 collect(then_next=False)
             left, confirmation = run.closing()
             await asyncio.to_thread(_settle, layer, left, confirmation)

@@ -39,6 +39,9 @@ __all__ = [
 
 Resolution = Literal["sent", "release"]
 
+STAGED = ("staged", "taken")
+"""The outcome a key reads while its sender staged it (written ahead, never sent)."""
+
 
 @dataclass(frozen=True, slots=True)
 class EntityCounts:
@@ -141,7 +144,7 @@ class Refusal:
     """Why one key cannot be resolved as asked; nothing is changed when any key is refused."""
 
     key: Key
-    reason: Literal["unknown", "confirmed", "young", "live"]
+    reason: Literal["unknown", "confirmed", "staged", "young", "live"]
     text: str
 
 
@@ -172,6 +175,12 @@ def check_resolvable(
             refusals.append(
                 Refusal(key, "confirmed", f"already confirmed ({confirmed}): nothing to resolve")
             )
+        elif row.outcome in STAGED:
+            text = (
+                "it was written ahead and never sent (staged, not armed): it is not in doubt, "
+                "the next run sends it; nothing to resolve"
+            )
+            refusals.append(Refusal(key, "staged", text))
         else:
             pending.append(Unconfirmed(key, row.first_attempt, row.owner))
     activity = last_activity(ledger.store, entity, pending) if min_age > timedelta(0) else {}
@@ -233,6 +242,8 @@ def _utc(moment: datetime) -> str:
 
 # -- the built-in stores' tables (read only) --------------------------------------------
 
+# Keys a sender staged (written ahead, never sent: see LedgerRun) are neither confirmed
+# nor in doubt: the next writer takes them over. They are left out of every count.
 _SQLITE_COUNTS = """
 SELECT e.name, count(k.k),
     coalesce(sum(coalesce(k.confirmed_at, t.confirmed_at) IS NOT NULL), 0),
@@ -241,6 +252,7 @@ SELECT e.name, count(k.k),
 FROM ledger_entities AS e
 LEFT JOIN ledger_keys AS k
     ON k.k >= e.eid || ':' AND k.k < e.eid || ';'
+    AND k.tid NOT IN (SELECT tid FROM ledger_transfers WHERE outcome IN ('staged', 'taken'))
 LEFT JOIN ledger_transfers AS t ON t.tid = k.tid
 GROUP BY e.eid
 """
@@ -249,7 +261,7 @@ FROM ledger_entities AS e
 JOIN ledger_keys AS k ON k.k >= e.eid || ':' AND k.k < e.eid || ';'
 JOIN ledger_transfers AS t ON t.tid = k.tid
 WHERE e.name = ? COLLATE NOCASE AND coalesce(k.confirmed_at, t.confirmed_at) IS NULL
-    AND t.first_attempt < ?
+    AND t.first_attempt < ? AND coalesce(t.outcome, '') NOT IN ('staged', 'taken')
 """
 _SQLITE_UNCONFIRMED = f"""
 SELECT k.k, t.first_attempt, t.owner {_SQLITE_IN_DOUBT}

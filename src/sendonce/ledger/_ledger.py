@@ -449,15 +449,19 @@ class Ledger:
         window: timedelta,
         margin: timedelta,
         confirm: Confirmation | Mapping[Key, str] | None = None,
+        staged: bool = False,
     ) -> Prepared:
         """Write the intents of ``batch`` durably (one transfer) and decide what to send.
 
         ``window`` is how long the broker remembers an id (zero without duplicate
         detection); ``confirm`` carries the previous transfer's confirmation.
+        ``staged`` (only where :attr:`stages`): the intents are staged, to be sent only
+        once :meth:`arm` returns True; until then another writer may take them over.
         """
         now = self.clock()
         owner = self.new_owner()
         digests = body_digests(batch)
+        extra = {"staged": True} if staged else {}
         existing = self.store.record_intents(
             entity,
             keys,
@@ -465,6 +469,7 @@ class Ledger:
             first_attempt=now,
             owner=owner,
             confirm=_confirmation(confirm),
+            **extra,
         )
         prepared = Prepared(owner=owner, keys=keys)
         if not existing:
@@ -500,6 +505,21 @@ class Ledger:
             else:
                 prepared.in_doubt.append((index, row))
         return prepared
+
+    @property
+    def stages(self) -> bool:
+        """Whether the store can stage intents (write them ahead, unsent, and arm them
+        later): the SQLite store can; a store of your own may add ``arm`` and take
+        ``record_intents(..., staged=True)``."""
+        return callable(getattr(self.store, "arm", None))
+
+    def arm(self, entity: str, owner: str, confirm: Confirmation | None = None) -> bool:
+        """Arm ``owner``'s staged intents (with ``confirm``, one transaction): False if
+        another writer took some of them over meanwhile, and none may be sent."""
+        armed: bool = self.store.arm(  # type: ignore[attr-defined]
+            entity, owner, _confirmation(confirm), self.clock()
+        )
+        return armed
 
     def confirm(
         self,

@@ -237,6 +237,43 @@ def _select(conn: sqlite3.Connection, packed: Mapping[str, Key]) -> dict[Key, En
     return found
 
 
+_STAGED = "staged"
+"""A transfer row's outcome while its intents are staged: written, never sent, not armed."""
+_TAKEN = "taken"
+"""A staged transfer some of whose intents another writer took over: it can no longer arm."""
+
+
+def _take_staged(conn: sqlite3.Connection, tid: int, packed: str) -> int:
+    """Move to transfer ``tid`` the keys of ``packed`` ("digest/key") that another writer
+    staged and never armed, with the same digest; returns how many. Their writer's row
+    becomes ``taken`` (its arm fails) and goes with its last key."""
+    where = (
+        "k.k IN (SELECT substr(value, instr(value, '/') + 1) FROM json_each(?1)) "
+        "AND k.confirmed_at IS NULL AND k.tid != ?2 "
+        "AND (k.digest || '/' || k.k) IN (SELECT value FROM json_each(?1)) "
+        "AND t.outcome IN ('staged', 'taken')"
+    )
+    victims = conn.execute(
+        "SELECT k.tid, count(*) FROM ledger_keys AS k "
+        f"JOIN ledger_transfers AS t ON t.tid = k.tid WHERE {where} GROUP BY k.tid",
+        (packed, tid),
+    ).fetchall()
+    if not victims:
+        return 0
+    moved = conn.execute(
+        "UPDATE ledger_keys SET tid = ?2 WHERE k IN (SELECT k.k FROM ledger_keys AS k "
+        f"JOIN ledger_transfers AS t ON t.tid = k.tid WHERE {where})",
+        (packed, tid),
+    ).rowcount
+    for victim, lost in victims:
+        conn.execute(
+            "UPDATE ledger_transfers SET keys = keys - ?, outcome = ? WHERE tid = ?",
+            (lost, _TAKEN, victim),
+        )
+        conn.execute("DELETE FROM ledger_transfers WHERE tid = ? AND keys <= 0", (victim,))
+    return int(moved)
+
+
 def _apply_confirm(
     conn: sqlite3.Connection, pack: Callable[[Key], str], confirmation: Confirmation, when: int
 ) -> None:
@@ -388,7 +425,14 @@ class SQLiteStore:
         first_attempt: datetime,
         owner: str,
         confirm: Confirmation | None = None,
+        staged: bool = False,
     ) -> dict[Key, Entry]:
+        """See ``LedgerStore.record_intents``; ``staged``: see :meth:`arm`.
+
+        Keys another writer staged and never armed, with the same body, are taken over
+        (moved to this transfer, reported as new): that writer never sent them, and its
+        arm now fails, so it never will.
+        """
         if not keys:
             return {}
         eid = self._entity_id(entity)
@@ -410,9 +454,9 @@ class SQLiteStore:
             if confirm:
                 _apply_confirm(conn, pack, confirm, when)
             tid = conn.execute(
-                "INSERT INTO ledger_transfers (owner, first_attempt) VALUES (?, ?) "
+                "INSERT INTO ledger_transfers (owner, first_attempt, outcome) VALUES (?, ?, ?) "
                 "ON CONFLICT (owner) DO UPDATE SET owner = excluded.owner RETURNING tid",
-                (owner, when),
+                (owner, when, _STAGED if staged else None),
             ).fetchone()[0]
             inserted = conn.execute(
                 "INSERT OR IGNORE INTO ledger_keys (k, tid, digest) "
@@ -420,6 +464,8 @@ class SQLiteStore:
                 "substr(value, 1, instr(value, '/') - 1) FROM json_each(?)",
                 (tid, packed),
             ).rowcount
+            if inserted < count:
+                inserted += _take_staged(conn, tid, packed)
             if inserted:
                 conn.execute(
                     "UPDATE ledger_transfers SET keys = keys + ? WHERE tid = ?", (inserted, tid)
@@ -429,6 +475,28 @@ class SQLiteStore:
             if inserted == count:
                 return {}  # every key was new: the common case costs no read
             return _select(conn, {pack(k): Key(*k) for k in keys})
+
+        return self._tx(work)
+
+    def arm(self, entity: str, owner: str, confirm: Confirmation | None, at: datetime) -> bool:
+        """Make ``owner``'s staged intents plain intents, with ``confirm``, in one transaction.
+
+        A staged intent (``record_intents(..., staged=True)``) is one its writer has not
+        sent yet and will not send before arming it: after a crash another writer takes
+        it over, so it is never in doubt. False: some of them were taken over meanwhile
+        (they are the taker's now; send none of them).
+        """
+        pack = _packer(self._entity_id(entity))
+
+        def work(conn: sqlite3.Connection) -> bool:
+            if confirm:
+                _apply_confirm(conn, pack, confirm, _us(at))
+            return bool(
+                conn.execute(
+                    "UPDATE ledger_transfers SET outcome = NULL WHERE owner = ? AND outcome = ?",
+                    (owner, _STAGED),
+                ).rowcount
+            )
 
         return self._tx(work)
 

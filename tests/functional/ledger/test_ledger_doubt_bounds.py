@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +48,15 @@ def ids(count: int) -> list[str]:
 
 
 def unconfirmed(url: str, count: int) -> set[str]:
-    """The keys the ledger holds as intents never confirmed (what a re-run finds in doubt)."""
+    """The keys the ledger holds as intents never confirmed, but for staged ones (written
+    ahead, never sent: the next writer takes them over): what a re-run finds in doubt."""
     with Ledger(url) as ledger:
         rows = ledger.lookup("audit", [Key(i, f"k{n % 7}") for n, i in enumerate(ids(count))])
-    return {key.message_id for key, row in rows.items() if row.confirmed_at is None}
+    return {
+        key.message_id
+        for key, row in rows.items()
+        if row.confirmed_at is None and row.outcome not in ("staged", "taken")
+    }
 
 
 def stored(db: Path) -> Counter[str]:
@@ -182,3 +188,122 @@ def test_cancelling_an_aio_send_many_releases_the_transfers_queued_behind_the_ba
         report = again.send_many(rows())  # the re-run: in doubt exactly what is unconfirmed
     assert set(report.in_doubt) == doubt and report.failed == len(doubt)
     assert stored(db) == dict.fromkeys({f"row-{i}" for i in range(count)}, 1)
+
+
+# -- staged intents: written ahead on SQLite, never in doubt ----------------------------------
+
+MARGIN = timedelta(seconds=5)
+
+
+def orders(n: int, body: str = "order") -> tuple[list[Message], list[Key]]:
+    messages = [Message(f"{body} {i}", message_id=f"order-{i}") for i in range(n)]
+    return messages, [Key(m.message_id) for m in messages]
+
+
+def test_a_staged_intent_is_taken_over_by_the_next_writer_and_its_stager_cannot_arm(
+    tmp_path: Path,
+) -> None:
+    """Writer A stages 3 intents and stops before arming (a crash, or only slow): writer B
+    takes them over (it sends them), and A's arm fails, so A never sends them."""
+    url = f"sqlite://{tmp_path / 'ledger.db'}"
+    messages, keys = orders(3)
+    with Ledger(url) as first, Ledger(url) as second:
+        assert first.stages
+        staged = first.prepare("audit", messages, keys, window=timedelta(0), margin=MARGIN,
+                               staged=True)  # fmt: skip
+        assert staged.send == [0, 1, 2]
+        taken = second.prepare("audit", messages[:2], keys[:2], window=timedelta(0),
+                               margin=MARGIN)  # fmt: skip
+        assert taken.send == [0, 1] and not taken.in_doubt  # never sent by A: not in doubt
+        assert not first.arm("audit", staged.owner)  # two of its intents are B's now
+        rows = first.lookup("audit", keys)
+        assert {k.message_id for k, r in rows.items() if r.owner == taken.owner} == {
+            "order-0",
+            "order-1",
+        }
+        # A stages again; nobody interferes: it arms, and its intents are plain intents,
+        # in doubt for anyone else (A may be sending them).
+        again = first.prepare("audit", messages[2:], keys[2:], window=timedelta(0),
+                              margin=MARGIN, staged=True)  # fmt: skip
+        assert again.send == [0]  # A's own staged row of order-2 is taken back
+        assert first.arm("audit", again.owner)
+        late = second.prepare("audit", messages[2:], keys[2:], window=timedelta(0),
+                              margin=MARGIN)  # fmt: skip
+        assert late.send == [] and len(late.in_doubt) == 1
+
+
+def test_a_staged_intent_with_another_body_is_a_conflict_not_taken_over(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path / 'ledger.db'}"
+    messages, keys = orders(2)
+    others, _ = orders(2, body="another order")
+    with Ledger(url) as first, Ledger(url) as second:
+        staged = first.prepare("audit", messages, keys, window=timedelta(0), margin=MARGIN,
+                               staged=True)  # fmt: skip
+        met = second.prepare("audit", others, keys, window=timedelta(0), margin=MARGIN)
+        assert met.send == [] and len(met.conflicts) == 2
+        assert first.arm("audit", staged.owner)  # nothing was taken
+
+
+def test_a_sender_whose_staged_window_was_taken_over_sends_none_of_the_taken_keys(
+    tmp_path: Path,
+) -> None:
+    """Between a window's staging and its arming another producer takes over half of it
+    (it met them staged): the sender's arm fails, it decides those keys again (the other
+    producer's intents now: in doubt) and sends only the rest. Each order lands once."""
+    db, url = tmp_path / "broker.db", f"sqlite://{tmp_path / 'ledger.db'}"
+    profile = EntityProfile("audit", duplicate_detection=False)
+    messages = [Message(f"order {i}", message_id=f"order-{i}") for i in range(40)]
+    with Ledger(url) as plain, Ledger(url) as other, LocalBackend(db) as broker:
+
+        class Intervening:
+            """The store, with another producer taking over orders 20-24 (staged: the third
+            window) before they are armed."""
+
+            def __init__(self, inner: Any) -> None:
+                self.inner, self.arms, self.results = inner, 0, []
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self.inner, name)
+
+            def arm(self, *args: Any) -> bool:
+                self.arms += 1
+                if self.arms == 2:
+                    taken = other.prepare("audit", messages[20:25],
+                                          [Key(m.message_id) for m in messages[20:25]],
+                                          window=timedelta(0), margin=MARGIN)  # fmt: skip
+                    assert taken.send == [0, 1, 2, 3, 4]  # found staged: taken over
+                    broker.send("audit", messages[20:25], timeout=10)  # ... and sent
+                armed: bool = self.inner.arm(*args)
+                self.results.append(armed)
+                return armed
+
+        store = Intervening(plain.store)
+        ledger = Ledger(store)  # type: ignore[arg-type]
+        with IdempotentSender(broker, profile, ledger=ledger, max_batch_messages=10) as sender:
+            report = sender.send_many(messages)
+    assert store.results == [True, False, True]  # windows 2-4 staged; the third was taken
+    assert sorted(report.in_doubt) == sorted(m.message_id for m in messages[20:25])
+    assert report.sent == 35 and report.failed == 5
+    assert stored(db) == {m.message_id: 1 for m in messages}
+
+
+def test_staged_keys_are_not_listed_in_doubt_nor_resolvable_by_hand(tmp_path: Path) -> None:
+    """What a crashed sender staged is not in doubt: `ledger in-doubt` and `stats` leave it
+    out, and confirming it by hand (which would lose it) is refused."""
+    from datetime import UTC, datetime
+
+    from sendonce.ledger._inspect import check_resolvable, entity_counts, unconfirmed
+
+    url = f"sqlite://{tmp_path / 'ledger.db'}"
+    messages, keys = orders(4)
+    with Ledger(url) as ledger:
+        ledger.prepare("audit", messages[:2], keys[:2], window=timedelta(0), margin=MARGIN)
+        ledger.prepare("audit", messages[2:], keys[2:], window=timedelta(0), margin=MARGIN,
+                       staged=True)  # fmt: skip
+        assert [u.key for u in unconfirmed(ledger.store, "audit")] == keys[:2]
+        [counts] = entity_counts(ledger.store)
+        assert (counts.keys, counts.unconfirmed) == (2, 2)
+        _, refusals = check_resolvable(
+            ledger, "audit", keys[2:], min_age=timedelta(0), now=datetime.now(UTC)
+        )
+        assert [r.reason for r in refusals] == ["staged", "staged"]
