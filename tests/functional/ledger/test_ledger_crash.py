@@ -61,7 +61,10 @@ def test_a_rerun_two_windows_after_a_kill_sends_exactly_the_missing_orders(
     assert max(counts.values()) == 1  # nothing sent twice
     expected = {f"{i}.2017/payment" for i in range(COUNT)}
     assert expected - set(counts) <= in_doubt  # nothing lost that is not reported
-    assert len(in_doubt) <= 50  # at most the one transfer in flight at the kill
+    # With duplicate detection the ledger writes a window ahead (an unconfirmed key is
+    # resent inside the broker's window for nothing): a kill leaves at most the windows of
+    # the call it hit unconfirmed, here one (200 messages), in doubt two windows later.
+    assert len(in_doubt) <= 200
     assert summary["from_ledger"] >= COUNT // 2 - 50
     assert summary["sent"] + summary["from_ledger"] + len(in_doubt) == COUNT
     assert summary["sent"] == COUNT - summary["from_ledger"] - len(in_doubt)
