@@ -63,7 +63,8 @@ def _m() -> Message:
     ("url", "options", "field"),
     [
         ("", {}, "url"),
-        (f"amqp://user:{KEY}@host", {}, "url"),
+        (f"mqtt://user:{KEY}@host", {}, "url"),
+        (f"amqp://user:{KEY}@host:5672/orders", {}, "url"),
         (CONN, {"retry_total": 3}, "retry_total"),
         (CONN, {"link_timeout": float("inf")}, "timeout"),
         (CONN, {"max_batch_size": 10}, "max_batch_size"),
@@ -79,6 +80,14 @@ def test_bad_urls_and_options_name_the_field_and_hide_the_key(
         connect(url, **options)
     assert info.value.field == field
     assert KEY not in str(info.value)
+
+
+def test_an_amqp_url_gives_the_artemis_backend_without_its_password_in_the_repr() -> None:
+    backend = connect(f"amqp://user:{KEY}@127.0.0.1:5672")
+    assert type(backend).__name__ == "ThreadedBackend"
+    assert type(backend.inner).__name__ == "ArtemisBackend"  # type: ignore[attr-defined]
+    assert KEY not in repr(backend)
+    asyncio.run(backend.close())
 
 
 def test_acall_mirrors_call(fake_time: FakeTime) -> None:

@@ -165,12 +165,14 @@ def test_a_sender_retries_a_caller_that_waited_past_its_attempt_timeout(
     emulator, store = broker
     first = Message("first", message_id="r-first")
     waiting = [Message(f"body {i}", message_id=f"r-{i}") for i in range(3)]
-    # the withheld ack holds the single link for the holder's whole 2 s attempt, so the
-    # others' 0.3 s attempts run out while they wait for it, and are retried
+    # the withheld ack holds the single link for the holder's whole 4 s attempt, so the
+    # others' 1 s attempts run out while they wait for it, and are retried; 1 s, not less:
+    # opening the next link (CBS token and attach) took over 0.3 s on a loaded CI machine,
+    # so 0.3 s attempts timed out opening it, every time
     emulator.faults.add(Fault(FaultAction.WITHHOLD, entity="orders"))
-    patient = RetryPolicy(initial_backoff=0.01, max_backoff=0.05, jitter=False, attempt_timeout=2)
+    patient = RetryPolicy(initial_backoff=0.01, max_backoff=0.05, jitter=False, attempt_timeout=4)
     hasty = RetryPolicy(
-        initial_backoff=0.01, max_backoff=0.05, jitter=False, attempt_timeout=0.3, max_attempts=60
+        initial_backoff=0.01, max_backoff=0.05, jitter=False, attempt_timeout=1.0, max_attempts=60
     )
 
     async def main() -> list[Any]:
