@@ -14,15 +14,27 @@
 4. Idle: transactions per second an idle relay costs the outbox database.
 
 A throwaway PostgreSQL cluster is started (fsync off: the figures are CPU and round trips).
+Throughput also reports CPU: the relay's process (both its threads) plus its PostgreSQL
+backend, against ``send_many``'s process CPU; on a shared machine the wall-clock ratio
+moves with the load, the CPU ratio much less.
 
     python bench/bench_outbox.py [--messages 10000] [--network-messages 2000] [--keys 1000]
         [--rtt-ms 0 5] [--repeats 3] [--rate 200] [--latency-messages 600] [--relays 3]
         [--smoke]
+
+``--src DIR`` (repeatable) compares source trees (an older commit's ``src`` extracted
+elsewhere, e.g. ``git archive OLD src | tar -x -C /tmp/old``): each round runs every tree
+in its own process (its own ``--repeats``, medians), in alternating order, so a busy
+machine slows each alike; then the medians over the rounds.
+
+    python bench/bench_outbox.py --src /tmp/old/src --src src --rounds 5 --skip fleet idle
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import subprocess
 import sys
@@ -68,14 +80,31 @@ def fill(url: str, batch: list[Message], entity: str, per_commit: int = 1000) ->
             conn.commit()
 
 
+def backend_cpu(relay: Relay) -> Callable[[], float]:
+    """CPU seconds used so far by the relay's PostgreSQL backend (0 where /proc is missing)."""
+    pid = relay.store._conn.info.backend_pid if relay.store._conn is not None else None
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    def used() -> float:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / tick
+
+    return used
+
+
 def throughput(
     label: str,
     n: int,
     args: argparse.Namespace,
     server: str,
     entity: Callable[[str], tuple[Backend, EntityProfile]],
-) -> None:
+) -> dict[str, float]:
     times: dict[str, list[float]] = {"send_many": [], "relay": []}
+    cpu: dict[str, list[float]] = {"send_many": [], "relay": []}
     for r in range(args.repeats):
         order = ["send_many", "relay"] if r % 2 == 0 else ["relay", "send_many"]
         for kind in order:
@@ -83,27 +112,44 @@ def throughput(
             batch = messages(n, args.keys, profile.name)
             if kind == "send_many":
                 with IdempotentSender(backend, profile) as sender:
-                    start = time.perf_counter()
+                    used, start = time.process_time(), time.perf_counter()
                     report = sender.send_many(batch)
                     times[kind].append(time.perf_counter() - start)
+                    cpu[kind].append(time.process_time() - used)
                 assert report.failed == 0, report.failures[:3]
                 continue
             url = fresh_database(server, f"t{abs(hash(label)) % 10_000}_{r}")
             fill(url, batch, profile.name)
             with Relay(url, backend, [profile], batch_size=args.batch_size) as relay:
-                start = time.perf_counter()
+                postgres = backend_cpu(relay)
+                before = postgres()
+                used, start = time.process_time(), time.perf_counter()
                 totals = relay.drain()
                 times[kind].append(time.perf_counter() - start)
+                cpu[kind].append(time.process_time() - used + postgres() - before)
             assert totals.published == n and totals.dead == 0, totals
     base = statistics.median(times["send_many"])
-    relay = statistics.median(times["relay"])
-    print(f"{label}: {n} messages over {args.keys} keys (load {load()})")
-    print(f"  send_many from memory {base:7.3f}s {n / base:9.0f} msg/s")
-    print(f"  relay from the outbox {relay:7.3f}s {n / relay:9.0f} msg/s  {base / relay:5.2f}x")
+    taken = statistics.median(times["relay"])
+    result = {
+        "send_many_s": base,
+        "relay_s": taken,
+        "ratio": base / taken,
+        "cpu_ratio": statistics.median(cpu["send_many"]) / statistics.median(cpu["relay"]),
+        "load": float(load().split()[0]) if load() != "unknown" else -1.0,
+    }
+    if not args.json:
+        print(f"{label}: {n} messages over {args.keys} keys (load {load()})")
+        print(f"  send_many from memory {base:7.3f}s {n / base:9.0f} msg/s")
+        print(
+            f"  relay from the outbox {taken:7.3f}s {n / taken:9.0f} msg/s  {base / taken:5.2f}x"
+            f"  (CPU {result['cpu_ratio']:.2f}x)"
+        )
+    return result
 
 
-def latency(args: argparse.Namespace, server: str, root: Path) -> None:
+def latency(args: argparse.Namespace, server: str, root: Path) -> dict[str, float]:
     """p50/p99 commit-to-broker, NOTIFY vs polling only."""
+    found: dict[str, float] = {}
     for mode in ("notify", "poll"):
         url = fresh_database(server, f"lat_{mode}")
         path = root / f"latency-{mode}.db"
@@ -163,11 +209,14 @@ def latency(args: argparse.Namespace, server: str, root: Path) -> None:
         assert len(delays) == len(committed), "messages did not arrive"
         p50 = delays[len(delays) // 2]
         p99 = delays[min(len(delays) - 1, int(len(delays) * 0.99))]
+        found[f"{mode}_p50_ms"], found[f"{mode}_p99_ms"] = p50, p99
         what = "NOTIFY" if mode == "notify" else f"polling every {poll:g}s"
-        print(
-            f"commit-to-broker, {what}, {args.rate:g} commits/s: p50 {p50:6.1f} ms, "
-            f"p99 {p99:6.1f} ms ({len(delays)} messages)"
-        )
+        if not args.json:
+            print(
+                f"commit-to-broker, {what}, {args.rate:g} commits/s: p50 {p50:6.1f} ms, "
+                f"p99 {p99:6.1f} ms ({len(delays)} messages, load {load()})"
+            )
+    return found
 
 
 def relays_vs_one(args: argparse.Namespace, server: str, root: Path) -> None:
@@ -225,6 +274,46 @@ def idle(server: str, root: Path) -> None:
     print(f"idle relay (poll 5 s): {spent / 20:.2f} transactions/s on the outbox database")
 
 
+def compare(args: argparse.Namespace, argv: list[str]) -> None:
+    """Each round, every ``--src`` tree in its own process (alternating order); medians."""
+    sources: list[str] = args.src
+    forwarded: list[str] = []
+    skip_next = False
+    for arg in argv:  # every option but --src/--rounds goes to the children
+        if skip_next:
+            skip_next = False
+            continue
+        if arg in ("--src", "--rounds"):
+            skip_next = True
+            continue
+        if arg.startswith(("--src=", "--rounds=")):
+            continue
+        forwarded.append(arg)
+    runs: dict[str, list[dict[str, dict[str, float]]]] = {src: [] for src in sources}
+    loads: list[str] = []
+    for r in range(args.rounds):
+        order = sources if r % 2 == 0 else list(reversed(sources))
+        loads.append(load())
+        for src in order:
+            env = dict(os.environ, PYTHONPATH=str(Path(src).resolve()))
+            command = [sys.executable, __file__, *forwarded, "--json"]
+            out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+            runs[src].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    print(f"{args.rounds} alternating rounds, one process per tree and round; medians")
+    print(f"load at each round's start: {'; '.join(loads)}")
+    for label in runs[sources[0]][0]:
+        print(label)
+        for key in runs[sources[0]][0][label]:
+            if key == "load":
+                continue
+            for src in sources:
+                values = [run[label][key] for run in runs[src]]
+                each = " ".join(f"{v:.3g}" for v in values)
+                print(
+                    f"  {key:14} {src[-24:]:>24}: median {statistics.median(values):8.3f}  ({each})"
+                )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=10_000, help="local broker")
@@ -238,6 +327,9 @@ def main() -> None:
     parser.add_argument("--poll", type=float, default=0.5, help="the polling relay's interval")
     parser.add_argument("--relays", type=int, default=3)
     parser.add_argument("--skip", nargs="*", default=[], help="throughput latency fleet idle")
+    parser.add_argument("--src", action="append", help="a source tree to compare (repeatable)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of --src comparisons")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     add_smoke(parser)
     args = apply_smoke(
         parser.parse_args(),
@@ -249,7 +341,12 @@ def main() -> None:
         latency_messages=20,
         relays=2,
         skip=["idle"],
+        rounds=1,
     )
+    if args.src:
+        compare(args, sys.argv[1:])
+        return
+    results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp, throwaway_cluster() as server:
         root = Path(tmp)
         if "throughput" not in args.skip:
@@ -260,7 +357,9 @@ def main() -> None:
                     broker.create_entity(profile)
                     return broker, profile
 
-                throughput("local broker", args.messages, args, server, local)
+                results["local broker"] = throughput(
+                    "local broker", args.messages, args, server, local
+                )
             names = [
                 f"e{str(rtt).replace('.', '_')}_{kind}{r}"
                 for rtt in args.rtt_ms
@@ -284,13 +383,17 @@ def main() -> None:
                                 return sb, profiles[f"e{str(rtt).replace('.', '_')}_{name}"]
 
                             label = f"emulator, RTT {rtt:g} ms"
-                            throughput(label, args.network_messages, args, server, remote)
+                            results[label] = throughput(
+                                label, args.network_messages, args, server, remote
+                            )
         if "latency" not in args.skip:
-            latency(args, server, root)
+            results["latency, local broker"] = latency(args, server, root)
         if "fleet" not in args.skip:
             relays_vs_one(args, server, root)
         if "idle" not in args.skip:
             idle(server, root)
+    if args.json:
+        print(json.dumps(results))
 
 
 if __name__ == "__main__":

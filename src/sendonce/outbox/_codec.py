@@ -13,10 +13,17 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from .._message import Message, PropertyValue
+from .._message import Message, MessageFactory, PropertyValue
 from ..errors import ConfigurationError
 
-__all__ = ["COLUMNS", "decode_properties", "encode_properties", "message_of", "order_key"]
+__all__ = [
+    "COLUMNS",
+    "MessageDecoder",
+    "decode_properties",
+    "encode_properties",
+    "message_of",
+    "order_key",
+]
 
 COLUMNS = (
     "message_id",
@@ -113,3 +120,51 @@ def message_of(values: tuple[Any, ...] | list[Any]) -> Message:
         application_properties=decode_properties(props),
         time_to_live=None if ttl_us is None else timedelta(microseconds=ttl_us),
     )
+
+
+class MessageDecoder:
+    """``message_of`` for many rows, at a fraction of its cost per row.
+
+    A relay turns thousands of rows into messages per round; checking each one as
+    ``Message()`` does cost ~60 µs a row, a third of what the local broker spends storing it.
+    Rows read back what ``enqueue`` wrote from valid messages, and most share their subject,
+    content type and properties: those go through one :class:`MessageFactory` per such shape
+    (its shared fields checked once; each message's id, keys and body still checked by the
+    factory, which hands anything unusual to ``Message()``). Rows with a correlation id or a
+    time to live, which a factory does not set, take ``message_of``. Equal messages either way.
+    """
+
+    __slots__ = ("_factories",)
+    _MAX_SHAPES = 256
+
+    def __init__(self) -> None:
+        self._factories: dict[tuple[str | None, str | None, str | None], MessageFactory] = {}
+
+    def __call__(
+        self,
+        mid: str,
+        body: bytes,
+        is_text: bool,
+        pk: str | None,
+        sid: str | None,
+        subject: str | None,
+        ctype: str | None,
+        corr: str | None,
+        props: str | None,
+        ttl_us: int | None,
+    ) -> Message:
+        if corr is not None or ttl_us is not None:
+            return message_of((mid, body, is_text, pk, sid, subject, ctype, corr, props, ttl_us))
+        shape = (subject, ctype, props)
+        factory = self._factories.get(shape)
+        if factory is None:
+            if len(self._factories) >= self._MAX_SHAPES:
+                self._factories.clear()
+            factory = MessageFactory(
+                subject=subject,
+                content_type=ctype,
+                application_properties=decode_properties(props),
+            )
+            self._factories[shape] = factory
+        data = body if type(body) is bytes else bytes(body)
+        return factory(data.decode("utf-8") if is_text else data, mid, pk, sid)

@@ -1,9 +1,11 @@
 """The relay: publish what the outbox holds, exactly once, in commit order per key.
 
 A round claims rows (``_store``), publishes them through the public sender
-(``IdempotentSender.send_many``), and settles them in one statement: published rows marked,
-rows that can never be sent moved aside with their reason, the rest released for a later
-round. Any number of relays may run on one table.
+(``IdempotentSender.send_many``), and settles them: published rows marked, rows that can
+never be sent moved aside with their reason, the rest released for a later round. Each
+key's outcomes are settled (one statement per ``send_many`` call, in the relay's worker
+thread) as soon as the key has nothing left to send in the round, while the next transfers
+are in flight. Any number of relays may run on one table.
 
 Order per key inside a round: a key's claimed rows go out in **waves**, one transfer per
 key per wave (as many of its rows as the sender puts in one transfer), so a transfer that
@@ -25,11 +27,11 @@ import socket
 import threading
 import uuid
 from collections import deque
-from collections.abc import Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import tenacity
 
@@ -59,6 +61,7 @@ from ._store import ClaimedRow, RelayStore, Settled, check_url
 __all__ = ["DEFAULT_RELAY_RETRY", "Relay", "RelayTotals"]
 
 logger = logging.getLogger("sendonce.outbox")
+T = TypeVar("T")
 
 DEFAULT_RELAY_RETRY = RetryPolicy(
     max_attempts=3, initial_backoff=0.2, max_backoff=2.0, attempt_timeout=10.0
@@ -66,6 +69,9 @@ DEFAULT_RELAY_RETRY = RetryPolicy(
 """The sender's retries inside one round: short, because the relay itself backs off and
 tries again in a later round (with the first attempt kept, so the window still bounds it)."""
 _PER_MESSAGE_OVERHEAD = 64  # what the sender counts per message when it fills a transfer
+_SETTLE_EVERY = 500
+"""Messages per ``send_many`` call of a wave: the outcomes of the keys a call finished are
+settled while the next call is sent, so a round's last settlement is of one call's rows."""
 
 
 @dataclass(slots=True)
@@ -113,17 +119,30 @@ class _Unavailable(Exception):
     """Internal: a round published nothing and some rows failed transiently: back off."""
 
 
+_Released = tuple[int, bool, datetime | None, bool, str | None, datetime, int | None, bool]
+
+
 @dataclass(slots=True)
 class _Round:
-    """The fate of each claimed row, filled in as waves complete."""
+    """The fate of each claimed row, filled in as waves complete.
+
+    Outcomes are handed to the settlement in parts (:meth:`finished`) as soon as their key
+    has no row left to send in this round, so the database marks them while later transfers
+    are in flight; a key still sending keeps its outcomes (and its head's lease) until it is
+    done, so no other relay can start on its later rows meanwhile.
+    """
 
     published: list[tuple[int, str, int | None]] = field(default_factory=list)
     dead: list[tuple[int, str, str]] = field(default_factory=list)
-    released: list[
-        tuple[int, bool, datetime | None, bool, str | None, datetime, int | None, bool]
-    ] = field(default_factory=list)
+    released: list[_Released] = field(default_factory=list)
     transient: int = 0
     now: datetime = field(default_factory=lambda: datetime.now(UTC))
+    key_of: dict[int, str | None] = field(default_factory=dict)
+    """Each claimed row's order key (None: unordered), by row id."""
+    handed: set[int] = field(default_factory=set)
+    """Rows whose outcome went to a settlement already."""
+    _seen: list[int] = field(default_factory=lambda: [0, 0, 0])
+    _held: tuple[list[Any], list[Any], list[Any]] = field(default_factory=lambda: ([], [], []))
 
     def release(self, row: ClaimedRow, *, tried: bool, error: str | None = None) -> None:
         """Back to pending. A row that may have reached the broker keeps its first attempt;
@@ -140,8 +159,26 @@ class _Round:
             (row.id, keep, row.prior_attempt, tried, error, attempted, row.through_before, row.head)
         )
 
-    def settled(self) -> Settled:
-        return Settled(self.published, self.dead, self.released)
+    def finished(self, sending: set[str | None]) -> Settled | None:
+        """The outcomes not handed over yet whose key is not in ``sending``; None if none."""
+        parts: list[list[Any]] = []
+        key_of, handed = self.key_of, self.handed
+        columns: tuple[list[Any], list[Any], list[Any]] = (self.published, self.dead, self.released)
+        for i, entries in enumerate(columns):
+            held = self._held[i]
+            fresh = entries[self._seen[i] :]
+            self._seen[i] = len(entries)
+            ready: list[Any] = []
+            keep: list[Any] = []
+            for entry in (*held, *fresh) if held else fresh:
+                key = key_of.get(entry[0])
+                (keep if key is not None and key in sending else ready).append(entry)
+            held[:] = keep
+            handed.update(entry[0] for entry in ready)
+            parts.append(ready)
+        if not any(parts):
+            return None
+        return Settled(parts[0], parts[1], parts[2])
 
 
 class _Listener:
@@ -218,7 +255,8 @@ class Relay:
     ``poll_interval``: the longest wait between claims when no notification comes.
     ``retention``: how long published rows are kept (marked) before pruning;
     ``timedelta(0)`` deletes them at once. ``batch_size``: keys (and unordered rows)
-    claimed per round; ``per_key``: rows per key per round.
+    claimed per round (the first round after idle takes a tenth); ``per_key``: rows per
+    key per round.
     """
 
     def __init__(
@@ -271,7 +309,13 @@ class Relay:
         self._listener: _Listener | None = None
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sendonce-relay")
         self._ahead: Future[tuple[list[ClaimedRow], datetime]] | None = None
-        self._settling: Future[None] | None = None
+        self._ahead_limit = 0
+        self._last_task: Future[Any] | None = None  # the worker runs its tasks in order
+        # The heads of the round in flight and the outcomes it has handed over: what the
+        # heartbeat renews (one thread for the relay's life, not one per round).
+        self._holding: tuple[list[int], set[int]] = ([], set())
+        self._closing = threading.Event()
+        self._heartbeat: threading.Thread | None = None
         try:
             self._ledger = Ledger(ledger) if isinstance(ledger, str) else ledger
             policy = retry if retry is not None else DEFAULT_RELAY_RETRY
@@ -330,6 +374,9 @@ class Relay:
     def close(self) -> None:
         if self._store is not None:
             self._release_ahead()
+        self._closing.set()
+        if self._heartbeat is not None:
+            self._heartbeat.join()
         self._worker.shutdown(wait=True)
         for sender in self._senders.values():
             sender.close()
@@ -447,23 +494,33 @@ class Relay:
     def round(self) -> int:
         """Claim, publish and settle once; the number of rows claimed (0: nothing to do).
 
-        The next round's claim runs in the relay's worker thread while this round's transfers
-        are in flight, and this round's settlement after it: the database's round trips
-        overlap the broker's. Keys in flight cannot be claimed twice (their heads are
-        leased), so the overlap never reorders a key. Raises ``_Unavailable`` (internal) when
-        rows failed transiently and none was published, after settling them.
+        After a full claim the next round's claim runs in the relay's worker thread while
+        this round's transfers are in flight, and each key's settlement after it as soon as
+        the key is done: the database's round trips overlap the broker's. Keys in flight
+        cannot be claimed twice (their heads are leased), so the overlap never reorders a key.
+        Raises ``_Unavailable`` (internal) when rows failed transiently and none was
+        published, after settling them.
         """
-        rows, now = self._claimed_rows()
+        rows, now, asked = self._claimed_rows()
         if not rows:
             return 0
-        self._ahead = self._worker.submit(self._claim)  # the next round's, meanwhile
+        heads = sum(1 for row in rows if row.head)
+        if heads >= asked:
+            # A full claim: more is waiting. Claim the next round's rows meanwhile, up to
+            # twice this round's keys, so that after a small first round the claim ahead
+            # is ready about when this round's sends are done. (After a partial claim the
+            # next one runs when this round is done: at a trickle of commits a claim ahead
+            # would find nothing, and cost a statement per round.)
+            self._ahead_limit = min(self.batch_size, max(2 * heads, self._first_claim))
+            self._ahead = self._submit(self._claim, self._ahead_limit)
         done = _Round(now=now)
-        renewing = threading.Event()
-        heartbeat = threading.Thread(
-            target=self._renew, args=([r.id for r in rows if r.head], renewing), daemon=True
-        )
-        heartbeat.start()
-        settled_ids: set[int] = set()
+        done.key_of = {row.id: row.okey for row in rows}
+        self._holding = ([r.id for r in rows if r.head], done.handed)
+        if self._heartbeat is None:
+            self._heartbeat = threading.Thread(
+                target=self._renew, name="sendonce-relay-heartbeat", daemon=True
+            )
+            self._heartbeat.start()
         try:
             by_entity: dict[str, list[ClaimedRow]] = {}
             for row in rows:
@@ -485,43 +542,66 @@ class Relay:
             self._release_ahead()  # interrupted: hand the next round's rows back at once
             raise
         finally:
-            renewing.set()
-            heartbeat.join()
-            settled_ids.update(p[0] for p in done.published)
+            settled_ids = {p[0] for p in done.published}
             settled_ids.update(d[0] for d in done.dead)
             settled_ids.update(r[0] for r in done.released)
             for row in rows:
                 if row.id not in settled_ids:  # interrupted: it may have been sent
                     done.release(row, tried=True, error="relay interrupted")
-            self._settling = self._worker.submit(self._settle, done.settled())
+            rest = done.finished(set())
+            self._holding = ([], set())
+            if rest is not None:
+                self._submit(self._settle, rest)
             self._count(done)
         if done.transient and not done.published:
             self._release_ahead()  # backing off: do not hold the next round's rows meanwhile
             raise _Unavailable()
         return len(rows)
 
-    def _claim(self) -> tuple[list[ClaimedRow], datetime]:
+    def _claim(self, limit: int | None = None) -> tuple[list[ClaimedRow], datetime]:
         now = datetime.now(UTC)
         rows = self.store.claim(
             list(self._senders),
             self.owner,
-            limit=self.batch_size,
+            limit=self.batch_size if limit is None else limit,
             per_key=self.per_key - 1,
             lease=self.lease,
             now=now,
         )
         return rows, now
 
-    def _claimed_rows(self) -> tuple[list[ClaimedRow], datetime]:
-        """The rows claimed ahead by the previous round, else a claim now."""
+    def _claimed_rows(self) -> tuple[list[ClaimedRow], datetime, int]:
+        """The rows claimed ahead by the previous round, else a claim now; and the limit
+        of keys the claim was given.
+
+        A claim made now (after idle, or when the claim ahead found nothing) takes a tenth
+        of ``batch_size`` keys: nothing is in flight to hide it behind, so the first transfer
+        should not wait for a full round to be read. Each claim ahead then takes up to twice
+        the keys of the round it overlaps, up to ``batch_size``. A claim made now runs after
+        the settlements queued: what they release or finish may be claimable then.
+        """
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
             rows, now = ahead.result()
             if rows:
-                return rows, now
-            # Claimed before the last round settled: what it released may be claimable now.
-            self._worker.submit(int).result()
-        return self._claim()
+                return rows, now, self._ahead_limit
+        self._wait_worker()
+        return *self._claim(self._first_claim), self._first_claim
+
+    def _submit(self, task: Callable[..., T], *args: Any) -> Future[T]:
+        future = self._worker.submit(task, *args)
+        self._last_task = future
+        return future
+
+    def _wait_worker(self) -> None:
+        """Until every task queued for the worker has run (none raises: errors are logged)."""
+        last = self._last_task
+        if last is not None and not last.done():
+            wait([last])
+
+    @property
+    def _first_claim(self) -> int:
+        return max(1, self.batch_size // 10)
 
     def _settle(self, settled: Settled) -> None:
         import psycopg
@@ -544,8 +624,8 @@ class Relay:
                 done = _Round(now=now)
                 for row in rows:
                     done.release(row, tried=False)
-                self._settle(done.settled())
-        self._worker.submit(int).result()  # every settlement queued has run
+                self._settle(Settled([], [], done.released))
+        self._wait_worker()  # every settlement queued has run
 
     def _count(self, done: _Round) -> None:
         totals = self.totals
@@ -556,26 +636,34 @@ class Relay:
         for _, reason, _ in done.dead:
             totals.dead_reasons[reason] = totals.dead_reasons.get(reason, 0) + 1
 
-    def _renew(self, ids: list[int], done: threading.Event) -> None:
-        """Extend the leases of the claimed heads (the rows after a head need none)."""
+    def _renew(self) -> None:
+        """The heartbeat: every third of the lease, extend the leases of the heads held
+        (the rows after a head need none): the round in flight's, less those whose outcome
+        went to a settlement already, and the next round's, claimed ahead."""
         import psycopg
 
         every = self.lease.total_seconds() / 3
-        while not done.wait(every):
+        while not self._closing.wait(every):
+            heads, handed = self._holding
+            ids = [i for i in heads if i not in handed]
             ahead = self._ahead  # the next round's rows wait as long as this round takes
             if ahead is not None and ahead.done() and ahead.exception() is None:
                 held_now = set(ids)
-                ids = ids + [r.id for r in ahead.result()[0] if r.head and r.id not in held_now]
+                ids += [r.id for r in ahead.result()[0] if r.head and r.id not in held_now]
+            if not ids:
+                continue
             try:
                 held = self.store.renew(ids, self.owner, self.lease)
             except psycopg.Error as exc:
                 logger.warning("relay: could not renew its leases (%s)", exc)
                 continue
-            if held < len(ids):
+            # Settled meanwhile (by this relay) is not lost.
+            lost = [i for i in ids if i not in held and i not in handed]
+            if lost:
                 logger.warning(
                     "relay: %d of %d claimed rows are no longer leased to it (taken over or "
                     "settled); a copy it sends is dropped by the broker's duplicate detection",
-                    len(ids) - held,
+                    len(lost),
                     len(ids),
                 )
 
@@ -584,10 +672,11 @@ class Relay:
     def _publish(
         self, sender: IdempotentSender, rows: list[ClaimedRow], now: datetime, done: _Round
     ) -> None:
+        """Send one entity's rows (in key and sequence order, as claimed) in waves."""
         profile = sender.profile
         keyed: dict[str, deque[ClaimedRow]] = {}
         unordered: list[ClaimedRow] = []
-        for row in sorted(rows, key=lambda r: (r.okey is not None, r.okey or "", r.seq or r.id)):
+        for row in rows:
             try:
                 profile.check(row.message)
             except ValidationError as exc:
@@ -596,13 +685,16 @@ class Relay:
             if row.okey is None:
                 unordered.append(row)
             else:
-                keyed.setdefault(row.okey, deque()).append(row)
+                queue = keyed.get(row.okey)
+                if queue is None:
+                    keyed[row.okey] = queue = deque()
+                queue.append(row)
         while (keyed or unordered) and not self._stopping.is_set():
-            wave = unordered
+            wave = [[row] for row in unordered]
             unordered = []
             for queue in keyed.values():
-                wave.extend(self._chunk(sender, queue))
-            failed_keys = self._send_wave(sender, wave, now, done)
+                wave.append(self._chunk(sender, queue))
+            failed_keys = self._send_wave(sender, wave, now, done, keyed)
             for key in list(keyed):
                 if key in failed_keys:
                     for row in keyed.pop(key):
@@ -625,28 +717,52 @@ class Relay:
         if profile.partitioned and profile.duplicate_detection:
             return [queue.popleft()]  # one message per transfer on such entities
         limit, cap = profile.max_message_size, sender.max_batch_messages
-        first = queue[0]
-        chunk = [queue.popleft()]
+        first = queue.popleft()
+        chunk = [first]
+        prior = first.prior_attempt
         size = first.message.size + _PER_MESSAGE_OVERHEAD
         while queue and len(chunk) < cap:
             nxt = queue[0]
-            grown = size + nxt.message.size + _PER_MESSAGE_OVERHEAD
-            if grown > limit or nxt.prior_attempt != first.prior_attempt:
+            size += nxt.message.size + _PER_MESSAGE_OVERHEAD
+            if size > limit or nxt.prior_attempt != prior:
                 break
             chunk.append(queue.popleft())
-            size = grown
         return chunk
 
     def _send_wave(
-        self, sender: IdempotentSender, wave: list[ClaimedRow], now: datetime, done: _Round
+        self,
+        sender: IdempotentSender,
+        wave: list[list[ClaimedRow]],
+        now: datetime,
+        done: _Round,
+        keyed: dict[str, deque[ClaimedRow]],
     ) -> set[str]:
-        """Send one wave (a ``send_many`` per prior first attempt); the keys that failed."""
-        groups: dict[datetime | None, list[ClaimedRow]] = {}
-        for row in wave:
-            groups.setdefault(row.prior_attempt, []).append(row)
+        """Send one wave of chunks (one per key), the keys that failed.
+
+        One ``send_many`` per prior first attempt, of at most ``_SETTLE_EVERY`` messages
+        (whole chunks: a key's chunk is one call). After each call the outcomes of the keys
+        it finished go to the settlement (in the worker) while the next call is sent.
+        """
+        groups: dict[datetime | None, list[list[ClaimedRow]]] = {}
+        for chunk in wave:
+            groups.setdefault(chunk[0].prior_attempt, []).append(chunk)
+        # A key is still sending while it has rows queued for a later wave or its chunk of
+        # this wave is not sent yet: its outcomes so far (its head's lease) are kept.
+        queued: set[str | None] = {key for key, queue in keyed.items() if queue}
+        unsent: set[str | None] = {chunk[0].okey for chunk in wave}
         failed: set[str] = set()
-        for prior, group in sorted(groups.items(), key=lambda g: (g[0] is not None, g[0] or now)):
-            failed |= self._send_group(sender, group, prior, now, done)
+        for prior, chunks in sorted(groups.items(), key=lambda g: (g[0] is not None, g[0] or now)):
+            part: list[ClaimedRow] = []
+            for i, chunk in enumerate(chunks):
+                part.extend(chunk)
+                if len(part) < _SETTLE_EVERY and i + 1 < len(chunks):
+                    continue
+                failed |= self._send_group(sender, part, prior, now, done)
+                unsent.difference_update([row.okey for row in part])
+                part = []
+                ready = done.finished(queued | unsent)
+                if ready is not None:
+                    self._submit(self._settle, ready)
         return failed
 
     def _send_group(
@@ -658,7 +774,7 @@ class Relay:
         done: _Round,
     ) -> set[str]:
         failed: set[str] = set()
-        rows = list(group)
+        rows = group
         while rows:
             try:
                 report = sender.send_many([r.message for r in rows], first_attempt=prior)

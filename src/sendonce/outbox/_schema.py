@@ -21,11 +21,13 @@ from ..errors import ConfigurationError
 
 __all__ = ["SCHEMA_VERSION", "check_version", "ensure_schema", "read_version"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The outbox schema this sendonce reads and writes. An older database is migrated on open
 (``_MIGRATIONS``); a newer one is refused with a ``ConfigurationError``. Version 2 added
 ``claimed_through`` (a claimed head names the last row of its key claimed with it, so only
-heads are written at claim time) and a fill factor that leaves room for HOT lease updates."""
+heads are written at claim time) and a fill factor that leaves room for HOT lease updates.
+Version 3 indexes the pending rows without a key on their own (the claim walks keyed rows
+through the heads index), in place of an index of every pending row."""
 
 _CREATE = """
 CREATE TABLE IF NOT EXISTS sendonce_outbox (
@@ -55,8 +57,8 @@ CREATE TABLE IF NOT EXISTS sendonce_outbox (
     claimed_through bigint,
     CHECK ((okey IS NULL) = (seq IS NULL))
 ) WITH (fillfactor = 70);
-CREATE INDEX IF NOT EXISTS sendonce_outbox_pending
-    ON sendonce_outbox (entity, id) WHERE published_at IS NULL;
+CREATE INDEX IF NOT EXISTS sendonce_outbox_unordered
+    ON sendonce_outbox (entity, id) WHERE published_at IS NULL AND okey IS NULL;
 CREATE INDEX IF NOT EXISTS sendonce_outbox_heads
     ON sendonce_outbox (entity, okey, seq) WHERE published_at IS NULL AND okey IS NOT NULL;
 CREATE INDEX IF NOT EXISTS sendonce_outbox_published
@@ -99,6 +101,11 @@ _MIGRATIONS: dict[int, str] = {
     1: """
     ALTER TABLE sendonce_outbox ADD COLUMN IF NOT EXISTS claimed_through bigint;
     ALTER TABLE sendonce_outbox SET (fillfactor = 70);
+    """,
+    2: """
+    CREATE INDEX IF NOT EXISTS sendonce_outbox_unordered
+        ON sendonce_outbox (entity, id) WHERE published_at IS NULL AND okey IS NULL;
+    DROP INDEX IF EXISTS sendonce_outbox_pending;
     """,
 }
 """From version N to N+1: the DDL to run."""
