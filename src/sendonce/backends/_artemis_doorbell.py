@@ -24,12 +24,14 @@ logger = logging.getLogger("sendonce.artemis")
 class Doorbell:
     """A pipe the loop's container selects on, and the commands waiting for the loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, after: Callable[[], None] | None = None) -> None:
+        self._after = after  # run in the loop thread after each batch of commands
         self._lock = threading.Lock()
         self._commands: list[Callable[[], None]] = []
         self._rung = False  # a byte is in the pipe that the loop has not read yet
         self._last = False  # no command after the one queued now
         self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._read_fd, False)  # the loop never waits on it but in select
         self._open = True
         self._transport = None  # what proton's IO handler asks of every selectable: none here
 
@@ -82,7 +84,8 @@ class Doorbell:
     def on_selectable_readable(self, event: Any) -> None:
         with self._lock:
             if self._open:
-                os.read(self._read_fd, 512)
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._read_fd, 512)
             commands, self._commands = self._commands, []
             self._rung = False
             last = self._last
@@ -91,6 +94,8 @@ class Doorbell:
                 command()
             except Exception:  # pragma: no cover - keep the loop alive for the others
                 logger.exception("an Artemis loop command failed")
+        if commands and self._after is not None:
+            self._after()
         if last:
             selectable = event.context
             selectable.terminate()

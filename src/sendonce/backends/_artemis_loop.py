@@ -21,6 +21,7 @@ connection fails every request on it — in doubt for deliveries sent and not se
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -31,8 +32,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from proton import Condition, Delivery, Endpoint, Handler, Link, SSLDomain, symbol
-from proton.handlers import MessagingHandler, OutgoingMessageHandler, TransactionHandler
+from proton import (
+    Condition,
+    Delivery,
+    Endpoint,
+    Handler,
+    Link,
+    ProtonException,
+    SSLDomain,
+    symbol,
+)
+from proton.handlers import (
+    IOHandler,
+    MessagingHandler,
+    OutgoingMessageHandler,
+    TransactionHandler,
+)
 from proton.reactor import Container, LinkOption
 
 from ..errors import ConfigurationError, NotSentError, SendError, TransientSendError, redact
@@ -125,7 +140,7 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
         self._heartbeat = heartbeat
         self._require_artemis = require_artemis
         self._check_acceptor = check_acceptor
-        self._doorbell = Doorbell()
+        self._doorbell = Doorbell(after=self._flush)
         # This handler is the connection's, not the container's: the container's own events
         # (each select, each socket update: several per transfer) skip its handler tree.
         self._container = Container()
@@ -200,6 +215,21 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
             )
         finally:
             self._doorbell.close()
+
+    def _flush(self) -> None:
+        """Write what the commands just queued on the connection now, as proton's IO handler
+        would on the next pass (select, writable, send): one pass fewer per transfer a
+        caller hands over. Whatever cannot be written now stays for that pass."""
+        transport: Any = None if self._conn is None else self._conn.transport
+        selectable = getattr(transport, "_selectable", None)  # proton's IO handler's socket
+        if selectable is None or selectable.is_terminal:
+            return
+        with contextlib.suppress(OSError, ProtonException):  # its own pass meets them again
+            pending = transport.pending()
+            if pending > 0:
+                transport.pop(selectable.send(transport.peek(pending)))
+                # What the IO handler does after a write: whether to wait for writable.
+                IOHandler.update(transport, selectable, self._container.now)
 
     def _start(self, request: Request) -> None:
         if request.abandoned:
