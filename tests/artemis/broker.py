@@ -11,7 +11,10 @@ in a temporary folder, its paths rewritten, its ``etc/broker.xml`` written for t
   ``ca_file``), each on a free port chosen at creation (kept across restarts, so a
   restarted broker is where the clients left it);
 - persistence on (NIO journal) but ``journal-datasync=false``: a ``kill -9`` of the JVM loses
-  nothing (the OS still holds the written pages), only a machine crash could;
+  nothing (the OS still holds the written pages), only a machine crash could; the
+  ``journal-buffer-timeout`` is NIO's default (3.33 ms: a durable send is answered on that
+  timer) unless ``autotune_journal()`` times this machine's writes, as ``artemis create``
+  does for a production broker (a benchmark does);
 - the critical analyzer logs instead of halting the JVM (a loaded 2-core machine stalls),
   ``max-disk-usage`` 100 (a full shared disk is not this broker's business);
 - ``id_cache_size`` / ``persist_id_cache`` for the whole broker and ``address_settings``
@@ -340,6 +343,49 @@ class ArtemisBroker:
         if count < 5:
             raise RuntimeError("broker.xml of the template has no security settings to extend")
         path.write_text(text)
+
+    def autotune_journal(self) -> int:
+        """Do what ``artemis create`` does without ``--no-autotune``: time this machine's
+        journal writes (``artemis perf-journal``, with this broker's own journal settings:
+        NIO, ``journal-datasync=false``) and write the ``journal-buffer-timeout`` it
+        recommends into ``broker.xml``. Call it before ``start()``; returns the value (ns).
+
+        The tests' brokers keep NIO's default instead (3,333,333 ns: durable sends are
+        answered on that timer, about 300 syncs/s); a benchmark measures with this."""
+        done = subprocess.run(
+            [str(self.instance / "bin" / "artemis"), "perf-journal"],
+            cwd=self.instance,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        )
+        found = re.search(r"<journal-buffer-timeout>(\d+)</journal-buffer-timeout>", done.stdout)
+        if found is None:
+            raise RuntimeError(f"artemis perf-journal recommended nothing:\n{done.stdout[-2000:]}")
+        self.set_journal_buffer_timeout(int(found.group(1)))
+        return int(found.group(1))
+
+    def set_journal_buffer_timeout(self, nanoseconds: int) -> None:
+        """Write ``journal-buffer-timeout`` into ``broker.xml`` (read at the next start)."""
+        path = self.instance / "etc" / "broker.xml"
+        text = re.sub(
+            r"\s*<journal-buffer-timeout>[^<]*</journal-buffer-timeout>", "", path.read_text()
+        )
+        element = _element("journal-buffer-timeout", nanoseconds)
+        path.write_text(
+            text.replace("<persistence-enabled>", f"{element}\n<persistence-enabled>", 1)
+        )
+
+    @property
+    def journal_buffer_timeout(self) -> int | None:
+        """The ``journal-buffer-timeout`` written in ``broker.xml`` (None: NIO's default,
+        3,333,333 ns)."""
+        found = re.search(
+            r"<journal-buffer-timeout>(\d+)</journal-buffer-timeout>",
+            (self.instance / "etc" / "broker.xml").read_text(),
+        )
+        return None if found is None else int(found.group(1))
 
     # -- addresses for clients ---------------------------------------------------------------
 
