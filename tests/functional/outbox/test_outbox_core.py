@@ -254,3 +254,32 @@ def test_a_dead_relays_lease_is_taken_over_after_it_expires(
         while relay.drain().published < 3:
             pass  # until the lease expires (1 s)
     assert broker.message_ids("orders") == ["K-1", "K-2", "K-3"]
+
+
+def test_claims_take_keys_in_turn_so_a_busy_key_cannot_starve_the_rest(outbox_url: str) -> None:
+    """Each claim goes on from the key where the last one stopped: with leases that expire at
+    once (a relay that keeps failing them), four claims of three keys reach all ten keys;
+    a claim always starting from the first key would take k0-k2 every time."""
+    from datetime import UTC, datetime
+
+    from sendonce.outbox._store import RelayStore
+
+    install(outbox_url)
+    with psycopg.connect(outbox_url) as conn:
+        for k in range(10):
+            enqueue(conn, messages(f"k{k}", 1, 2), entity="orders")
+        conn.commit()
+    store = RelayStore(outbox_url)
+    try:
+        claims = [
+            store.claim(
+                ["orders"], "tester", limit=3, per_key=0, lease=timedelta(0), now=datetime.now(UTC)
+            )
+            for _ in range(4)
+        ]
+    finally:
+        store.close()
+    keys_per_claim = [sorted({row.okey for row in rows}) for rows in claims]
+    assert all(len(keys) == 3 for keys in keys_per_claim), keys_per_claim
+    assert all(row.head and row.seq == 1 for rows in claims for row in rows)  # heads only
+    assert {key for keys in keys_per_claim for key in keys} == {f"k{k}" for k in range(10)}
