@@ -66,15 +66,18 @@ class _IdMemory:
     Ids are added a call at a time, so expiry drops whole generations, oldest first.
     """
 
-    __slots__ = ("entries", "generations", "max_size", "window")
+    __slots__ = ("additions", "entries", "generations", "max_size", "window")
 
     def __init__(self, window: timedelta | None, max_size: int) -> None:
         self.window = None if window is None else window.total_seconds()
         self.max_size = max_size
         self.entries: dict[object, int] = {}
         self.generations: deque[tuple[float, list[object]]] = deque()
+        self.additions = 0
+        """Calls remembered so far: a call planned in steps checks again if it grew."""
 
     def add(self, seen: dict[object, int], now: float) -> None:
+        self.additions += 1
         entries = self.entries
         fresh = list(filterfalse(entries.__contains__, seen)) if entries else list(seen)
         entries.update(seen)
@@ -120,6 +123,147 @@ class _Plan:
         self.repeats: list[int] = []
         self.seen: dict[object, int] = {}
         self.reordered = False  # a batch took a message after a later batch had started
+
+
+class _Planning:
+    """A call being planned a slice of its input at a time (``step``), then ``result``.
+
+    The sync sender plans in one step; the aio sender yields to its event loop between
+    steps, so a big input never holds the loop up, and still validates every message
+    before it sends any. The common bulk case (no keys, no repeats, nothing the entity
+    must check) is read off whole slices; a slice that does not fit sends planning back
+    to the first message, message by message (the path that names what is wrong).
+    """
+
+    __slots__ = ("batch", "core", "done", "fast", "messages", "open", "plan", "sizes", "what")
+
+    def __init__(
+        self, core: SenderCore, messages: Sequence[Message], what: str, batch: bool
+    ) -> None:
+        self.core, self.messages, self.what, self.batch = core, messages, what, batch
+        profile = core.profile
+        self.fast = batch and len(messages) > 64 and not (profile.partitioned or profile.sessions)
+        self.done = 0  # messages planned
+        self.plan = _Plan()
+        self.sizes: list[int] = []  # the fast path's transfer size of each message
+        self.open: dict[object, list[Any]] = {}  # group -> [messages, bytes, positions]
+
+    def step(self, count: int) -> bool:
+        """Plan up to ``count`` more messages; whether any are left. Raises a
+        ``ValidationError`` or ``PayloadConflictError`` naming the first bad message."""
+        messages = self.messages
+        start, stop = self.done, min(self.done + count, len(messages))
+        if self.fast:
+            if isinstance(messages, MessageColumns):  # read off the columns in one go
+                columns = self.core._plan_columns(messages)
+                if columns is not None:
+                    self.plan, self.fast, self.done = columns, False, len(messages)
+                    return False
+            if isinstance(messages, MessageColumns) or not self._unkeyed(start, stop):
+                self.fast, self.done, self.plan, self.sizes = False, 0, _Plan(), []
+                return True  # the per-message path, from the first message
+        else:
+            self._one_by_one(start, stop)
+        self.done = stop
+        return stop < len(messages)
+
+    def result(self) -> _Plan:
+        """The plan, once ``step`` has planned every message."""
+        if self.fast:
+            self.fast = False
+            self.plan = self.core._planned(self.messages, self.sizes, self.plan.seen)
+        return self.plan
+
+    def _slice(self, start: int, stop: int) -> Sequence[Message]:
+        messages = self.messages
+        return messages if start == 0 and stop == len(messages) else messages[start:stop]
+
+    def _unkeyed(self, start: int, stop: int) -> bool:
+        """The bulk case over ``messages[start:stop]``: False if it does not fit."""
+        chunk = self._slice(start, stop)
+        if not all(m.__class__ is Message for m in chunk):
+            return False
+        if any(m.partition_key is not None or m.session_id is not None for m in chunk):
+            return False
+        overhead = self.core._overhead()
+        sizes = [m._size + overhead for m in chunk]
+        if sizes and max(sizes) > self.core.profile._check_above:
+            return False  # the full check decides
+        fresh: dict[object, int] = dict(
+            zip([m.message_id for m in chunk], [m._body_hash for m in chunk], strict=True)
+        )
+        seen = self.plan.seen
+        if len(fresh) != len(chunk) or (seen and not seen.keys().isdisjoint(fresh)):
+            return False  # a repeat inside the call
+        if self.core._conflicts(fresh):
+            return False
+        seen.update(fresh)
+        self.sizes += sizes
+        return True
+
+    def _one_by_one(self, start: int, stop: int) -> None:
+        """Validate ``messages[start:stop]`` one by one and group them into transfers."""
+        core, what, batch = self.core, self.what, self.batch
+        profile = core.profile
+        sessions, limit = profile.sessions, profile.max_message_size
+        check_above = profile._check_above
+        partitioned = profile.partitioned
+        one_per_transfer = partitioned and profile.duplicate_detection
+        cap = core.max_batch_messages
+        overhead = core._overhead()
+        memory = core._memory.entries
+        plan = self.plan
+        seen, repeats, batches, positions = plan.seen, plan.repeats, plan.batches, plan.positions
+        open_batches = self.open
+        for index, message in enumerate(self._slice(start, stop), start):
+            if message.__class__ is not Message and not isinstance(message, Message):
+                raise ValidationError(
+                    f"{what}[{index}] is a {type(message).__name__}, not a sendonce.Message; "
+                    "nothing was sent",
+                    field="message",
+                )
+            size = message._size
+            if size > check_above or (sessions and message.session_id is None):
+                try:
+                    profile.check(message)
+                except ValidationError as exc:
+                    raise type(exc)(
+                        f"{exc} ({what}[{index}]; nothing of this call was sent)", field=exc.field
+                    ) from None
+            key: object = message.message_id if not partitioned else profile.dedup_key(message)
+            digest = message._body_hash
+            earlier = seen.get(key)
+            if earlier is not None:
+                if earlier != digest:
+                    raise _conflict(message, f"{what}[{index}]", "the same call")
+                repeats.append(index)
+                continue
+            remembered = memory.get(key)
+            if remembered is not None and remembered != digest:
+                raise _conflict(message, f"{what}[{index}]", "an earlier call")
+            seen[key] = digest
+            if not batch:
+                continue
+            if one_per_transfer:
+                # The service rejects batches mixing ids on partitioned entities with dedup.
+                batches.append([message])
+                positions.append((index,))
+                continue
+            pk, sid = message.partition_key, message.session_id
+            group = None if pk is None and sid is None else (pk, sid)
+            size += overhead
+            entry = open_batches.get(group)
+            if entry is None or entry[1] + size > limit or len(entry[0]) >= cap:
+                entry = [[message], size, [index]]
+                open_batches[group] = entry
+                batches.append(entry[0])
+                positions.append(entry[2])
+            else:
+                if entry[0] is not batches[-1]:
+                    plan.reordered = True
+                entry[0].append(message)
+                entry[1] += size
+                entry[2].append(index)
 
 
 class SenderCore:
@@ -192,71 +336,10 @@ class SenderCore:
         Raises a ``ValidationError`` or ``PayloadConflictError`` naming the message
         before any of ``messages`` has been sent.
         """
-        if batch and len(messages) > 64:
-            fast = self._plan_unkeyed(messages)
-            if fast is not None:
-                return fast
-        profile = self.profile
-        sessions, limit = profile.sessions, profile.max_message_size
-        check_above = profile._check_above
-        partitioned = profile.partitioned
-        one_per_transfer = partitioned and profile.duplicate_detection
-        cap = self.max_batch_messages
-        overhead = self._overhead()
-        memory = self._memory.entries
-        plan = _Plan()
-        seen, repeats, batches, positions = plan.seen, plan.repeats, plan.batches, plan.positions
-        open_batches: dict[object, list[Any]] = {}  # group -> [messages, bytes, positions]
-        for index, message in enumerate(messages):
-            if message.__class__ is not Message and not isinstance(message, Message):
-                raise ValidationError(
-                    f"{what}[{index}] is a {type(message).__name__}, not a sendonce.Message; "
-                    "nothing was sent",
-                    field="message",
-                )
-            size = message._size
-            if size > check_above or (sessions and message.session_id is None):
-                try:
-                    profile.check(message)
-                except ValidationError as exc:
-                    raise type(exc)(
-                        f"{exc} ({what}[{index}]; nothing of this call was sent)", field=exc.field
-                    ) from None
-            key: object = message.message_id if not partitioned else profile.dedup_key(message)
-            digest = message._body_hash
-            earlier = seen.get(key)
-            if earlier is not None:
-                if earlier != digest:
-                    raise _conflict(message, f"{what}[{index}]", "the same call")
-                repeats.append(index)
-                continue
-            remembered = memory.get(key)
-            if remembered is not None and remembered != digest:
-                raise _conflict(message, f"{what}[{index}]", "an earlier call")
-            seen[key] = digest
-            if not batch:
-                continue
-            if one_per_transfer:
-                # The service rejects batches mixing ids on partitioned entities with dedup.
-                batches.append([message])
-                positions.append((index,))
-                continue
-            pk, sid = message.partition_key, message.session_id
-            group = None if pk is None and sid is None else (pk, sid)
-            size += overhead
-            entry = open_batches.get(group)
-            if entry is None or entry[1] + size > limit or len(entry[0]) >= cap:
-                entry = [[message], size, [index]]
-                open_batches[group] = entry
-                batches.append(entry[0])
-                positions.append(entry[2])
-            else:
-                if entry[0] is not batches[-1]:
-                    plan.reordered = True
-                entry[0].append(message)
-                entry[1] += size
-                entry[2].append(index)
-        return plan
+        planning = _Planning(self, messages, what, batch)
+        while planning.step(len(messages)):
+            pass
+        return planning.result()
 
     def _overhead(self) -> int:
         """What a transfer spends per message beyond its size: room for the trace context
@@ -267,33 +350,8 @@ class SenderCore:
             else (_PER_MESSAGE_OVERHEAD + _telemetry.RESERVE)
         )
 
-    def _plan_unkeyed(self, messages: Sequence[Message]) -> _Plan | None:
-        """The common case in bulk operations: no keys, no repeats, nothing over the limit.
-
-        Returns None whenever the general per-message path is needed (it reports errors).
-        """
-        profile = self.profile
-        if profile.partitioned or profile.sessions:
-            return None
-        if isinstance(messages, MessageColumns):
-            return self._plan_columns(messages)
-        if not all(m.__class__ is Message for m in messages):
-            return None
-        if any(m.partition_key is not None or m.session_id is not None for m in messages):
-            return None
-        overhead = self._overhead()
-        sizes = [m._size + overhead for m in messages]
-        if max(sizes) > profile._check_above:
-            return None  # the full check decides
-        seen: dict[object, int] = dict(
-            zip([m.message_id for m in messages], [m._body_hash for m in messages], strict=True)
-        )
-        if len(seen) != len(messages):
-            return None
-        return self._planned(messages, sizes, seen)
-
     def _plan_columns(self, columns: MessageColumns) -> _Plan | None:
-        """``_plan_unkeyed`` read off the columns: transfers are slices of them."""
+        """The unkeyed fast path read off the columns: transfers are slices of them."""
         if columns.partition_keys is not None or columns.session_ids is not None:
             return None
         overhead = self._overhead()
@@ -301,17 +359,23 @@ class SenderCore:
         seen: dict[object, int] = dict(zip(columns.message_ids, columns.hashes, strict=True))
         if len(seen) != len(columns) or max(sizes) > self.profile._check_above:
             return None
+        if self._conflicts(seen):
+            return None
         return self._planned(columns, sizes, seen)
+
+    def _conflicts(self, seen: dict[object, int]) -> bool:
+        """Whether an id of ``seen`` is remembered with another body (the general path
+        then names the message)."""
+        memory = self._memory.entries
+        if not memory:
+            return False
+        common = memory.keys() & seen.keys()
+        return any(memory[k] != seen[k] for k in common)
 
     def _planned(
         self, messages: Sequence[Message], sizes: list[int], seen: dict[object, int]
-    ) -> _Plan | None:
+    ) -> _Plan:
         """Transfers of consecutive messages within the size and count limits."""
-        memory = self._memory.entries
-        if memory:
-            common = memory.keys() & seen.keys()
-            if any(memory[k] != seen[k] for k in common):
-                return None
         plan = _Plan()
         plan.seen = seen
         cap, limit = self.max_batch_messages, self.profile.max_message_size
@@ -345,6 +409,22 @@ class SenderCore:
             plan = self._plan(messages, what=what, batch=batch)
             self._remember(plan)
         return plan
+
+    def _remember_stepped(
+        self, plan: _Plan, messages: Sequence[Message], what: str, additions: int
+    ) -> None:
+        """Remember a call planned in steps (``_Planning``), during which other calls may
+        have been remembered (``additions``: the memory's count when it began). An id one
+        of them sent with another body is a conflict, as if that call had come first."""
+        with self._state_lock:
+            memory = self._memory
+            if memory.additions != additions and self._conflicts(plan.seen):
+                entries = memory.entries
+                for index, message in enumerate(messages):
+                    digest = entries.get(self._key_of(message))
+                    if digest is not None and digest != message._body_hash:
+                        raise _conflict(message, f"{what}[{index}]", "another call")
+            self._remember(plan)
 
     def _account_parts(
         self,

@@ -26,6 +26,7 @@ _SPARK = [pytest.mark.slow, pytest.mark.spark]
 RUNS: dict[str, list[tuple[list[str], list[pytest.MarkDecorator]]]] = {
     "bench_aio.py": [([], [pytest.mark.slow, pytest.mark.emulator])],  # 25 links to warm
     "bench_aio_cpu.py": [([], [])],
+    "bench_aio_stall.py": [([], [])],
     "bench_artemis.py": [([], [pytest.mark.slow, pytest.mark.artemis])],  # starts a broker
     "bench_broker.py": [(["--dir", "{tmp}"], [])],  # its files stay where --dir says
     "bench_cli_publish.py": [([], [])],

@@ -15,6 +15,7 @@ and the fault of the backend call that carried the message (``FaultyBackend.call
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from collections import Counter
@@ -22,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -29,6 +31,7 @@ from hypothesis import strategies as st
 from pyspark.sql import Row
 
 import sendonce.aio
+import sendonce.aio._sender
 from sendonce import EntityProfile, IdempotentSender, Ledger, Message, MessageSpec, RetryPolicy
 from sendonce._ledger_layer import LedgerLayer
 from sendonce._message import MessageFactory
@@ -285,10 +288,13 @@ def test_sync_reports_line_up_with_their_input(
 
 
 @PROPERTY
-@given(case=cases())
+@given(case=cases(), slices=st.sampled_from([None, 1, 2, 5]))
 def test_aio_reports_line_up_with_their_input(
-    case: Case, peers: tuple[LocalBackend, Ledger]
+    case: Case, slices: int | None, peers: tuple[LocalBackend, Ledger]
 ) -> None:
+    """``slices``: the aio sender reads, plans and accounts that many messages (transfers)
+    between two turns of its event loop, instead of thousands: every input planned in
+    steps."""
     broker, ledger = peers
     profile = case.profile()
     broker.create_entity(profile)
@@ -310,7 +316,15 @@ def test_aio_reports_line_up_with_their_input(
         ):
             return await sender.send_many(shaped(case, [case.message(n) for n in case.ids]))
 
-    check(case, asyncio.run(scenario()), faulty, broker, profile.name)
+    with (
+        mock.patch.multiple(
+            sendonce.aio._sender, READ_SLICE=slices, PLAN_SLICE=slices, ACCOUNT_SLICE=slices
+        )
+        if slices
+        else contextlib.nullcontext()
+    ):
+        report = asyncio.run(scenario())
+    check(case, report, faulty, broker, profile.name)
 
 
 def test_a_spark_task_rerun_over_a_superset_sends_exactly_the_new_rows(
