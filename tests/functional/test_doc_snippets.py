@@ -152,7 +152,10 @@ CASES = [
             getattr(pytest.mark, kind)
             for kind in ("spark", "artemis", "postgres")
             if any(s.mark == kind for s in snippets(doc))
-        ],
+        ]
+        # docs/spark.md's snippets start a Spark session and a streaming query in a new
+        # process (~35 s); the samples and the Spark suite run the same calls by default.
+        + ([pytest.mark.slow] if doc.name == "spark.md" else []),
     )
     for doc in DOCS
     if snippets(doc)

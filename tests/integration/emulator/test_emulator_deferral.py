@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.emulator, pytest.mark.timeout(60)]
 
 
 def test_defer_then_receive_deferred_and_settle(emulator: Emulator, store: LocalBackend) -> None:
-    with ServiceBusClient.from_connection_string(emulator.connection_string) as sb:
+    with ServiceBusClient.from_connection_string(emulator.connection_string, retry_total=0) as sb:
         with sb.get_queue_sender("orders", keep_alive=None) as sender:
             sender.send_messages(
                 [ServiceBusMessage(i, message_id=i) for i in ("step-2", "step-1", "step-3")],
@@ -43,7 +43,9 @@ def test_defer_then_receive_deferred_and_settle(emulator: Emulator, store: Local
 
 def test_the_asyncio_client_defers(emulator: Emulator, store: LocalBackend) -> None:
     async def run() -> list[str | None]:
-        async with AsyncServiceBusClient.from_connection_string(emulator.connection_string) as sb:
+        async with AsyncServiceBusClient.from_connection_string(
+            emulator.connection_string, retry_total=0
+        ) as sb:
             async with sb.get_queue_sender("orders") as sender:
                 await sender.send_messages(ServiceBusMessage("x", message_id="d-1"), timeout=10)
             async with sb.get_queue_receiver("orders") as receiver:
@@ -63,7 +65,7 @@ def test_a_deferred_message_is_dead_lettered_after_its_receiver_is_gone(
 ) -> None:
     """A new receiver takes the deferred message by sequence number and dead-letters it:
     the settlement goes through ``com.microsoft:update-disposition`` (no link delivered it)."""
-    with ServiceBusClient.from_connection_string(emulator.connection_string) as sb:
+    with ServiceBusClient.from_connection_string(emulator.connection_string, retry_total=0) as sb:
         with sb.get_queue_sender("orders", keep_alive=None) as sender:
             sender.send_messages(ServiceBusMessage("x", message_id="parked"), timeout=10)
         with sb.get_queue_receiver("orders") as first:

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 from spark_helpers import spark_env
 
-pytestmark = pytest.mark.spark
+# Slow (~45 s: a Spark Connect server starts in a subprocess): CI's default run has the
+# classic session's same checks; `pytest -m slow` runs these.
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 HERE = Path(__file__).resolve().parent
 
