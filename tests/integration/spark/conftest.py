@@ -7,6 +7,8 @@ Connect tests run their checks in a subprocess (see test_connect.py).
 from __future__ import annotations
 
 import os
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,3 +42,27 @@ def broker(tmp_path: Path) -> tuple[str, Path]:
     """A fresh local broker file: (url, path)."""
     path = tmp_path / "broker.db"
     return f"local://{path}", path
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """One throwaway PostgreSQL cluster for the Spark suite's ledger tests (a database each)."""
+    sys.path.insert(0, str(HERE.parents[1] / "functional" / "ledger"))
+    from pgserver import throwaway_cluster
+
+    with throwaway_cluster() as url:
+        yield url
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh ledger of each store: a SQLite file, or a new database on the cluster."""
+    if request.param == "sqlite":
+        return f"sqlite://{tmp_path / 'ledger.db'}"
+    import psycopg
+
+    server: str = request.getfixturevalue("postgres_server")
+    name = f"spark_{os.getpid()}_{time.monotonic_ns()}"
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return server.rsplit("/", 1)[0] + f"/{name}"

@@ -10,13 +10,8 @@ holds is read with a hand-written proton receiver, not through sendonce.
 from __future__ import annotations
 
 import itertools
-import os
-import sys
-import time
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,9 +22,6 @@ from sendonce import EntityProfile, MessageSpec
 from sendonce.ledger import Key, Ledger, body_digest
 from sendonce.spark import PublishReport, publish
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "functional" / "ledger"))
-from pgserver import throwaway_cluster
-
 # About 110 s per store on the 2-core machine (five Spark jobs of 1,500-2,400 rows to a real
 # broker): under -m slow. test_spark_ledger_reruns.py runs the same shapes on the local broker
 # by default, and test_spark_artemis.py a publish to Artemis.
@@ -37,25 +29,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.artemis, pytest.mark.slow, pytest.m
 
 SPEC = MessageSpec("order-{order_id}")  # a JSON body: each task sends MessageColumns
 _groups = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def postgres_server() -> Iterator[str]:
-    with throwaway_cluster() as url:
-        yield url
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite://{tmp_path / 'ledger.db'}"
-    import psycopg
-
-    server: str = request.getfixturevalue("postgres_server")
-    name = f"artemis_{os.getpid()}_{time.monotonic_ns()}"
-    with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    return server.rsplit("/", 1)[0] + f"/{name}"
 
 
 def published(

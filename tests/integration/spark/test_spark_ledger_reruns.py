@@ -11,11 +11,7 @@ says so per stage), and the counts are exact.
 from __future__ import annotations
 
 import itertools
-import os
-import sys
-import time
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -27,31 +23,9 @@ from sendonce import EntityProfile, MessageSpec
 from sendonce.ledger import Key, Ledger, body_digest
 from sendonce.spark import PublishReport, publish
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "functional" / "ledger"))
-from pgserver import throwaway_cluster
-
 SPEC = MessageSpec("order-{order_id}")  # a JSON body: the task builds MessageColumns
 AUDIT = EntityProfile("orders", duplicate_detection=False)  # only the ledger prevents copies
 _groups = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def postgres_server() -> Iterator[str]:
-    with throwaway_cluster() as url:
-        yield url
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite://{tmp_path / 'ledger.db'}"
-    import psycopg
-
-    server: str = request.getfixturevalue("postgres_server")
-    name = f"reruns_{os.getpid()}_{time.monotonic_ns()}"
-    with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    return server.rsplit("/", 1)[0] + f"/{name}"
 
 
 def audited(spark: Any, rows: int, partitions: int) -> Any:

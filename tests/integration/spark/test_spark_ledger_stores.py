@@ -5,10 +5,8 @@ foreachPartition and foreachBatch, and bad ledger arguments refused on the drive
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,30 +19,8 @@ from sendonce.errors import LedgerError
 from sendonce.ledger import Key, Ledger, body_digest
 from sendonce.spark import PartitionResult, batch_publisher, partition_publisher, publish
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "functional" / "ledger"))
-from pgserver import throwaway_cluster
-
 SPEC = MessageSpec("order-{order_id}", body="customer")
 WINDOW = 600.0  # the default duplicate-detection window (10 minutes)
-
-
-@pytest.fixture(scope="module")
-def postgres_server() -> Iterator[str]:
-    with throwaway_cluster() as url:
-        yield url
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite://{tmp_path / 'ledger.db'}"
-    import psycopg
-
-    server: str = request.getfixturevalue("postgres_server")
-    name = f"spark_{os.getpid()}_{time.monotonic_ns()}"
-    with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    return server.rsplit("/", 1)[0] + f"/{name}"
 
 
 def killer() -> Any:
