@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 from pathlib import Path
 from typing import Any
@@ -53,3 +54,37 @@ def drain(path: Path, entity: str = "orders") -> dict[str, bytes]:
 
 def expected(n: int, prefix: str = "order-") -> list[str]:
     return sorted(f"{prefix}{i}" for i in range(n))
+
+
+_job_groups = itertools.count()
+
+
+def publish_on_first_attempts(
+    spark: Any, df: Any, url: str, entity: Any, spec: Any, *, ledger: str
+) -> Any:
+    """``sendonce.spark.publish(df, ...)``, asserting that no task attempt of its jobs failed
+    (a re-run must not lean on Spark's retries) and that the report is complete."""
+    from sendonce.spark import publish
+
+    context = spark.sparkContext
+    group = f"first-attempts-{next(_job_groups)}"
+    context.setJobGroup(group, "a publish expected to need no task retry")
+    try:
+        report = publish(df, url, entity, spec, ledger=ledger)
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
+    tracker = context.statusTracker()
+    jobs = tracker.getJobIdsForGroup(group)
+    assert jobs, "the publish ran no Spark job"
+    for job in jobs:
+        info = tracker.getJobInfo(job)
+        assert info is not None and info.status == "SUCCEEDED"
+        for stage in info.stageIds:
+            stage_info = tracker.getStageInfo(stage)
+            if stage_info is None:  # a stage skipped or already forgotten by the tracker
+                continue
+            assert stage_info.numFailedTasks == 0, f"stage {stage}: a task attempt failed"
+            assert stage_info.currentAttemptId == 0
+    assert report.complete
+    assert all(p.attempt == 0 for p in report.partitions)  # first attempts only
+    return report

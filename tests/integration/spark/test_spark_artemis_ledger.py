@@ -9,18 +9,17 @@ holds is read with a hand-written proton receiver, not through sendonce.
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from spark_helpers import expected, orders
+from spark_helpers import expected, orders, publish_on_first_attempts
 
 from artemis.raw import drain
 from sendonce import EntityProfile, MessageSpec
 from sendonce.ledger import Key, Ledger, body_digest
-from sendonce.spark import PublishReport, publish
+from sendonce.spark import PublishReport
 
 # About 110 s per store on the 2-core machine (five Spark jobs of 1,500-2,400 rows to a real
 # broker): under -m slow. test_spark_ledger_reruns.py runs the same shapes on the local broker
@@ -28,34 +27,15 @@ from sendonce.spark import PublishReport, publish
 pytestmark = [pytest.mark.spark, pytest.mark.artemis, pytest.mark.slow, pytest.mark.timeout(300)]
 
 SPEC = MessageSpec("order-{order_id}")  # a JSON body: each task sends MessageColumns
-_groups = itertools.count()
 
 
 def published(
     spark: Any, rows: int, partitions: int, url: str, profile: EntityProfile, ledger: str
 ) -> PublishReport:
     """``publish`` of ``rows`` orders, asserting that no task attempt of its jobs failed."""
-    context = spark.sparkContext
-    group = f"artemis-rerun-{next(_groups)}"
-    context.setJobGroup(group, "a re-run to Artemis with a ledger")
-    try:
-        df = orders(spark, rows, partitions).select("order_id", "customer")
-        report = publish(df, url, profile, SPEC, ledger=ledger)
-    finally:
-        context.setLocalProperty("spark.jobGroup.id", None)
-    tracker = context.statusTracker()
-    jobs = tracker.getJobIdsForGroup(group)
-    assert jobs, "the publish ran no Spark job"
-    for job in jobs:
-        info = tracker.getJobInfo(job)
-        assert info is not None and info.status == "SUCCEEDED"
-        for stage in info.stageIds:
-            stage_info = tracker.getStageInfo(stage)
-            if stage_info is None:
-                continue
-            assert stage_info.numFailedTasks == 0, f"stage {stage}: a task attempt failed"
-    assert report.complete
-    assert [p.attempt for p in report.partitions] == [0] * partitions
+    df = orders(spark, rows, partitions).select("order_id", "customer")
+    report: PublishReport = publish_on_first_attempts(spark, df, url, profile, SPEC, ledger=ledger)
+    assert len(report.partitions) == partitions
     return report
 
 

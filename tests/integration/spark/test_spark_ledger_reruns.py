@@ -10,22 +10,20 @@ says so per stage), and the counts are exact.
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_helpers import expected, ids_on, orders
+from spark_helpers import expected, ids_on, orders, publish_on_first_attempts
 
 from sendonce import EntityProfile, MessageSpec
 from sendonce.ledger import Key, Ledger, body_digest
-from sendonce.spark import PublishReport, publish
+from sendonce.spark import PublishReport
 
 SPEC = MessageSpec("order-{order_id}")  # a JSON body: the task builds MessageColumns
 AUDIT = EntityProfile("orders", duplicate_detection=False)  # only the ledger prevents copies
-_groups = itertools.count()
 
 
 def audited(spark: Any, rows: int, partitions: int) -> Any:
@@ -34,27 +32,9 @@ def audited(spark: Any, rows: int, partitions: int) -> Any:
 
 def published(spark: Any, rows: int, partitions: int, url: str, ledger: str) -> PublishReport:
     """``publish`` of ``rows`` orders, asserting that no task attempt of its jobs failed."""
-    context = spark.sparkContext
-    group = f"rerun-{next(_groups)}"
-    context.setJobGroup(group, "a re-run with a ledger")
-    try:
-        report = publish(audited(spark, rows, partitions), url, AUDIT, SPEC, ledger=ledger)
-    finally:
-        context.setLocalProperty("spark.jobGroup.id", None)
-    tracker = context.statusTracker()
-    jobs = tracker.getJobIdsForGroup(group)
-    assert jobs, "the publish ran no Spark job"
-    for job in jobs:
-        info = tracker.getJobInfo(job)
-        assert info is not None and info.status == "SUCCEEDED"
-        for stage in info.stageIds:
-            stage_info = tracker.getStageInfo(stage)
-            if stage_info is None:  # a stage skipped or already forgotten by the tracker
-                continue
-            assert stage_info.numFailedTasks == 0, f"stage {stage}: a task attempt failed"
-            assert stage_info.currentAttemptId == 0
-    assert report.complete
-    assert [p.attempt for p in report.partitions] == [0] * partitions  # first attempts only
+    df = audited(spark, rows, partitions)
+    report: PublishReport = publish_on_first_attempts(spark, df, url, AUDIT, SPEC, ledger=ledger)
+    assert len(report.partitions) == partitions
     return report
 
 
