@@ -433,6 +433,14 @@ class ArtemisBackend:
                 seen.add(message_id)
             logger.info("a group to %s repeats an id: ignored whole, nothing sent", entity)
             return acks
+        capability = "topic" if profile.kind == "topic" else "queue"
+        transfer = Transfer(
+            entity,
+            capability,
+            payloads,
+            [(m.message_id, m.partition_key or m.session_id) for m in messages],
+            atomic=atomic,
+        )
         attempt = Attempt()
         expect: int | None = None
         if profile.id_cache_size is not None:
@@ -444,22 +452,15 @@ class ArtemisBackend:
                 first = beyond[0]
                 raise InDoubtError(
                     f"message {first.message_id!r} is in doubt and is not resent: "
-                    f"{first.distance} messages went to address {entity!r} from this backend "
-                    f"since its first attempt, beyond the {first.limit} a resend may reach back "
-                    f"over (resend_reach of the id cache of {profile.id_cache_size}); the "
-                    "broker may no longer remember its id, so a resend could store it twice. "
-                    "Check the address, or let a ledger decide.",
+                    f"{first.distance} distinct ids this backend sent to address {entity!r} "
+                    "may have entered its id cache since the first attempt that reached the "
+                    f"broker, beyond the {first.limit} a resend may reach back over "
+                    f"(resend_reach of the id cache of {profile.id_cache_size}); the broker "
+                    "may no longer remember its id, so a resend could store it twice. Check "
+                    "the address, or let a ledger decide.",
                     message_id=first.message_id,
                     partition_key=messages[0].partition_key,
                 )
-        capability = "topic" if profile.kind == "topic" else "queue"
-        transfer = Transfer(
-            entity,
-            capability,
-            payloads,
-            [(m.message_id, m.partition_key or m.session_id) for m in messages],
-            atomic=atomic,
-        )
         transfer.expect = expect
         try:
             return self._carry(transfer, messages, ids, timeout=timeout, atomic=atomic)
@@ -468,6 +469,7 @@ class ArtemisBackend:
                 attempt.reached = Reached(
                     transfer.sent_on, self._queue_set(entity).generation, profile.persist_id_cache
                 )
+            self._reach.settle(attempt, _written(transfer))
 
     def _carry(
         self,
@@ -641,6 +643,17 @@ class ArtemisBackend:
         if loop is not None and not getattr(self, "_closed", True):
             with contextlib.suppress(Exception):  # interpreter shutdown
                 loop.close(0.0)
+
+
+def _written(transfer: Transfer) -> int:
+    """How many of a finished (or abandoned) transfer's messages went on the wire, for the
+    resend reach: the deliveries handed to proton, in order; a transaction's messages all,
+    once any delivery went (whether its commit did is decided on the loop thread)."""
+    with transfer.lock:
+        sent = transfer.sent
+    if transfer.atomic:
+        return len(transfer.payloads) if sent else 0
+    return sent
 
 
 def _named(messages: Sequence[Message]) -> dict[str, str | None]:
