@@ -178,7 +178,10 @@ def connection_error(condition: str | None, description: str | None, *, host: st
             "CA that signed it; nothing was sent",
             condition=TLS_FAILED,
         )
-    if condition == "amqp:unauthorized-access" or "sasl" in lowered:
+    # A peer that closes the connection before any answer (a proxy or load balancer whose
+    # broker is down or restarting) ends the SASL exchange too: that passes, unlike a refusal.
+    aborted = "connection aborted" in lowered or "no protocol header" in lowered
+    if condition == "amqp:unauthorized-access" or ("sasl" in lowered and not aborted):
         return PermanentSendError(
             f"the broker at {host} refused the credentials (SASL: {said}); check the user and "
             "password of the url; nothing was sent",

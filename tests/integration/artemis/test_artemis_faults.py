@@ -7,6 +7,7 @@ the sender reported it in doubt (and the test shows why a resend would have stor
 
 from __future__ import annotations
 
+import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -15,7 +16,7 @@ from artemis.faultproxy import FaultProxy
 from artemis.raw import browse_ids, drain, manage, message_count, wait_for
 from sendonce import EntityProfile, IdempotentSender, Message, RetryPolicy
 from sendonce.backends import ArtemisBackend
-from sendonce.errors import InDoubtError, TransientSendError
+from sendonce.errors import InDoubtError, NotSentError, TransientSendError
 
 RETRY = RetryPolicy(max_attempts=5, initial_backoff=0.05, max_backoff=0.5, attempt_timeout=20)
 
@@ -120,3 +121,72 @@ def test_a_resend_farther_back_than_the_id_cache_reaches_is_in_doubt(
             backend.send(address, [Message("body of x", message_id="x")], timeout=20)
     assert doubt.value.message_id == "x"
     assert browse_ids(direct, address) == ["x", "y", "z", "w"]
+
+
+def test_resends_the_broker_drops_do_not_count_towards_the_reach(
+    artemis_broker, artemis_address
+):
+    """id-cache-size 3, resend_reach 1.0 (a resend may reach back over 2 ids): "x" resent
+    many times stays within reach, because a copy the broker drops adds no id to its ring
+    (before issue 34 each resend counted as a new id: the third was refused). The ids that
+    do enter the ring still count."""
+    address = f"small-cache.{artemis_address}"
+    with ArtemisBackend(
+        "127.0.0.1",
+        artemis_broker.port,
+        user=artemis_broker.user,
+        password=artemis_broker.password,
+        resend_reach=1.0,
+    ) as backend:
+        backend.declare(EntityProfile(address, id_cache_size=3))
+        x = [Message("body of x", message_id="x")]
+        for _ in range(6):
+            backend.send(address, x, timeout=20)
+        backend.send(address, [Message("y", message_id="y")], timeout=20)
+        backend.send(address, x, timeout=20)  # x, y: still in reach
+        backend.send(address, [Message("z", message_id="z")], timeout=20)
+        with pytest.raises(InDoubtError, match="not resent") as doubt:
+            backend.send(address, x, timeout=20)  # x, y, z: past the 2 allowed
+    assert doubt.value.message_id == "x"
+    assert browse_ids(artemis_broker.url(), address) == ["x", "y", "z"]
+
+
+def test_attempts_that_never_reached_the_broker_do_not_count_towards_the_reach(
+    artemis_broker, artemis_address
+):
+    """The in-doubt send of "x", then attempts while the broker cannot be reached (its
+    connections refused: nothing written), then the broker back: the resend of "x" is
+    allowed and dropped. Before issue 34 each refused attempt counted, and with id-cache-size
+    3 the resend was refused as beyond the reach after two of them."""
+    address = f"small-cache.{artemis_address}"
+    direct = artemis_broker.url()
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        nowhere = int(probe.getsockname()[1])
+    with (
+        FaultProxy("127.0.0.1", artemis_broker.port) as proxy,
+        ArtemisBackend(
+            "127.0.0.1",
+            proxy.port,
+            user=artemis_broker.user,
+            password=artemis_broker.password,
+            resend_reach=1.0,
+            connect_timeout=10,
+        ) as backend,
+    ):
+        backend.declare(EntityProfile(address, id_cache_size=3))
+        x = [Message("body of x", message_id="x")]
+        proxy.cut_after(b"body of x", settle=None)
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(backend.send, address, x, timeout=60)
+            wait_for(lambda: message_count(direct, address) == 1, what="x stored")
+            proxy.route_to("127.0.0.1", nowhere)  # the broker "down": every connection refused
+            proxy.cut()
+            with pytest.raises(TransientSendError, match="in doubt"):
+                running.result(timeout=60)
+        for _ in range(5):
+            with pytest.raises(NotSentError):
+                backend.send(address, x, timeout=20)
+        proxy.route_to("127.0.0.1", artemis_broker.port)  # back
+        assert backend.send(address, x, timeout=20)[0].outcome == "accepted"
+    assert browse_ids(direct, address) == ["x"]
