@@ -123,9 +123,7 @@ def test_a_resend_farther_back_than_the_id_cache_reaches_is_in_doubt(
     assert browse_ids(direct, address) == ["x", "y", "z", "w"]
 
 
-def test_resends_the_broker_drops_do_not_count_towards_the_reach(
-    artemis_broker, artemis_address
-):
+def test_resends_the_broker_drops_do_not_count_towards_the_reach(artemis_broker, artemis_address):
     """id-cache-size 3, resend_reach 1.0 (a resend may reach back over 2 ids): "x" resent
     many times stays within reach, because a copy the broker drops adds no id to its ring
     (before issue 34 each resend counted as a new id: the third was refused). The ids that
