@@ -196,17 +196,25 @@ def connection_error(condition: str | None, description: str | None, *, host: st
 def lost_error(
     what: str, *, entity: str, host: str, in_doubt: bool, count: int
 ) -> TransientSendError:
-    """The connection or link went away while ``count`` transfers awaited their outcome."""
+    """The connection or link went away while ``count`` messages of a transfer awaited their
+    outcome (0: every one sent was settled, some stored, the rest not sent yet; or a
+    transaction's commit awaited its outcome)."""
     if not in_doubt:
         return NotSentError(
             f"{what} before anything of the transfer to {entity!r} was sent ({host}); nothing "
             "was stored",
             condition="amqp:connection:forced",
         )
+    if count > 0:
+        said = f"before the broker at {host} settled {count} message(s) sent to {entity!r}"
+    else:
+        said = (
+            f"before the broker at {host} answered for the whole transfer to {entity!r} "
+            "(part of it was stored)"
+        )
     return TransientSendError(
-        f"{what} before the broker at {host} settled {count} message(s) sent to {entity!r}: "
-        "they may or may not be stored (in doubt); a resend with the same ids is dropped as a "
-        "duplicate while the address's id cache still holds them",
+        f"{what} {said}: they may or may not be stored (in doubt); a resend with the same ids "
+        "is dropped as a duplicate while the address's id cache still holds them",
         condition="amqp:connection:forced",
     )
 

@@ -671,7 +671,7 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
                 entity=request.entity,
                 host=self.where,
                 in_doubt=request.in_doubt,
-                count=max(request.sent - request.settled, 1),
+                count=request.sent - request.settled,
             )
 
         self._drop(error_for, close=True)

@@ -86,11 +86,14 @@ class Transfer(Request):
 
     @property
     def in_doubt(self) -> bool:
-        """Something may have reached the broker: a delivery sent and not settled, or a
-        commit sent without its outcome."""
+        """Something may have been stored: a delivery sent and not settled, one the broker
+        accepted (the rest of the transfer waiting for credit when the connection goes), or
+        a commit sent without its outcome."""
         if self.atomic:
             return self.commit_sent
-        return self.sent > self.settled
+        return self.sent > self.settled or any(
+            o is not None and o[0] == "accepted" for o in self.outcomes
+        )
 
 
 class Connect(Request):

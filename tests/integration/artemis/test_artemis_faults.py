@@ -7,6 +7,7 @@ the sender reported it in doubt (and the test shows why a resend would have stor
 
 from __future__ import annotations
 
+import json
 import socket
 from concurrent.futures import ThreadPoolExecutor
 
@@ -188,3 +189,44 @@ def test_attempts_that_never_reached_the_broker_do_not_count_towards_the_reach(
         proxy.route_to("127.0.0.1", artemis_broker.port)  # back
         assert backend.send(address, x, timeout=20)[0].outcome == "accepted"
     assert browse_ids(direct, address) == ["x"]
+
+
+def test_a_connection_lost_with_part_of_a_transfer_stored_and_the_rest_unsent_is_in_doubt(
+    artemis_broker, artemis_address
+):
+    """The broker takes the first 1,000 messages of a 1,500-message transfer (its credit),
+    settles them Accepted, and gives no more credit (the address is full, BLOCK policy).
+    The connection goes: before issue 34 this was "nothing of the transfer was sent; nothing
+    was stored" (NotSentError, a re-run told it is safe), with 1,000 on the broker. It is in
+    doubt; the resend stores the rest and the broker drops the 1,000 it has."""
+    address = f"blocked-{artemis_address}"
+    direct = artemis_broker.url()
+    full = {"maxSizeBytes": 65536, "pageSizeBytes": 32768, "addressFullMessagePolicy": "BLOCK"}
+    manage(direct, "broker", "addAddressSettings", address, json.dumps(full))
+    assert drain(direct, address) == []  # a receiver's attach makes the queue
+    messages = [Message("x" * 1000, message_id=f"m-{i}") for i in range(1500)]
+    with (
+        FaultProxy("127.0.0.1", artemis_broker.port) as proxy,
+        ArtemisBackend(
+            "127.0.0.1", proxy.port, user=artemis_broker.user, password=artemis_broker.password
+        ) as backend,
+    ):
+        backend.declare(EntityProfile(address, id_cache_size=20_000))
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(backend.send, address, messages, timeout=120)
+            wait_for(lambda: message_count(direct, address) >= 1000, what="the credit used")
+            assert not running.done()  # waiting for credit the full address does not give
+            proxy.cut()
+            with pytest.raises(TransientSendError) as lost:
+                running.result(timeout=60)
+        assert not isinstance(lost.value, NotSentError), lost.value
+        assert "in doubt" in str(lost.value)
+        assert message_count(direct, address) == 1000
+        roomy = {"maxSizeBytes": -1, "addressFullMessagePolicy": "PAGE"}
+        manage(direct, "broker", "addAddressSettings", address, json.dumps(roomy))
+        assert [a.outcome for a in backend.send(address, messages, timeout=120)] == [
+            "accepted"
+        ] * 1500
+    got = [str(m.id) for m in drain(direct, address)]
+    assert len(got) == len(set(got)) == 1500
+    assert set(got) == {m.message_id for m in messages}
