@@ -19,7 +19,7 @@ import pytest
 from artemis.broker import ArtemisBroker
 from artemis.raw import browse_ids, drain, message_count, wait_for
 from sendonce import EntityProfile, IdempotentSender, Ledger, Message, RetryPolicy, SendReport
-from sendonce.errors import InDoubtError
+from sendonce.errors import InDoubtError, NotStoredError
 
 # Long enough to ride out a restart (5-15 s on a loaded 2-core machine).
 THROUGH_A_RESTART = RetryPolicy(
@@ -122,6 +122,38 @@ def test_killed_and_restarted_without_its_id_cache_the_in_flight_ids_are_in_doub
         got = [str(m.id) for m in drain(url, "orders")]
         assert len(got) == len(set(got))  # nothing twice
         assert sent <= set(got) <= sent | in_doubt
+
+
+@pytest.mark.slow
+def test_a_restart_longer_than_the_default_retries_leaves_each_in_doubt_or_not_stored():
+    """The default RetryPolicy (5 attempts) and a broker kept down until the sender gave up
+    (waiting for that, not a clock): what was in flight is in doubt, what never went out
+    was not stored, nothing is stored twice. docs/artemis.md says so."""
+    with ArtemisBroker(persist_id_cache=True) as broker:
+        url = broker.url()
+        assert drain(url, "orders") == []
+        messages = business(N, "order")
+        with IdempotentSender(url, "orders") as sender, ThreadPoolExecutor(1) as pool:
+            running = pool.submit(sender.send_many, messages)
+            wait_for(lambda: message_count(url, "orders") >= N // 8, what="some stored")
+            broker.kill()
+            report = running.result(timeout=600)  # every attempt refused: it gives up
+        broker.start()
+        assert report.failures
+        in_doubt = {f.message_id for f in report.failures if isinstance(f.error, InDoubtError)}
+        not_stored = {f.message_id for f in report.failures if isinstance(f.error, NotStoredError)}
+        assert in_doubt, "what was in flight at the kill is in doubt"
+        assert len(in_doubt) + len(not_stored) == len(report.failures)
+        for failure in report.failures:
+            said = str(failure.error)
+            if failure.message_id in in_doubt:
+                assert "all 5 attempts were used" in said, said
+            else:
+                assert "reached the broker, so nothing was sent" in said, said
+        sent = {r.message_id for r in report.results if r.outcome == "sent"}
+        got = [str(m.id) for m in drain(url, "orders")]
+        assert len(got) == len(set(got))  # nothing twice
+        assert sent <= set(got) <= sent | in_doubt  # nothing "not stored" is there
 
 
 @pytest.mark.slow
