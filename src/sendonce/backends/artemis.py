@@ -122,7 +122,8 @@ class ArtemisBackend:
     - ``kinds``: ``"queue"`` (anycast) or ``"topic"`` (multicast) by address name;
     - ``max_in_flight``: transfers carried at once (default 16);
     - ``resend_reach``: the fraction of an address's id cache a resend may reach back
-      over, counted in this backend's own messages (default 0.5; see ``_artemis_reach``);
+      over, counted in the distinct ids this backend wrote to the address (default 0.5;
+      see ``_artemis_reach``);
     - ``require_duplicate_detection``: refuse a peer that is not Artemis or an acceptor
       with duplicate detection off (default True);
     - ``connect_timeout``, ``management_timeout``: seconds; ``heartbeat``: the AMQP idle
