@@ -185,7 +185,7 @@ def _check_report(report: Any, messages: list[Message], cls: type[SendError]) ->
 
 def test_the_property_covers_the_classes_backends_raise() -> None:
     names = {cls.__name__ for cls in BACKEND_ERRORS}
-    assert {"NotSentError", "NotStoredError", "BrokerStorageError"} <= names
+    assert {"AttemptNotSentError", "NeverSentError", "BrokerStorageError"} <= names
 
 
 @pytest.mark.parametrize("cls", BACKEND_ERRORS, ids=lambda c: c.__name__)
