@@ -50,7 +50,10 @@ __all__ = [
 logger = logging.getLogger("sendonce.ledger")
 
 InDoubtPolicy = Literal["error", "resend"]
+"""What a sender does with a key in doubt: ``error`` (report ``InDoubtError``) or ``resend``
+(at-least-once)."""
 DEFAULT_RETENTION = timedelta(days=30)
+"""How long a ledger keeps its keys unless told otherwise (``Ledger(retention=...)``)."""
 IN_FLIGHT_HORIZON = timedelta(seconds=160)
 """How long another producer's send may still be in flight after it wrote its intent: the
 default ``RetryPolicy``'s whole budget (5 attempts of 30 s and their backoffs, ~158 s).
