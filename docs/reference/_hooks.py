@@ -10,6 +10,7 @@ mkdocs.yml) turns into a failed build.
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -56,3 +57,18 @@ def on_pre_build(config: Any, **kwargs: Any) -> None:
     src = Path(config["config_file_path"]).parent / "src"
     for name in undocumented(src):
         log.warning("public name without a docstring: %s", name)
+
+
+# The docstrings cross-reference in reST (``:class:`~sendonce.errors.InDoubtError```), which
+# Markdown renders as the role's name followed by code: keep the code, as Sphinx would show it
+# (``~`` shows the last part of the dotted name only).
+_ROLE = re.compile(r":(?:py:)?(?:class|meth|func|attr|data|mod|exc|obj):<code>(~?)([^<]*)</code>")
+
+
+def _shown(match: re.Match[str]) -> str:
+    name = match.group(2)
+    return f"<code>{name.rsplit('.', 1)[-1] if match.group(1) else name}</code>"
+
+
+def on_page_content(html: str, **kwargs: Any) -> str:
+    return _ROLE.sub(_shown, html)

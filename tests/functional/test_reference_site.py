@@ -79,6 +79,14 @@ def test_every_public_name_has_its_entry_in_the_reference(site: Path, module: st
     assert [n for n in names if f"{module}.{n}" not in anchors] == []
 
 
+def test_cross_references_show_as_code_not_as_rest_roles(site: Path) -> None:
+    for page in sorted((site / "reference").glob("*/index.html")):
+        html = page.read_text(encoding="utf-8")
+        assert re.findall(r":(?:class|meth|func|attr|exc):<code>", html) == [], page.parent.name
+    errors = (site / "reference" / "errors" / "index.html").read_text(encoding="utf-8")
+    assert "<code>InDoubtError</code>" in errors  # :class:`InDoubtError` in NeverSentError's
+
+
 def test_the_renamed_and_moved_errors_are_documented_where_they_live(site: Path) -> None:
     errors = (site / "reference" / "errors" / "index.html").read_text(encoding="utf-8")
     assert 'id="sendonce.errors.NeverSentError"' in errors
