@@ -366,7 +366,7 @@ def _deprecated(module: str, name: str, *, depth: int = 2) -> Any:
     else:
         raise AttributeError(f"module {module!r} has no attribute {name!r}")
     caller = str(sys._getframe(depth).f_globals.get("__name__", ""))
-    if not (caller.startswith("sendonce.") or caller.startswith("importlib")):
+    if not (caller.startswith("sendonce.") or caller == "importlib._bootstrap"):
         advice += "; the old name goes in 0.2"
         warnings.warn(advice, DeprecationWarning, stacklevel=depth + 1)
     return value
