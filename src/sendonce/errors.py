@@ -19,9 +19,9 @@ SendOnceError                                             — the base; its text
 │   └── ConflictingRowsError [sendonce.spark]             — rows with different bodies, one id
 ├── SendError                                             — carries the message id when known
 │   ├── TransientSendError                                — may or may not be stored; retried
-│   │   └── NotSentError                                  — never reached the broker
+│   │   └── AttemptNotSentError                           — this attempt stored nothing; retried
 │   ├── PermanentSendError                                — refused; retrying cannot help
-│   │   ├── NotStoredError                                — every attempt failed before the broker
+│   │   ├── NeverSentError                                — gave up, nothing stored: resend any time
 │   │   └── BrokerStorageError [sendonce.backends.local]  — disk full: nothing of the call stored
 │   ├── InDoubtError                                      — retries ran out inside the window
 │   ├── PayloadConflictError                              — same id, different body
@@ -29,42 +29,53 @@ SendOnceError                                             — the base; its text
 │   ├── PublishFailedError                                — a Spark publish missed rows (.report)
 │   ├── LateReexecutionError [sendonce.spark]             — a late task retry refused to resend
 │   └── PartitionFailedError [sendonce.spark]             — rows failed: Spark retries the task
-├── LockLostError                                         — settled after the lock was lost
-│   └── SessionLockLostError                              — the receiver lost its session
-├── SessionCannotBeLockedError                            — another receiver holds the session
-├── NoSessionAvailableError (also TimeoutError)           — no session within max_wait_time
+├── LockLostError [sendonce.backends.local]               — settled after the lock was lost
+│   └── SessionLockLostError [sendonce.backends.local]    — the receiver lost its session
+├── SessionCannotBeLockedError [sendonce.backends.local]  — another receiver holds the session
+├── NoSessionAvailableError (also TimeoutError) [sendonce.backends.local] — no session in time
 └── MessageNotFoundError [sendonce.backends.local]        — no such deferred message
 
+Why the names: ``AttemptNotSentError`` is one attempt's failure, transient (the sender
+retries it; nothing can have been stored), and ``NeverSentError`` is the final outcome when
+every attempt failed that way (permanent for this call, yet not in doubt: resend at any
+time). Their first spellings, ``NotSentError`` and ``NotStoredError``, sounded alike and
+meant opposite things. The receive side's errors belong to the local broker, whose receive
+side alone raises them; a producer never sees them.
+
+Old spellings still work for a deprecation period (to be removed in 0.2), each with a
+``DeprecationWarning``: ``NotSentError``, ``NotStoredError``, and the receive side's errors
+from here or from ``sendonce``. The package's own modules still using an old spelling get no
+warning (their owners move them); a user's code does.
+
 This module is on the ground floor: it imports nothing from the rest of the
-package, so every other module can import it. The Spark report is typed here by
-the :class:`PublishCounts` protocol for that reason.
+package at import time, so every other module can import it; the one exception is the
+redirect of a deprecated receive-side name, imported on access only. The Spark report is
+typed here by the :class:`PublishCounts` protocol for that reason.
 """
 
 from __future__ import annotations
 
 import re
+import sys
+import warnings
 from datetime import timedelta
-from typing import Any, Protocol, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 __all__ = [
+    "AttemptNotSentError",
     "ConfigurationError",
     "InDoubtError",
     "KeyRuleError",
     "LedgerError",
-    "LockLostError",
     "MessageIdError",
     "MessageSizeError",
-    "NoSessionAvailableError",
-    "NotSentError",
-    "NotStoredError",
+    "NeverSentError",
     "PayloadConflictError",
     "PermanentSendError",
     "PublishCounts",
     "PublishFailedError",
     "SendError",
     "SendOnceError",
-    "SessionCannotBeLockedError",
-    "SessionLockLostError",
     "TransientSendError",
     "ValidationError",
     "redact",
@@ -173,18 +184,23 @@ class PermanentSendError(SendError):
     """The broker refused the send; retrying cannot help."""
 
 
-class NotSentError(TransientSendError):
-    """The send never reached the broker: the connection was refused or the link never opened.
+class AttemptNotSentError(TransientSendError):
+    """One attempt sent nothing: the connection was refused, the link never opened, the
+    broker file stayed locked, or the broker released the transfer unstored.
 
-    Nothing can have been stored, so the message is not in doubt; retrying is safe.
+    Nothing can have been stored, so the message is not in doubt and retrying is safe:
+    the sender retries it. When every attempt ends this way the sender reports
+    :class:`NeverSentError`. (Its old name ``NotSentError`` still works and warns.)
     """
 
 
-class NotStoredError(PermanentSendError):
-    """Every attempt failed before reaching the broker (see :class:`NotSentError`).
+class NeverSentError(PermanentSendError):
+    """The sender gave up and no attempt sent the message (each was an
+    :class:`AttemptNotSentError`).
 
-    Nothing was stored: the message is not in doubt, and sending it again at any
-    time (after the broker is reachable) is safe.
+    Nothing was stored: the message is not in doubt (compare :class:`InDoubtError`), and
+    sending it again at any time, once the broker is reachable, is safe. Permanent only in
+    that this call's retries are spent. (Its old name ``NotStoredError`` still works and warns.)
     """
 
     def __init__(
@@ -308,46 +324,53 @@ class PublishFailedError(SendError):
         self.report = report
 
 
-# -- receiving from the local broker ---------------------------------------------------------
+# -- deprecated spellings ----------------------------------------------------------------------
+
+if TYPE_CHECKING:  # what type checkers see; at run time each goes through __getattr__ and warns
+    NotSentError = AttemptNotSentError
+    NotStoredError = NeverSentError
+
+_RENAMED: dict[str, str] = {
+    "NotSentError": "AttemptNotSentError",
+    "NotStoredError": "NeverSentError",
+}
+"""Old name -> new name, in this module (and in ``sendonce``)."""
+
+_MOVED: dict[str, str] = {
+    "LockLostError": "sendonce.backends.local",
+    "SessionLockLostError": "sendonce.backends.local",
+    "SessionCannotBeLockedError": "sendonce.backends.local",
+    "NoSessionAvailableError": "sendonce.backends.local",
+    "MessageNotFoundError": "sendonce.backends.local",
+}
+"""Name -> its new home, for the receive side's errors that lived here."""
 
 
-class LockLostError(SendOnceError):
-    """A peek-lock settlement came too late: the lock expired or the message is gone."""
+def _deprecated(module: str, name: str, *, depth: int = 2) -> Any:
+    """The object an old spelling ``module.name`` stands for, with a ``DeprecationWarning``.
 
-
-class SessionLockLostError(LockLostError):
-    """The receiver no longer holds its session: the lock expired or the session was closed.
-
-    Service Bus's ``SessionLockLostError``. Its messages' locks went with it; another
-    receiver may hold the session now. Accept the session again to go on.
+    Raises ``AttributeError`` for a name that was never here. ``depth`` is the frame of
+    the code that asked, from this function: a caller inside sendonce is not warned (its
+    owner migrates it), nor is the import system's probe of ``from sendonce import name``
+    (the import itself warns right after, once).
     """
+    if name in _RENAMED:
+        new_name = _RENAMED[name]
+        value = globals()[new_name]
+        advice = f"{module}.{name} is deprecated: use {module}.{new_name}, the same class"
+    elif name in _MOVED:
+        from .backends import local  # on access only: the one import above the ground floor
 
-    def __init__(self, message: str, *, entity: str = "", session_id: str = "") -> None:
-        super().__init__(message)
-        self.entity = entity
-        self.session_id = session_id
-
-
-class SessionCannotBeLockedError(SendOnceError):
-    """The session asked for is locked by another receiver (another handle or process).
-
-    Service Bus's ``SessionCannotBeLockedError`` (``com.microsoft:session-cannot-be-locked``):
-    a session is locked to one receiver at a time.
-    """
-
-    def __init__(self, message: str, *, entity: str = "", session_id: str = "") -> None:
-        super().__init__(message)
-        self.entity = entity
-        self.session_id = session_id
+        value = getattr(local, name)
+        advice = f"{module}.{name} is deprecated: import it from {_MOVED[name]}, the same class"
+    else:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    caller = str(sys._getframe(depth).f_globals.get("__name__", ""))
+    if not (caller.startswith("sendonce.") or caller == "importlib._bootstrap"):
+        advice += "; the old name goes in 0.2"
+        warnings.warn(advice, DeprecationWarning, stacklevel=depth + 1)
+    return value
 
 
-class NoSessionAvailableError(SendOnceError, TimeoutError):
-    """No unlocked session with an available message came within ``max_wait_time``.
-
-    What Service Bus answers a ``NEXT_AVAILABLE_SESSION`` receiver (the client raises
-    ``OperationTimeoutError``).
-    """
-
-    def __init__(self, message: str, *, entity: str = "") -> None:
-        super().__init__(message)
-        self.entity = entity
+def __getattr__(name: str) -> Any:
+    return _deprecated(__name__, name, depth=2)

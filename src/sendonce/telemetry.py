@@ -9,7 +9,7 @@ here. This module is for processes that have no setup of their own:
   command calls it for ``--otel``; a Spark executor calls it when
   ``SENDONCE_OTEL_SETUP=sendonce.telemetry:configure`` is in its environment.
 - :func:`use` sends sendonce's telemetry to providers of your choosing without touching the
-  global ones (tests read spans back this way).
+  global ones (tests read spans back this way); each signal is named, ``None`` for none.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import importlib
 import os
 import sys
 from dataclasses import dataclass, field
+from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Literal
 
 from . import _telemetry
@@ -154,14 +155,37 @@ def _exporter_hint(exc: ImportError) -> str:
 
 
 def use(
-    tracer_provider: TracerProvider | None = None, meter_provider: MeterProvider | None = None
+    tracer_provider: TracerProvider | EllipsisType | None = ...,
+    meter_provider: MeterProvider | EllipsisType | None = ...,
 ) -> None:
-    """Send sendonce's spans and metrics to these providers, not the global ones.
+    """Send sendonce's spans to ``tracer_provider`` and its metrics to ``meter_provider``,
+    not to the global providers.
 
-    Senders made afterwards use them (a sender decides when it is made, or opened for
-    ``aio``); ``use()`` with neither turns sendonce's telemetry off; :func:`reset` follows
-    the global providers again.
+    Both are named, each a provider or ``None`` for none of that signal:
+    ``use(tracer_provider=tp, meter_provider=None)`` traces and records no metrics;
+    ``use(tracer_provider=None, meter_provider=None)`` turns sendonce's telemetry off.
+    Leaving one out is a ``ConfigurationError`` naming it: whether an omitted one meant
+    "none" or "the global one" would be a guess (``use()`` used to turn telemetry off
+    without saying so). Senders made afterwards use them (a sender decides when it is made,
+    or opened for ``aio``); :func:`reset` follows the global providers again.
     """
+    missing = [
+        name
+        for name, given in (
+            ("tracer_provider", tracer_provider),
+            ("meter_provider", meter_provider),
+        )
+        if given is ...
+    ]
+    if missing:
+        raise ConfigurationError(
+            f"telemetry.use() needs {' and '.join(missing)}: a provider, or None for none of "
+            "that signal (use(tracer_provider=None, meter_provider=None) turns sendonce's "
+            "telemetry off; reset() follows the global providers)",
+            field=missing[0],
+        )
+    assert not isinstance(tracer_provider, EllipsisType)
+    assert not isinstance(meter_provider, EllipsisType)
     _telemetry.use(tracer_provider, meter_provider)
 
 

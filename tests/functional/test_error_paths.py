@@ -3,7 +3,7 @@
 A batch whose transfer fails is reported once per message: each failure is a copy
 of the transfer's error naming its own message. That copy once re-called each
 class's constructor and crashed (``TypeError``) for classes whose constructor
-differs (``NotStoredError``: a batch to an unreachable namespace). The property
+differs (``NeverSentError``: a batch to an unreachable namespace). The property
 below runs over the whole error tree as the package defines it today, so a class
 added later is covered without anyone remembering to add it here.
 """
@@ -27,9 +27,9 @@ from sendonce import EntityProfile, IdempotentSender, Message, RetryPolicy
 from sendonce.backends import Ack
 from sendonce.backends.local import LocalBackend
 from sendonce.errors import (
+    AttemptNotSentError,
     InDoubtError,
-    NotSentError,
-    NotStoredError,
+    NeverSentError,
     PermanentSendError,
     SendError,
     TransientSendError,
@@ -165,8 +165,8 @@ def _messages(count: int) -> list[Message]:
 
 def _expected_type(cls: type[SendError]) -> type[SendError]:
     """What the sender reports after its retries: the error itself, or what it becomes."""
-    if issubclass(cls, NotSentError):
-        return NotStoredError  # nothing can have been stored: not in doubt
+    if issubclass(cls, AttemptNotSentError):
+        return NeverSentError  # nothing can have been stored: not in doubt
     if issubclass(cls, TransientSendError):
         return InDoubtError
     return cls
@@ -185,7 +185,7 @@ def _check_report(report: Any, messages: list[Message], cls: type[SendError]) ->
 
 def test_the_property_covers_the_classes_backends_raise() -> None:
     names = {cls.__name__ for cls in BACKEND_ERRORS}
-    assert {"NotSentError", "NotStoredError", "BrokerStorageError"} <= names
+    assert {"AttemptNotSentError", "NeverSentError", "BrokerStorageError"} <= names
 
 
 @pytest.mark.parametrize("cls", BACKEND_ERRORS, ids=lambda c: c.__name__)
@@ -267,10 +267,10 @@ def test_batch_to_an_unreachable_namespace_is_reported_not_crashed() -> None:
     messages = _messages(3)
     with connect(url) as backend, IdempotentSender(backend, ORDERS, retry=_retry()) as sender:
         report = sender.send_many(messages)
-        _check_report(report, messages, NotSentError)
+        _check_report(report, messages, AttemptNotSentError)
         for failure in report.failures:
             assert "c2VjcmV0" not in str(failure.error)  # the key never leaks
-        with pytest.raises(NotStoredError):
+        with pytest.raises(NeverSentError):
             sender.send(Message("single", message_id="single-1"))
 
 
@@ -289,8 +289,8 @@ def test_aio_batch_to_an_unreachable_namespace_is_reported_not_crashed() -> None
             AsyncSender(backend, ORDERS, retry=_retry()) as sender,
         ):
             report = await sender.send_many(messages)
-            _check_report(report, messages, NotSentError)
-            with pytest.raises(NotStoredError):
+            _check_report(report, messages, AttemptNotSentError)
+            with pytest.raises(NeverSentError):
                 await sender.send(Message("single", message_id="single-1"))
 
     asyncio.run(main())

@@ -77,7 +77,7 @@ def test_the_metadata_names_the_project_its_version_python_and_extras(
     assert metadata["Requires-Python"] == ">=3.11"
     assert metadata["License-Expression"] == "MIT"
     assert set(metadata.get_all("Provides-Extra") or ()) == {
-        "azure", "aio", "emulator", "spark", "postgres", "artemis", "otel", "outbox", "dev"
+        "azure", "aio", "emulator", "spark", "postgres", "artemis", "otel", "outbox", "docs", "dev"
     }  # fmt: skip
     requires = metadata.get_all("Requires-Dist") or []
     assert 'pyspark[connect]<5,>=4.0; extra == "spark"' in requires

@@ -40,8 +40,11 @@ CONTRACT = {
         "NoSessionAvailableError",
         "NotSentError",
         "NotStoredError",
+        "AttemptNotSentError",
+        "NeverSentError",
         "LedgerError",
         "PublishFailedError",
+        "Ledger",
     ],
     "sendonce.errors": [
         "SendOnceError",
@@ -61,6 +64,8 @@ CONTRACT = {
         "NoSessionAvailableError",
         "NotSentError",
         "NotStoredError",
+        "AttemptNotSentError",
+        "NeverSentError",
         "LedgerError",
         "PublishFailedError",
         "redact",
@@ -80,6 +85,9 @@ CONTRACT = {
         "BrokerStorageError",
         "MessageNotFoundError",
         "LockLostError",
+        "SessionLockLostError",
+        "SessionCannotBeLockedError",
+        "NoSessionAvailableError",
     ],
     "sendonce.testing": ["FaultyBackend", "Fault"],
     "sendonce.telemetry": ["configure", "use", "reset", "Exporting"],
@@ -98,9 +106,55 @@ CONTRACT = {
 }
 
 
+# DESIGN.md §3 names that moved or were renamed: they still work, with a DeprecationWarning.
+DEPRECATED = {
+    (module, name)
+    for module in ("sendonce", "sendonce.errors")
+    for name in (
+        "NotSentError",
+        "NotStoredError",
+        "LockLostError",
+        "SessionLockLostError",
+        "SessionCannotBeLockedError",
+        "NoSessionAvailableError",
+    )
+}
+
+# The short list a producer needs (DESIGN.md §4: ``__init__.py``'s sorted ``__all__``).
+SHORT_LIST = [
+    "EntityProfile",
+    "IdempotentSender",
+    "InDoubtError",
+    "Ledger",
+    "LedgerError",
+    "Message",
+    "MessageIdTemplate",
+    "MessageSpec",
+    "NeverSentError",
+    "PayloadConflictError",
+    "PermanentSendError",
+    "RetryPolicy",
+    "SendError",
+    "SendOnceError",
+    "SendReport",
+    "SendResult",
+    "TransientSendError",
+    "ValidationError",
+    "content_message_id",
+]
+
+
 @pytest.mark.parametrize(("module", "name"), [(m, n) for m, ns in CONTRACT.items() for n in ns])
 def test_contract_name_is_importable(module: str, name: str) -> None:
-    assert getattr(importlib.import_module(module), name) is not None
+    if (module, name) in DEPRECATED:
+        with pytest.warns(DeprecationWarning, match=rf"{module}\.{name} is deprecated"):
+            assert getattr(importlib.import_module(module), name) is not None
+    else:
+        assert getattr(importlib.import_module(module), name) is not None
+
+
+def test_the_top_level_all_is_the_short_list() -> None:
+    assert sendonce.__all__ == SHORT_LIST
 
 
 def test_all_is_sorted_and_complete() -> None:
@@ -117,7 +171,8 @@ def test_the_version_is_a_pep_440_release_number() -> None:
 
 def test_an_error_exported_from_two_modules_is_one_class() -> None:
     assert sendonce.spark.PublishFailedError is sendonce.PublishFailedError
-    assert sendonce.backends.local.LockLostError is sendonce.LockLostError
+    with pytest.warns(DeprecationWarning):
+        assert sendonce.backends.local.LockLostError is sendonce.LockLostError
 
 
 def test_error_tree_matches_the_design() -> None:

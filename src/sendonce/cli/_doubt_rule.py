@@ -1,51 +1,28 @@
 """When an unconfirmed ledger key is in doubt: the entity's own rule, in the CLI's words.
 
-The ledger records sends, not the rules of the entities it sent to, and the rule
-decides what an unconfirmed key means: with a duplicate-detection window a re-run
-inside it resends the key and the broker drops a copy, so only keys past it are in
-doubt; without duplicate detection, or with an Artemis-style id cache (which
-remembers ids by count, not by time), a re-run never resends an unconfirmed key, so
-every one is in doubt at once. Every ledger message (``ledger stats``, ``in-doubt``,
-the advice ``publish`` prints) says the rule it applies, or that it does not know it.
+The rule itself is library API (:class:`sendonce.ledger.InDoubtRule`: what it is, what
+is in doubt when); this module adds the words. Every ledger message (``ledger stats``,
+``in-doubt``, the advice ``publish`` prints) says the rule it applies, or that it does
+not know it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any
 
-from .._entity import EntityProfile
+from ..ledger import IN_DOUBT_MARGIN, InDoubtRule
 from ._words import format_duration
 
 __all__ = ["MARGIN", "Rule"]
 
-MARGIN = timedelta(seconds=5)
-"""RetryPolicy's default safety margin: a key is resent until first attempt + window - it."""
+MARGIN = IN_DOUBT_MARGIN
 
 
 @dataclass(frozen=True, slots=True)
-class Rule:
-    """An entity's duplicate-detection rule, as far as the command knows it."""
-
-    kind: Literal["window", "none", "id_cache"] | None
-    """None: unknown (the command was given neither --broker nor --window / --no-dedup)."""
-    window: timedelta | None = None
-    id_cache_size: int | None = None
-
-    @classmethod
-    def of(cls, profile: EntityProfile) -> Rule:
-        if not profile.duplicate_detection:
-            return cls("none")
-        if profile.id_cache_size is not None:
-            return cls("id_cache", id_cache_size=profile.id_cache_size)
-        return cls("window", window=profile.window)
-
-    def cutoff(self, now: datetime) -> datetime | None:
-        """Keys first attempted before this are in doubt (None: every unconfirmed key)."""
-        if self.kind != "window" or self.window is None:
-            return None
-        return now - self.window + MARGIN
+class Rule(InDoubtRule):
+    """An entity's duplicate-detection rule, as far as the command knows it (unknown: the
+    command was given neither --broker nor --window / --no-dedup), with its words."""
 
     def words(self) -> str:
         """The rule, as a clause: ``no duplicate detection``."""

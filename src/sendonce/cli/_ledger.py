@@ -12,14 +12,16 @@ them resolves a key whose producer may still be sending it, unless ``--force``.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 import click
 
 from .._names import name_key
-from ..ledger import DEFAULT_RETENTION, Key, Ledger
+from ..errors import ValidationError
+from ..ledger import DEFAULT_RETENTION, Key, Ledger, Verdict
 from ..ledger._inspect import (
     EntityCounts,
     Unconfirmed,
@@ -32,16 +34,15 @@ from ..ledger._inspect import (
     unconfirmed,
 )
 from ..ledger._ledger import IN_FLIGHT_HORIZON
-from ..ledger._reconcile import Verdict
-from ..ledger._reconcile import reconcile as compare
 from ._doubt_rule import Rule
-from ._ledger_broker import broker_view, entity_rule, entity_rules
+from ._ledger_broker import entity_rule, entity_rules, reconcile_broker
 from ._ledger_keys import read_keys
 from ._ledger_open import Mode, open_ledger
 from ._rerun import utc_text
 from ._words import (
     EXIT_USAGE,
     InputError,
+    cli_text,
     duration_option,
     format_duration,
     json_errors,
@@ -557,25 +558,22 @@ def reconcile(
         raise click.UsageError("--release-absent releases keys: give --apply too")
     with _open(ledger_url, "write" if apply else "read") as opened:
         _check_entity(opened, entity)
-        rows = unconfirmed(opened.store, entity)
-        view = broker_view(broker_url, entity, [r.key for r in rows], subscriptions)
-        verdicts = compare(rows, view)
-        now = datetime.now(UTC)
-        bound = timedelta(0) if force else min_age
-        confirm = [v for v in verdicts if v.finding in ("held", "remembered")]
-        releasable = {"not_stored", "absent"} if release_absent else {"not_stored"}
-        wanted = [v for v in verdicts if v.finding in releasable]
-        young = [v for v in wanted if now - v.item.first_attempt < bound]
-        release = [v for v in wanted if now - v.item.first_attempt >= bound]
-        if apply:
-            opened.confirm(entity, {v.item.key: "resolved" for v in confirm})
-            rows_of = {v.item.key: _entry(v) for v in release}
-            _release(opened, entity, rows_of)
-    rule = Rule.of(view.profile) if view.profile is not None else Rule(None)
+        with _broker_refusals(), reconcile_broker(broker_url, entity, subscriptions) as broker:
+            found = opened.reconcile(
+                broker,
+                entity,
+                subscriptions=subscriptions,
+                apply=apply,
+                release_absent=release_absent,
+                min_age=timedelta(0) if force else min_age,
+            )
+    rule = Rule(found.rule.kind, found.rule.window, found.rule.id_cache_size)
+    verdicts = found.verdicts
     by: dict[str, list[Verdict]] = {f: [] for f in _FINDING_TEXT}
     for verdict in verdicts:
         by[verdict.finding].append(verdict)
-    left = len(verdicts) - (len(confirm) + len(release) if apply else 0)
+    confirm, release, young = found.to_confirm, found.to_release, found.too_young
+    left = found.left
     if as_json:
         data: dict[str, Any] = {
             "status": "ok",
@@ -583,8 +581,8 @@ def reconcile(
             "rule": rule.as_json(),
             "unconfirmed": len(verdicts),
             **{f: [_key_json(v.item.key) for v in by[f]] for f in _FINDING_TEXT},
-            "too_young": [_key_json(v.item.key) for v in young],
-            "cannot_tell": list(view.cannot_tell),
+            "too_young": [_key_json(key) for key in young],
+            "cannot_tell": list(found.cannot_tell),
             "applied": apply,
             "confirmed": len(confirm) if apply else 0,
             "released": len(release) if apply else 0,
@@ -607,7 +605,7 @@ def reconcile(
             f"{format_duration(min_age)} ago, their producer may still be sending them "
             "(--force releases them anyway)"
         )
-    for limit in view.cannot_tell:
+    for limit in found.cannot_tell:
         click.echo(f"note: {limit}", err=True)
     if apply:
         released = f"released {len(release)}" + (
@@ -630,13 +628,12 @@ def reconcile(
         click.echo("Nothing was recorded: " + "; ".join(todo) + ".")
 
 
-def _entry(verdict: Verdict) -> str:
-    return verdict.item.owner
-
-
-def _release(opened: Ledger, entity: str, owners: dict[Key, str]) -> None:
-    by_owner: dict[str, list[Key]] = {}
-    for key, owner in owners.items():
-        by_owner.setdefault(owner, []).append(key)
-    for owner, keys in by_owner.items():
-        opened.release(entity, keys, owner)
+@contextmanager
+def _broker_refusals() -> Iterator[None]:
+    """The library's refusal of the broker or its subscriptions, said as ``--broker``'s."""
+    try:
+        yield
+    except ValidationError as exc:
+        if exc.field in ("broker", "subscriptions"):
+            raise InputError(f"--{exc.field.rstrip('s')}: {cli_text(exc)}") from None
+        raise

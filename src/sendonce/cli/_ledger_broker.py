@@ -19,14 +19,12 @@ from .._entity import EntityProfile
 from .._names import name_key
 from ..backends._url import LOCAL_SCHEME, local_path
 from ..backends.local import LocalBackend
-from ..errors import SendOnceError, ValidationError, redact
-from ..ledger import Key
-from ..ledger._reconcile import BrokerView, local_view, peek_view
+from ..errors import LedgerError, SendOnceError, ValidationError, redact
 from ._doubt_rule import Rule
 from ._files import os_errors, writable_problem
 from ._words import CommandError, InputError, cli_text
 
-__all__ = ["broker_view", "entity_rule", "entity_rules"]
+__all__ = ["entity_rule", "entity_rules", "reconcile_broker"]
 
 
 @contextmanager
@@ -48,6 +46,8 @@ def _local(url: str) -> Iterator[LocalBackend]:
     with backend:
         try:
             yield backend
+        except LedgerError:
+            raise  # the ledger's (reconcile records in it), not the broker's
         except ValidationError as exc:
             raise InputError(f"--broker: {cli_text(exc)}") from None
         except SendOnceError as exc:
@@ -135,17 +135,23 @@ def _described(backend: Any, entity: str, missing_ok: bool) -> EntityProfile | N
     return profile
 
 
-def broker_view(
-    url: str, entity: str, keys: Sequence[Key], subscriptions: Sequence[str]
-) -> BrokerView:
-    """What the broker at ``url`` shows of ``keys`` in ``entity``."""
+@contextmanager
+def reconcile_broker(
+    url: str, entity: str, subscriptions: Sequence[str]
+) -> Iterator[LocalBackend | str]:
+    """The broker at ``url`` as ``Ledger.reconcile`` takes it (a local broker opened as these
+    commands open it, or the connection string to peek), its failures said as ``--broker``'s.
+
+    A ``LedgerError`` inside passes through: it is the ledger's, not the broker's.
+    """
     if _is_local(url):
         if subscriptions:
             raise InputError(
                 "--subscription: a local broker shows every subscription of a topic by itself"
             )
         with _local(url) as backend:
-            return local_view(backend, entity, keys)
+            yield backend
+        return
     if _is_artemis(url):
         raise InputError(
             "--broker: reconcile reads a local broker (local:FILE) or peeks the emulator or "
@@ -153,7 +159,9 @@ def broker_view(
             "browse them, then record what you find with `sendonce ledger confirm` / `release`"
         )
     try:
-        return peek_view(url.strip(), entity, subscriptions=subscriptions)
+        yield url.strip()
+    except SendOnceError:
+        raise  # the ledger's, or the library's refusal of the broker (mapped by the caller)
     except ModuleNotFoundError as exc:
         raise InputError(_hint(exc)) from None
     except ValueError as exc:  # the client's own refusal of a malformed connection string

@@ -21,7 +21,7 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import xxhash
 
@@ -29,6 +29,12 @@ from .._entity import EntityProfile
 from .._message import Message
 from ..errors import ConfigurationError
 from ._store import Confirmation, Entry, Key, LedgerStore
+
+if TYPE_CHECKING:
+    from ..backends.local import LocalBackend
+    from ._doubt import InDoubtRule
+    from ._inspect import Unconfirmed
+    from ._reconcile import Reconciliation
 
 __all__ = [
     "DEFAULT_RETENTION",
@@ -44,7 +50,10 @@ __all__ = [
 logger = logging.getLogger("sendonce.ledger")
 
 InDoubtPolicy = Literal["error", "resend"]
+"""What a sender does with a key in doubt: ``error`` (report ``InDoubtError``) or ``resend``
+(at-least-once)."""
 DEFAULT_RETENTION = timedelta(days=30)
+"""How long a ledger keeps its keys unless told otherwise (``Ledger(retention=...)``)."""
 IN_FLIGHT_HORIZON = timedelta(seconds=160)
 """How long another producer's send may still be in flight after it wrote its intent: the
 default ``RetryPolicy``'s whole budget (5 attempts of 30 s and their backoffs, ~158 s).
@@ -565,3 +574,56 @@ class Ledger:
             self.prune()
         except Exception as exc:  # pruning is housekeeping: never fail a send for it
             logger.warning("ledger: pruning failed (%s); will retry later", exc)
+
+    # -- keys in doubt -----------------------------------------------------------------
+
+    def keys_in_doubt(
+        self, entity: str, rule: InDoubtRule | EntityProfile, *, limit: int | None = None
+    ) -> list[Unconfirmed]:
+        """The unconfirmed keys of ``entity`` in doubt under its rule, oldest first.
+
+        ``rule`` is the entity's :class:`~sendonce.ledger.InDoubtRule` or its profile (a
+        backend's ``describe(entity)``): with a window, keys whose window has passed since
+        their first attempt (a re-run inside it resends the others and the broker drops a
+        copy); without duplicate detection or with an id cache, every unconfirmed key.
+        """
+        from ._doubt import InDoubtRule
+        from ._inspect import unconfirmed
+
+        known = InDoubtRule.of(rule) if isinstance(rule, EntityProfile) else rule
+        return unconfirmed(self.store, entity, limit=limit, before=known.cutoff(self.clock()))
+
+    def reconcile(
+        self,
+        backend: LocalBackend | str,
+        entity: str,
+        *,
+        subscriptions: Sequence[str] = (),
+        apply: bool = False,
+        release_absent: bool = False,
+        min_age: timedelta = IN_FLIGHT_HORIZON,
+    ) -> Reconciliation:
+        """Compare ``entity``'s unconfirmed keys with what the broker shows; with ``apply``,
+        record what it proves.
+
+        ``backend`` is a :class:`~sendonce.backends.local.LocalBackend` (or its ``local:``
+        url, never created here), read exactly: what it stores and the ids it remembers; or
+        a Service Bus connection string (the emulator's too), peeked (``subscriptions``: the
+        topic's subscriptions to look at). ``apply=True`` confirms the keys the broker holds
+        or remembers and releases those it proves it never stored (the next run sends
+        them); ``release_absent=True`` also releases those it does not show (only if you
+        know no consumer received them). A key written less than ``min_age`` ago is not
+        released (its producer may still be sending it). Raises ``ConfigurationError``
+        naming ``broker`` for a broker it cannot read (Artemis).
+        """
+        from ._reconcile import reconcile_ledger
+
+        return reconcile_ledger(
+            self,
+            backend,
+            entity,
+            subscriptions=subscriptions,
+            apply=apply,
+            release_absent=release_absent,
+            min_age=min_age,
+        )

@@ -17,33 +17,50 @@ differs:
 
 A key neither seen nor proven absent is ``absent``: only a person who knows that no
 consumer received from the entity since can say it was never stored.
+
+:meth:`Ledger.reconcile <sendonce.ledger.Ledger.reconcile>` (what ``sendonce ledger
+reconcile`` calls) asks the broker, compares, and with ``apply=True`` records what the
+broker proves; :class:`Reconciliation` is its answer.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .._entity import EntityProfile
-from ._inspect import Unconfirmed
+from ..errors import ConfigurationError, redact
+from ._doubt import InDoubtRule
+from ._inspect import Unconfirmed, unconfirmed
 from ._store import Key
 
+if TYPE_CHECKING:
+    from ..backends.local import LocalBackend
+    from ._ledger import Ledger
+
 __all__ = [
+    "FINDINGS",
     "BrokerView",
     "Finding",
+    "Reconciliation",
     "Verdict",
+    "broker_view",
     "local_view",
     "peek_view",
     "reconcile",
+    "reconcile_ledger",
 ]
 
 Finding = Literal["held", "remembered", "not_stored", "absent"]
 """``held``: the broker stores a message with the key; ``remembered``: it remembers the
 id (it was stored; a consumer may have taken it since); ``not_stored``: it would remember
 the id had it been stored, and does not; ``absent``: not seen, and nothing proves why."""
+
+FINDINGS: tuple[Finding, ...] = ("held", "remembered", "not_stored", "absent")
 
 _PROOF_MARGIN = timedelta(seconds=5)
 _CHUNK = 5000
@@ -72,6 +89,39 @@ class Verdict:
     finding: Finding
 
 
+@dataclass(frozen=True, slots=True)
+class Reconciliation:
+    """What :meth:`Ledger.reconcile <sendonce.ledger.Ledger.reconcile>` found, and did.
+
+    ``verdicts``: every unconfirmed key of the entity with its finding, oldest first.
+    ``to_confirm``: the keys the broker holds or remembers; ``to_release``: those it proves
+    it never stored (and, with ``release_absent``, those it does not show) old enough to
+    release; ``too_young``: keys that would be released but were written less than
+    ``min_age`` ago (their producer may still be sending them). With ``applied`` the first
+    two were recorded. ``cannot_tell``: what this broker cannot show, in words.
+    """
+
+    entity: str
+    rule: InDoubtRule
+    """The entity's rule where the broker describes it (the local broker), else unknown."""
+    verdicts: tuple[Verdict, ...]
+    to_confirm: tuple[Key, ...]
+    to_release: tuple[Key, ...]
+    too_young: tuple[Key, ...]
+    cannot_tell: tuple[str, ...]
+    applied: bool
+
+    def keys(self, finding: Finding) -> list[Key]:
+        """The keys with this finding, oldest first."""
+        return [v.item.key for v in self.verdicts if v.finding == finding]
+
+    @property
+    def left(self) -> int:
+        """Keys still unconfirmed after this call."""
+        done = len(self.to_confirm) + len(self.to_release) if self.applied else 0
+        return len(self.verdicts) - done
+
+
 @dataclass(slots=True)
 class _Seen:
     held: set[Key] = field(default_factory=set)
@@ -93,6 +143,86 @@ def reconcile(items: Sequence[Unconfirmed], view: BrokerView) -> list[Verdict]:
             finding = "absent"
         verdicts.append(Verdict(item, finding))
     return verdicts
+
+
+def reconcile_ledger(
+    ledger: Ledger,
+    broker: LocalBackend | str,
+    entity: str,
+    *,
+    subscriptions: Sequence[str] = (),
+    apply: bool = False,
+    release_absent: bool = False,
+    min_age: timedelta = timedelta(0),
+) -> Reconciliation:
+    """:meth:`Ledger.reconcile <sendonce.ledger.Ledger.reconcile>`: compare, then record."""
+    if release_absent and not apply:
+        raise ConfigurationError("release_absent releases keys: pass apply=True too", field="apply")
+    rows = unconfirmed(ledger.store, entity)
+    view = broker_view(broker, entity, [r.key for r in rows], subscriptions)
+    verdicts = reconcile(rows, view)
+    now = ledger.clock()
+    confirm = [v for v in verdicts if v.finding in ("held", "remembered")]
+    releasable = ("not_stored", "absent") if release_absent else ("not_stored",)
+    wanted = [v for v in verdicts if v.finding in releasable]
+    young = [v for v in wanted if now - v.item.first_attempt < min_age]
+    release = [v for v in wanted if now - v.item.first_attempt >= min_age]
+    if apply:
+        ledger.confirm(entity, {v.item.key: "resolved" for v in confirm})
+        by_owner: dict[str, list[Key]] = {}
+        for verdict in release:  # a key is released for the owner that wrote its intent
+            by_owner.setdefault(verdict.item.owner, []).append(verdict.item.key)
+        for owner, keys in by_owner.items():
+            ledger.release(entity, keys, owner)
+    return Reconciliation(
+        entity=entity,
+        rule=InDoubtRule.of(view.profile) if view.profile is not None else InDoubtRule(None),
+        verdicts=tuple(verdicts),
+        to_confirm=tuple(v.item.key for v in confirm),
+        to_release=tuple(v.item.key for v in release),
+        too_young=tuple(v.item.key for v in young),
+        cannot_tell=view.cannot_tell,
+        applied=apply,
+    )
+
+
+def broker_view(
+    broker: LocalBackend | str, entity: str, keys: Sequence[Key], subscriptions: Sequence[str] = ()
+) -> BrokerView:
+    """What ``broker`` shows of ``keys`` in ``entity``: a :class:`LocalBackend` (or its
+    ``local:`` url, opened without creating it) read exactly, or a Service Bus connection
+    string (the emulator's too) peeked."""
+    from ..backends._url import LOCAL_SCHEME, local_path
+    from ..backends.local import LocalBackend
+
+    if isinstance(broker, str) and broker.strip().startswith(LOCAL_SCHEME):
+        path, _ = local_path(broker.strip())
+        if not os.path.exists(path):
+            raise ConfigurationError(
+                f"there is no broker file {path!r} (reconciling never creates one)", field="broker"
+            )
+        with LocalBackend(path, create=False, read_only=not os.access(path, os.W_OK)) as local:
+            return broker_view(local, entity, keys, subscriptions)
+    if isinstance(broker, LocalBackend):
+        if subscriptions:
+            raise ConfigurationError(
+                "a local broker shows every subscription of a topic by itself: name none",
+                field="subscriptions",
+            )
+        return local_view(broker, entity, keys)
+    if not isinstance(broker, str):
+        raise ConfigurationError(
+            "reconcile reads a LocalBackend (or its local: url) or peeks Service Bus through "
+            f"a connection string, not a {type(broker).__name__}",
+            field="broker",
+        )
+    if broker.strip().lower().startswith(("amqp://", "amqps://")):
+        raise ConfigurationError(
+            f"reconcile cannot read an Artemis broker's queues yet ({redact(broker)!r}): browse "
+            "them, then record what you find with Ledger.confirm / Ledger.release",
+            field="broker",
+        )
+    return peek_view(broker.strip(), entity, subscriptions=subscriptions)
 
 
 # -- the local broker: its file, exactly ------------------------------------------------
@@ -238,7 +368,7 @@ def peek_view(
         "Service Bus shows no remembered ids (its duplicate-detection history)",
     ]
     if subscriptions:
-        limits.append("only the subscriptions named with --subscription were looked at")
+        limits.append("only the subscriptions named were looked at")
     return BrokerView(
         frozenset(seen.held), frozenset(), lambda first_attempt: False, None, tuple(limits)
     )

@@ -4,20 +4,22 @@
 caller's open transaction** (psycopg 3, or a SQLAlchemy session/connection on PostgreSQL):
 they exist if and only if the business write commits. A :class:`Relay` (or ``sendonce
 relay``) publishes them through the idempotent sender, exactly once and, per session id
-or partition key, in the order their transactions committed. ``install(url)`` creates or
-migrates the schema. Needs ``pip install 'sendonce[outbox]'``. See docs/outbox.md.
+or partition key, in the order their transactions committed. ``Outbox(url)`` is the outbox
+itself, as ``Ledger(url)`` is the ledger: ``install()`` creates or migrates the schema,
+``stats()``, ``dead_rows()`` and ``requeue()`` read and repair it; the functions of the same
+names take the url and do the same. Needs ``pip install 'sendonce[outbox]'``. See
+docs/outbox.md.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .._extras import requires_extra
-from .._names import name_key
 from ._enqueue import CHANNEL, aenqueue, enqueue
+from ._outbox import Outbox
 from ._relay import DEFAULT_RELAY_RETRY, Relay, RelayTotals
 from ._schema import SCHEMA_VERSION
-from ._store import DeadRow, EntityStats, RelayStore, check_url
+from ._store import DeadRow, EntityStats
 
 __all__ = [
     "CHANNEL",
@@ -25,6 +27,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "DeadRow",
     "EntityStats",
+    "Outbox",
     "Relay",
     "RelayTotals",
     "aenqueue",
@@ -39,50 +42,33 @@ __all__ = [
 def install(target: Any) -> int:
     """Create or migrate the outbox schema; returns the version found before (0: none).
 
-    ``target`` is the outbox url (committed here), or a psycopg connection / SQLAlchemy
-    connection whose transaction the caller commits (e.g. in a migration script).
+    ``target`` is the outbox url (committed here: ``Outbox(url).install()``), or a psycopg
+    connection / SQLAlchemy connection whose transaction the caller commits (e.g. in a
+    migration script).
     """
+    if isinstance(target, str):
+        return Outbox(target).install()
     from ._enqueue import dbapi_connection
     from ._schema import ensure_schema
 
-    if isinstance(target, str):
-        store = RelayStore(check_url(target), install=True)
-        store.close()
-        return store.found_version
     raw = dbapi_connection(target)
     with raw.cursor() as cursor:
         return ensure_schema(cursor, "this database")
 
 
-def _store(url: str) -> RelayStore:
-    with requires_extra("the transactional outbox", "outbox"):
-        return RelayStore(check_url(url), install=False)
-
-
 def stats(url: str) -> list[EntityStats]:
-    """Per entity: rows pending, leased, published (kept for the retention), dead, and the
-    age of the oldest pending row (the relays' lag)."""
-    store = _store(url)
-    try:
-        return store.stats()
-    finally:
-        store.close()
+    """``Outbox(url).stats()``, on a connection of its own, closed after."""
+    with Outbox(url) as outbox:
+        return outbox.stats()
 
 
 def dead_rows(url: str, *, entity: str | None = None, limit: int = 100) -> list[DeadRow]:
-    """Rows moved aside because they can never be sent, oldest first, with their reason."""
-    store = _store(url)
-    try:
-        return store.dead_rows(None if entity is None else name_key(entity), limit)
-    finally:
-        store.close()
+    """``Outbox(url).dead_rows(...)``, on a connection of its own, closed after."""
+    with Outbox(url) as outbox:
+        return outbox.dead_rows(entity=entity, limit=limit)
 
 
 def requeue(url: str, entity: str, message_ids: list[str] | None = None) -> list[str]:
-    """Move dead rows of ``entity`` (those ids, or all with None) back into the outbox, at
-    the end of their keys' queues; returns the ids requeued."""
-    store = _store(url)
-    try:
-        return store.requeue(name_key(entity), message_ids)
-    finally:
-        store.close()
+    """``Outbox(url).requeue(...)``, on a connection of its own, closed after."""
+    with Outbox(url) as outbox:
+        return outbox.requeue(entity, message_ids)

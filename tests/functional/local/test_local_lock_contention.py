@@ -21,13 +21,13 @@ from datetime import timedelta
 import pytest
 
 from sendonce import (
+    AttemptNotSentError,
     ConfigurationError,
     EntityProfile,
     IdempotentSender,
     InDoubtError,
     Message,
-    NotSentError,
-    NotStoredError,
+    NeverSentError,
     RetryPolicy,
 )
 from sendonce import aio as sendonce_aio
@@ -99,7 +99,7 @@ def assert_each_once(db: str, ids: list[str]) -> None:
 
 def test_backend_send_past_the_lock_is_not_sent(created: str) -> None:
     with LocalBackend(created) as broker, write_lock_held(created) as holder:
-        with pytest.raises(NotSentError, match="nothing of this call was stored"):
+        with pytest.raises(AttemptNotSentError, match="nothing of this call was stored"):
             broker.send("orders", messages("a", 2), timeout=0.3)
         assert holder.poll() is None
     assert_each_once(created, [])
@@ -113,7 +113,7 @@ def test_sender_opens_without_waiting_and_reports_not_stored(
     with write_lock_held(opening) as holder:
         with IdempotentSender(url, entity, retry=retry()) as sender:
             assert holder.poll() is None  # opened while the lock is still held
-            with pytest.raises(NotStoredError) as single:
+            with pytest.raises(NeverSentError) as single:
                 sender.send(Message("one", message_id="single"))
             report = sender.send_many(messages("batch", 3))
         assert holder.poll() is None
@@ -121,7 +121,7 @@ def test_sender_opens_without_waiting_and_reports_not_stored(
     assert single.value.attempts == 2
     assert report.failed == 3 and report.sent == 0
     for failure in report.failures:
-        assert isinstance(failure.error, NotStoredError), failure.error
+        assert isinstance(failure.error, NeverSentError), failure.error
         assert "in doubt" not in str(failure.error)
     assert_each_once(opening, [])
     # Sending the same messages again once the lock is free stores each exactly once.
@@ -138,12 +138,12 @@ def test_aio_sender_opens_without_waiting_and_reports_not_stored(opening: str) -
         with write_lock_held(opening) as holder:
             async with sendonce_aio.IdempotentSender(url, ORDERS, retry=retry()) as sender:
                 assert holder.poll() is None
-                with pytest.raises(NotStoredError):
+                with pytest.raises(NeverSentError):
                     await sender.send(Message("one", message_id="single"))
                 report = await sender.send_many(messages("batch", 3))
             assert holder.poll() is None
         assert report.failed == 3
-        assert all(isinstance(f.error, NotStoredError) for f in report.failures)
+        assert all(isinstance(f.error, NeverSentError) for f in report.failures)
         assert_each_once(opening, [])
         async with sendonce_aio.IdempotentSender(url, ORDERS, retry=retry()) as sender:
             await sender.send(Message("one", message_id="single"))
@@ -176,7 +176,7 @@ def test_a_sender_opens_on_a_missing_entity_without_waiting_and_its_first_send_c
             with pytest.raises(ConfigurationError, match="does not exist"):
                 broker.count("audit")
             if sender_kind == "sync":
-                with pytest.raises(NotStoredError):
+                with pytest.raises(NeverSentError):
                     sender.send(Message("one", message_id="single"))
         # the lock is free: the first send creates the entity in its own transaction
         if sender_kind == "sync":

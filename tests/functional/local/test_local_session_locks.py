@@ -21,15 +21,16 @@ from _old_schemas import as_version_5
 
 import sendonce
 from sendonce import EntityProfile, Message
-from sendonce.backends.local import LocalBackend, LocalSession, LockLostError
-from sendonce.backends.local._schema import SCHEMA_VERSION
-from sendonce.errors import (
-    ConfigurationError,
+from sendonce.backends.local import (
+    LocalBackend,
+    LocalSession,
+    LockLostError,
     NoSessionAvailableError,
     SessionCannotBeLockedError,
     SessionLockLostError,
-    ValidationError,
 )
+from sendonce.backends.local._schema import SCHEMA_VERSION
+from sendonce.errors import ConfigurationError, ValidationError
 
 CARTS = EntityProfile("carts", sessions=True)
 
@@ -75,9 +76,10 @@ def test_the_errors_are_exported_and_lock_lost_is_a_lock_lost() -> None:
     from sendonce.backends import LocalSession as FromBackends
 
     assert FromBackends is LocalSession
-    assert sendonce.SessionCannotBeLockedError is SessionCannotBeLockedError
-    assert sendonce.SessionLockLostError is SessionLockLostError
-    assert sendonce.NoSessionAvailableError is NoSessionAvailableError
+    with pytest.deprecated_call():  # their old home, for a deprecation period
+        assert sendonce.SessionCannotBeLockedError is SessionCannotBeLockedError
+        assert sendonce.SessionLockLostError is SessionLockLostError
+        assert sendonce.NoSessionAvailableError is NoSessionAvailableError
     assert issubclass(SessionLockLostError, LockLostError)
     assert issubclass(NoSessionAvailableError, TimeoutError)
 

@@ -10,9 +10,8 @@ from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusClient, ServiceBu
 from azure.servicebus.exceptions import SessionCannotBeLockedError as ClientCannotLock
 
 from sendonce import EntityProfile
-from sendonce.backends.local import LocalBackend
+from sendonce.backends.local import LocalBackend, SessionCannotBeLockedError
 from sendonce.emulator import Emulator
-from sendonce.errors import SessionCannotBeLockedError
 
 pytestmark = [pytest.mark.emulator, pytest.mark.timeout(90)]
 

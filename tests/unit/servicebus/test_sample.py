@@ -46,7 +46,7 @@ def test_an_unreachable_namespace_fails_cleanly_without_printing_the_key() -> No
     done = _run({"SERVICEBUS_CONNECTION_STRING": conn_str, "SERVICEBUS_QUEUE": "orders"})
     assert done.returncode == 1
     # A refused connection stored nothing: not stored (safe to resend), not in doubt.
-    assert "error: NotStoredError" in done.stderr
+    assert "error: NeverSentError" in done.stderr
     assert secret not in done.stdout + done.stderr
 
 

@@ -1,8 +1,20 @@
-"""The embedded local broker: one SQLite file, Service Bus and Artemis duplicate detection."""
+"""The embedded local broker: one SQLite file, Service Bus and Artemis duplicate detection.
+
+Its receive side's errors live here too (:class:`LockLostError`,
+:class:`SessionLockLostError`, :class:`SessionCannotBeLockedError`,
+:class:`NoSessionAvailableError`, :class:`MessageNotFoundError`): a producer never sees them.
+"""
 
 from __future__ import annotations
 
-from ._backend import LocalBackend, LocalSession, LockLostError, MessageNotFoundError
+from ._backend import LocalBackend, LocalSession
+from ._errors import (
+    LockLostError,
+    MessageNotFoundError,
+    NoSessionAvailableError,
+    SessionCannotBeLockedError,
+    SessionLockLostError,
+)
 from ._received import ReceivedMessage
 from ._store import BrokerFileError, BrokerStorageError
 
@@ -13,5 +25,8 @@ __all__ = [
     "LocalSession",
     "LockLostError",
     "MessageNotFoundError",
+    "NoSessionAvailableError",
     "ReceivedMessage",
+    "SessionCannotBeLockedError",
+    "SessionLockLostError",
 ]

@@ -25,15 +25,15 @@ from typing import Literal
 from ..._entity import EntityProfile
 from ..._message import Message, PropertyValue
 from ..._subscription import SubscriptionProfile
-from ...errors import ConfigurationError, LockLostError
+from ...errors import ConfigurationError
 from .._base import Ack
 from . import _entities, _inspection, _receiving, _sending, _sessions
 from ._received import ReceivedMessage
-from ._receiving import MessageNotFoundError, ReceiveMode, SubQueue
+from ._receiving import ReceiveMode, SubQueue
 from ._sessions import LocalSession
 from ._store import Clock, Durability, Store, open_broker, positive_seconds
 
-__all__ = ["LocalBackend", "LocalSession", "LockLostError", "MessageNotFoundError"]
+__all__ = ["LocalBackend", "LocalSession"]
 
 
 def _utc_now() -> datetime:
@@ -601,13 +601,13 @@ class LocalBackend:
         ``NEXT_AVAILABLE_SESSION`` does: one that no receiver holds and that has a
         message available now (the one with the oldest such message). It waits up
         to ``max_wait_time`` seconds for one (``None`` or 0: no waiting) and then
-        raises :class:`~sendonce.errors.NoSessionAvailableError`. The wait ends
+        raises :class:`~sendonce.backends.local.NoSessionAvailableError`. The wait ends
         when either the broker's clock (the ``clock`` of this backend) or the real
         clock has gone ``max_wait_time`` past its start.
 
         A session that another receiver holds (a :class:`LocalSession` of any
         handle or process, or an emulator client) raises
-        :class:`~sendonce.errors.SessionCannotBeLockedError` at once. The lock
+        :class:`~sendonce.backends.local.SessionCannotBeLockedError` at once. The lock
         lasts ``lock_duration`` (None: the queue's or subscription's own) unless
         :meth:`LocalSession.renew_lock` extends it; an expired lock frees the
         session for the next receiver. The returned

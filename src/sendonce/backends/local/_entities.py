@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from ..._entity import DEFAULT_LOCK_DURATION, EntityProfile
 from ..._subscription import SubscriptionProfile, check_subscription_name
-from ...errors import ConfigurationError, NotSentError, PermanentSendError
+from ...errors import AttemptNotSentError, ConfigurationError, PermanentSendError
 from ._store import RESTART_LOCK_WAIT, US, Store
 
 logger = logging.getLogger("sendonce.local")
@@ -325,7 +325,7 @@ def create_entity(store: Store, profile: EntityProfile, *, exist_ok: bool = Fals
         return
     try:
         store.write(work, timeout=min(store.busy_timeout, RESTART_LOCK_WAIT))
-    except NotSentError:
+    except AttemptNotSentError:
         # Another process holds the write lock (a long transaction, the sqlite3 shell):
         # the first send creates the entity in its own transaction, which waits and is
         # retried as sends are, so opening waits no longer than for an existing entity.

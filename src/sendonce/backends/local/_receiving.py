@@ -16,10 +16,11 @@ from typing import Any, Literal, NoReturn
 
 from ..._entity import EntityProfile
 from ..._message import PropertyValue
-from ...errors import LockLostError, SendOnceError, ValidationError
+from ...errors import ValidationError
 from . import _session_locks
 from ._activation import activate
 from ._entities import lookup, place_settings
+from ._errors import LockLostError, MessageNotFoundError
 from ._received import (
     ROW_COLUMNS,
     ReceivedMessage,
@@ -34,11 +35,6 @@ ReceiveMode = Literal["receive_and_delete", "peek_lock"]
 # queue and subscription; it holds what forwarding or send-via failed to transfer, so here
 # (no forwarding) it is always empty.
 SubQueue = Literal["dead_letter", "transfer_dead_letter"]
-
-
-class MessageNotFoundError(SendOnceError):
-    """A message asked for by sequence number is not there: a deferred one to receive, or a
-    scheduled one to cancel (unknown, cancelled, or enqueued already)."""
 
 
 def check_max(max_messages: int) -> int:

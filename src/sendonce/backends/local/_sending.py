@@ -31,8 +31,8 @@ from ._entities import (
     lookup,
     profile_of,
 )
+from ._errors import MessageNotFoundError
 from ._received import encode_extra
-from ._receiving import MessageNotFoundError
 from ._store import US, Store, positive_seconds, to_us
 
 # Expired ids forgotten per send, at least: more than a send can add, so the id

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from ...errors import SessionCannotBeLockedError, SessionLockLostError
+from ._errors import SessionCannotBeLockedError, SessionLockLostError
 
 
 def where(entity: str, subscription: str | None, session_id: str) -> str:

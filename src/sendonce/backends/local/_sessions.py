@@ -26,9 +26,10 @@ from typing import Any
 
 from ..._entity import EntityProfile
 from ..._message import PropertyValue
-from ...errors import ConfigurationError, NoSessionAvailableError, ValidationError
+from ...errors import ConfigurationError, ValidationError
 from . import _activation, _inspection, _session_locks
 from ._entities import lookup, place, place_settings
+from ._errors import NoSessionAvailableError
 from ._received import ReceivedMessage
 from ._receiving import (
     DEAD_LETTER_SUFFIX,
@@ -58,7 +59,7 @@ class LocalSession:
     client) can take the session or its messages. Messages received in peek-lock
     mode are locked as long as the session is: :meth:`renew_lock` extends both.
     Once the lock expires every operation raises
-    :class:`~sendonce.errors.SessionLockLostError`. :meth:`close` (or leaving the
+    :class:`~sendonce.backends.local.SessionLockLostError`. :meth:`close` (or leaving the
     ``with`` block) releases the session; its unsettled messages are available
     again, in order, to the next receiver.
     """
@@ -219,7 +220,7 @@ class LocalSession:
     def renew_lock(self) -> datetime:
         """Extend the session's lock (and its messages' locks) by the lock duration.
 
-        Returns the new expiry; raises :class:`~sendonce.errors.SessionLockLostError`
+        Returns the new expiry; raises :class:`~sendonce.backends.local.SessionLockLostError`
         when the lock was already lost.
         """
         self._locked_until = _renew(self._store, self)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 
 from ..._names import ByName
 from ..._sqlite_share import FileErrors, SharedHandle, creator, is_busy, open_shared
-from ...errors import ConfigurationError, NotSentError, PermanentSendError
+from ...errors import AttemptNotSentError, ConfigurationError, PermanentSendError
 from ._schema import FORMAT, SCHEMA, SCHEMA_VERSION, UpgradeRefused, upgrade
 
 if TYPE_CHECKING:
@@ -301,14 +301,16 @@ def positive_seconds(value: object, field: str) -> float:
     return seconds
 
 
-def _locked_out(message: str) -> NotSentError:
+def _locked_out(message: str) -> AttemptNotSentError:
     """Another process kept the write lock for the whole timeout: this call stored nothing.
 
     Every attempt was rolled back before it could commit, so the messages are not
-    in doubt (a :class:`NotSentError`: retried, then reported as not stored).
+    in doubt (an :class:`AttemptNotSentError`: retried, then reported as never sent).
     """
     # No condition of its own: the emulator maps it to Service Bus's server-busy.
-    return NotSentError(f"{message}; nothing of this call was stored, so sending it again is safe")
+    return AttemptNotSentError(
+        f"{message}; nothing of this call was stored, so sending it again is safe"
+    )
 
 
 class Store:
