@@ -33,6 +33,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from functools import cache
@@ -76,6 +77,16 @@ def otel() -> Iterator[Any]:
 
     with capturing() as capture:
         yield capture
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The fault suite's rotating seeds (tests/faults/suite.py): chosen once, here, before
+    # pytest-xdist starts its workers (they inherit the environment and collect the same).
+    os.environ.setdefault("SENDONCE_FAULT_ROTATION", str(int(time.time() // 86400)))
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"fault seeds: SENDONCE_FAULT_ROTATION={os.environ['SENDONCE_FAULT_ROTATION']}"
 
 
 def _pretend_missing(name: str) -> bool:
