@@ -13,6 +13,12 @@ by skipping. ``SENDONCE_PRETEND_MISSING=java,postgresql,maven`` makes components
 
 ``artemis_broker`` is one real Artemis broker for the whole run (started on first use, about
 5 s; stopped at the end); ``artemis_address`` names an address no other test uses.
+``postgres_server`` is one throwaway PostgreSQL cluster for the run (on first use, about 2 s);
+``postgres_database`` makes a fresh database on it. Under pytest-xdist (the README's
+``pytest`` runs ``-n 3``) "the run" is each worker: every worker starts its own peers on free
+ports in its own temporary folders. The scheduler sends a whole test module to one worker
+(module-scoped servers are started once) and the whole Spark suite to one worker (one JVM
+with a Spark session at a time), the longest units first.
 
 Tests anywhere may run the CLI in this process (click's ``CliRunner``); what it does to
 logging is undone after each test.
@@ -27,6 +33,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from functools import cache
@@ -34,8 +41,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from artemis.broker import ArtemisBroker, cached_artemis_home
+
+_TESTS = Path(__file__).resolve().parent
+
+# No verdict may depend on how busy the machine is: Hypothesis's per-example deadline and its
+# "input generation is slow" health check both do (a loaded 2-core machine trips them), so the
+# suite's profile turns them off. HYPOTHESIS_PROFILE=default brings them back.
+settings.register_profile("sendonce", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "sendonce"))
 
 _SPARK_DIR = Path(__file__).resolve().parent / "integration" / "spark"
 _ARTEMIS_DIR = Path(__file__).resolve().parent / "integration" / "artemis"
@@ -61,6 +77,16 @@ def otel() -> Iterator[Any]:
 
     with capturing() as capture:
         yield capture
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The fault suite's rotating seeds (tests/faults/suite.py): chosen once, here, before
+    # pytest-xdist starts its workers (they inherit the environment and collect the same).
+    os.environ.setdefault("SENDONCE_FAULT_ROTATION", str(int(time.time() // 86400)))
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"fault seeds: SENDONCE_FAULT_ROTATION={os.environ['SENDONCE_FAULT_ROTATION']}"
 
 
 def _pretend_missing(name: str) -> bool:
@@ -129,6 +155,7 @@ def _postgres_problem() -> str | None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     required = os.environ.get("SENDONCE_REQUIRE_COMPONENTS") == "1"
     missing: list[str] = []
+    unrunnable: list[pytest.Item] = []
     for item in items:
         if _SPARK_DIR in Path(str(item.path)).parents:
             item.add_marker(pytest.mark.spark)
@@ -149,14 +176,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 continue
             if required:
                 missing.append(reason)
-            item.add_marker(pytest.mark.skip(reason=f"{reason} {_MISSING_TAG}"))
+                unrunnable.append(item)
+            else:
+                item.add_marker(pytest.mark.skip(reason=f"{reason} {_MISSING_TAG}"))
             break
     if required and missing:
         reasons = "\n  ".join(sorted(set(missing)))
-        raise pytest.UsageError(
+        message = (
             f"SENDONCE_REQUIRE_COMPONENTS=1: {len(missing)} test(s) would be skipped for a "
             f"missing component (CI must not pass by skipping):\n  {reasons}"
         )
+        if not hasattr(config, "workerinput"):
+            raise pytest.UsageError(message)
+        # In a pytest-xdist worker a usage error only crashes the worker: fail the tests.
+        for item in unrunnable:
+            item.stash[_REQUIRED_BUT_MISSING] = message
+
+
+_REQUIRED_BUT_MISSING = pytest.StashKey[str]()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    message = item.stash.get(_REQUIRED_BUT_MISSING, None)
+    if message is not None:
+        pytest.fail(message, pytrace=False)
 
 
 SESSION_ADDRESS_SETTINGS = {
@@ -185,3 +228,94 @@ def artemis_address(request: pytest.FixtureRequest) -> str:
     """An address name no other test of the run uses (readable: it starts with the test's)."""
     name = re.sub(r"[^A-Za-z0-9_-]+", "-", request.node.name)[:40]
     return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+def _pgserver() -> Any:
+    """``tests/functional/ledger/pgserver.py``, imported as ``pgserver`` (as its users do)."""
+    import sys
+
+    if "pgserver" not in sys.modules:
+        path = _TESTS / "functional" / "ledger" / "pgserver.py"
+        spec = importlib.util.spec_from_file_location("pgserver", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["pgserver"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["pgserver"]
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """One throwaway PostgreSQL cluster for the run (each xdist worker's own): its url.
+
+    Tests keep apart by database (``postgres_database``), never by a cluster of their own
+    unless they stop, kill or reconfigure it."""
+    with _pgserver().throwaway_cluster() as url:
+        yield url
+
+
+_databases = iter(range(1, 1 << 30))
+
+
+@pytest.fixture
+def postgres_database(postgres_server: str) -> Any:
+    """A factory: ``postgres_database("prefix")`` creates a new, empty database on the run's
+    cluster and returns its url."""
+
+    def create(prefix: str = "test") -> str:
+        import psycopg
+
+        name = f"{prefix}_{next(_databases)}"
+        with psycopg.connect(postgres_server, autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        return postgres_server.rsplit("/", 1)[0] + f"/{name}"
+
+    return create
+
+
+# -- pytest-xdist: which tests share a worker ---------------------------------------------------
+
+# Folders whose modules all run on one worker: the Spark suite shares one Spark session (a JVM
+# per worker would starve a 2-core machine).
+_ONE_WORKER = ("tests/integration/spark/",)
+
+
+def _unit_of(nodeid: str) -> str:
+    """The scheduling unit of a test: its module, or a whole ``_ONE_WORKER`` folder."""
+    path = nodeid.split("::", 1)[0]
+    for folder in _ONE_WORKER:
+        if path.startswith(folder):
+            return folder
+    return path
+
+
+if importlib.util.find_spec("xdist") is not None:
+
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+        """``--dist loadfile`` with the units above, the longest (measured) first."""
+        if config.getvalue("dist") != "loadfile":
+            return None
+        from xdist.scheduler import LoadScopeScheduling
+
+        from xdist_units import expected_seconds
+
+        class UnitScheduling(LoadScopeScheduling):
+            _ordered = False
+
+            def _split_scope(self, nodeid: str) -> str:
+                return _unit_of(nodeid)
+
+            def _assign_work_unit(self, node: Any) -> None:
+                # LoadScopeScheduling queues units by test count; a long unit started last
+                # would end the run alone: queue them by expected duration instead.
+                if not self._ordered:
+                    self._ordered = True
+                    units = sorted(
+                        self.workqueue.items(),
+                        key=lambda unit: -expected_seconds(unit[0], len(unit[1])),
+                    )
+                    self.workqueue.clear()
+                    self.workqueue.update(units)
+                super()._assign_work_unit(node)
+
+        return UnitScheduling(config, log)

@@ -19,7 +19,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ import pytest
 from sendonce.backends import LocalBackend
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "functional" / "ledger"))
-from pgserver import pg_bin, throwaway_cluster
+from pgserver import pg_bin
 
 from _interrupts import sigint_default
 
@@ -91,12 +90,12 @@ def schedule(seed: int) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def pg_server() -> Iterator[str | None]:
+def pg_server(request: pytest.FixtureRequest) -> str | None:
+    """The run's cluster (``postgres_server``, tests/conftest.py), None without PostgreSQL."""
     if pg_bin() is None:
-        yield None
-        return
-    with throwaway_cluster() as url:
-        yield url
+        return None
+    url: str = request.getfixturevalue("postgres_server")
+    return url
 
 
 def ledger_url(plan: dict[str, Any], tmp_path: Path, pg_server: str | None) -> str:

@@ -180,11 +180,8 @@ def test_every_snippet_of_the_document_runs(
     elif any(b.mark == "artemis" for b in blocks):
         _run(doc, blocks, tmp_path, None, request.getfixturevalue("artemis_broker").url())
     elif any(b.mark == "postgres" for b in blocks):
-        sys.path.insert(0, str(ROOT / "tests" / "functional" / "ledger"))
-        from pgserver import throwaway_cluster
-
-        with throwaway_cluster() as url:
-            _run(doc, blocks, tmp_path, None, pg=url)
+        url = request.getfixturevalue("postgres_database")("doc_snippets")
+        _run(doc, blocks, tmp_path, None, pg=url)
     else:
         _run(doc, blocks, tmp_path, None)
 

@@ -44,14 +44,30 @@ def broker(tmp_path: Path) -> Iterator[tuple[Emulator, LocalBackend]]:
             yield emulator, store
 
 
-def policy(attempt_timeout: float = 1.5) -> RetryPolicy:
+def policy(attempt_timeout: float = 1.5, max_attempts: int = 6) -> RetryPolicy:
     return RetryPolicy(
         initial_backoff=0.01,
         max_backoff=0.05,
         jitter=False,
         attempt_timeout=attempt_timeout,
-        max_attempts=6,
+        max_attempts=max_attempts,
     )
+
+
+# A caller waits for a link at most its attempt timeout, then its attempt is retried. The
+# withheld acknowledgement holds a link for the holder's attempt timeout (short, so the tests
+# are quick); the callers that must get a link in the end are given attempts (or a timeout)
+# that outlast any queue a loaded 2-core machine builds: their verdict never hangs on the load.
+PATIENT = RetryPolicy(initial_backoff=0.01, max_backoff=0.05, jitter=False, attempt_timeout=60)
+
+
+async def queued(backend: aio.AzureServiceBusBackend, entity: str, waiters: int) -> None:
+    """Wait until ``waiters`` callers wait for a link to ``entity`` (the event, not a clock)."""
+    lanes = backend._entity_lanes(entity)
+    deadline = time.monotonic() + 60
+    while len(lanes._waiters) < waiters:
+        assert time.monotonic() < deadline, f"{len(lanes._waiters)} of {waiters} callers queued"
+        await asyncio.sleep(0.01)
 
 
 def backend_for(emulator: Emulator, lanes: int) -> aio.AzureServiceBusBackend:
@@ -62,7 +78,7 @@ def backend_for(emulator: Emulator, lanes: int) -> aio.AzureServiceBusBackend:
 
 async def stored(store: LocalBackend, entity: str, message_id: str) -> None:
     """Wait until the broker holds ``message_id`` (the withheld transfer is in)."""
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60
     while message_id not in store.message_ids(entity):
         assert time.monotonic() < deadline, f"{message_id} never arrived"
         await asyncio.sleep(0.02)
@@ -80,7 +96,9 @@ def test_many_waiters_keep_each_keys_call_order(broker: tuple[Emulator, LocalBac
     async def main() -> list[Any]:
         async with (
             backend_for(emulator, 2) as backend,
-            aio.IdempotentSender(backend, PARTS, retry=policy()) as sender,
+            # 60 attempts: a caller far down the queue may wait out many 1.5 s attempts when
+            # the machine is busy (each one's wait ends with "stayed busy" and a retry)
+            aio.IdempotentSender(backend, PARTS, retry=policy(max_attempts=60)) as sender,
         ):
             return await asyncio.gather(*(sender.send(m) for m in sent))
 
@@ -104,12 +122,13 @@ def test_a_cancelled_waiter_raises_sends_nothing_and_passes_its_turn_on(
     async def main() -> tuple[list[Any], Any]:
         async with (
             backend_for(emulator, 1) as backend,
-            aio.IdempotentSender(backend, ORDERS, retry=policy()) as sender,
+            aio.IdempotentSender(backend, ORDERS, retry=policy()) as holding,
+            aio.IdempotentSender(backend, ORDERS, retry=PATIENT) as sender,
         ):
-            holder = asyncio.ensure_future(sender.send(first))
+            holder = asyncio.ensure_future(holding.send(first))
             await stored(store, "orders", first.message_id)  # the link is busy now
             waiters = [asyncio.ensure_future(sender.send(m)) for m in waiting]
-            await asyncio.sleep(0.05)  # every waiter queued for the link
+            await queued(backend, "orders", len(waiters))  # every waiter queued for the link
             waiters[1].cancel()
             waiters[3].cancel()
             outcomes = await asyncio.gather(holder, *waiters, return_exceptions=True)
@@ -139,7 +158,9 @@ def test_a_caller_whose_timeout_passes_while_waiting_for_a_link_is_not_sent(
 
     async def main() -> tuple[BaseException | None, list[Any]]:
         async with backend_for(emulator, 1) as backend:
-            holder = asyncio.ensure_future(backend.send("orders", [first], timeout=4))
+            # 10 s: the late caller's 0.2 s wait must end while the link is still held, however
+            # long a loaded machine took to open the link and store the first message
+            holder = asyncio.ensure_future(backend.send("orders", [first], timeout=10))
             await stored(store, "orders", first.message_id)
             error = None
             try:
@@ -148,7 +169,7 @@ def test_a_caller_whose_timeout_passes_while_waiting_for_a_link_is_not_sent(
                 error = exc
             with pytest.raises(TransientSendError):  # the withheld ack: in doubt
                 await holder
-            acks = await backend.send("orders", [late], timeout=5)  # the link is free again
+            acks = await backend.send("orders", [late], timeout=60)  # the link is free again
             return error, acks
 
     error, acks = asyncio.run(main())

@@ -233,22 +233,17 @@ def test_ledger_commands_never_create_a_ledger(tmp_path):
 
 
 @pytest.mark.postgres
-def test_ledger_commands_read_and_resolve_a_postgresql_ledger(tmp_path):
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ledger"))
-    from pgserver import throwaway_cluster
-
-    with throwaway_cluster() as url:
-        _abandoned_intents(url, "orders", ["1", "2"], hours_ago=2)
-        stats = json.loads(run("ledger", "stats", url, "--json").stdout)
-        assert (stats["orders"]["keys"], stats["orders"]["unconfirmed"]) == (2, 2)
-        listed = run("ledger", "in-doubt", url, "--entity", "orders", "--json")
-        assert [key["message_id"] for key in json.loads(listed.stdout)["keys"]] == ["1", "2"]
-        assert run("ledger", "confirm", url, "--entity", "orders", "--id", "1").exit_code == 0
-        assert run("ledger", "release", url, "--entity", "orders", "--id", "2").exit_code == 0
-        stats = json.loads(run("ledger", "stats", url, "--json").stdout)
-        assert (stats["orders"]["keys"], stats["orders"]["confirmed"]) == (1, 1)
+def test_ledger_commands_read_and_resolve_a_postgresql_ledger(tmp_path, postgres_database):
+    url = postgres_database("cli_ledger")  # a fresh database on the run's cluster
+    _abandoned_intents(url, "orders", ["1", "2"], hours_ago=2)
+    stats = json.loads(run("ledger", "stats", url, "--json").stdout)
+    assert (stats["orders"]["keys"], stats["orders"]["unconfirmed"]) == (2, 2)
+    listed = run("ledger", "in-doubt", url, "--entity", "orders", "--json")
+    assert [key["message_id"] for key in json.loads(listed.stdout)["keys"]] == ["1", "2"]
+    assert run("ledger", "confirm", url, "--entity", "orders", "--id", "1").exit_code == 0
+    assert run("ledger", "release", url, "--entity", "orders", "--id", "2").exit_code == 0
+    stats = json.loads(run("ledger", "stats", url, "--json").stdout)
+    assert (stats["orders"]["keys"], stats["orders"]["confirmed"]) == (1, 1)
 
 
 def test_an_unreachable_ledger_is_refused_without_its_password(tmp_path):

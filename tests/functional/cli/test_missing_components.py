@@ -24,9 +24,9 @@ INSTALL = {
 }
 
 
-def pytest_run(suite: str, **env: str) -> subprocess.CompletedProcess[str]:
+def pytest_run(suite: str, *options: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", suite],
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *options, suite],
         cwd=ROOT,
         env={**os.environ, **env},
         capture_output=True,
@@ -39,8 +39,12 @@ def pytest_run(suite: str, **env: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize("component", sorted(SUITES))
 def test_a_missing_component_skips_with_the_install_line(component):
     # A developer's run: not CI's, whatever the environment this test runs in says.
-    result = pytest_run(
-        SUITES[component], SENDONCE_PRETEND_MISSING=component, SENDONCE_REQUIRE_COMPONENTS=""
+    result = pytest_run(  # in one process (-n 0): the skips are the same on xdist's workers
+        SUITES[component],
+        "-n",
+        "0",
+        SENDONCE_PRETEND_MISSING=component,
+        SENDONCE_REQUIRE_COMPONENTS="",
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "skipped" in result.stdout and "failed" not in result.stdout
@@ -48,10 +52,17 @@ def test_a_missing_component_skips_with_the_install_line(component):
     assert "RuntimeError" not in result.stdout
 
 
-@pytest.mark.parametrize("component", sorted(SUITES))
-def test_ci_turns_such_skips_into_a_failure(component):
+@pytest.mark.parametrize(
+    ("component", "workers"),
+    # CI's run is on pytest-xdist's workers (the addopts); one in a single process too.
+    [*((name, ()) for name in sorted(SUITES)), ("postgresql", ("-n", "0"))],
+)
+def test_ci_turns_such_skips_into_a_failure(component, workers):
     result = pytest_run(
-        SUITES[component], SENDONCE_PRETEND_MISSING=component, SENDONCE_REQUIRE_COMPONENTS="1"
+        SUITES[component],
+        *workers,
+        SENDONCE_PRETEND_MISSING=component,
+        SENDONCE_REQUIRE_COMPONENTS="1",
     )
     assert result.returncode != 0
     assert "CI must not pass by skipping" in result.stdout + result.stderr

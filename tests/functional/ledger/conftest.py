@@ -8,7 +8,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ledger_helpers import Clock
-from pgserver import throwaway_cluster
 
 from sendonce import RetryPolicy
 from sendonce.backends import LocalBackend
@@ -30,12 +29,6 @@ def broker(tmp_path: Path, clock: Clock) -> Iterator[LocalBackend]:
 def retry() -> RetryPolicy:
     """Retries without waiting."""
     return RetryPolicy(initial_backoff=0, max_backoff=0, jitter=False, sleep=lambda s: None)
-
-
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[str]:
-    with throwaway_cluster() as url:
-        yield url
 
 
 _counter = [0]

@@ -53,15 +53,24 @@ def throwaway_cluster() -> Iterator[str]:
         capture_output=True,
         env=env,
     )
-    options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
     log = os.path.join(root, "log")
     try:
-        subprocess.run(
-            [*as_user, f"{bindir}/pg_ctl", "-D", data, "-o", options, "-l", log, "-w", "start"],
-            check=True,
-            capture_output=True,
-            env=env,
-        )
+        for attempt in range(5):
+            # The port was free a moment ago; another test process (an xdist worker) may
+            # have taken it since: then the server cannot bind, so try another one.
+            options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
+            started = subprocess.run(
+                [*as_user, f"{bindir}/pg_ctl", "-D", data, "-o", options, "-l", log, "-w", "start"],
+                capture_output=True,
+                env=env,
+            )
+            if started.returncode == 0:
+                break
+            with open(log, errors="replace") as text:
+                taken = "already in use" in text.read()
+            if attempt == 4 or not taken:
+                started.check_returncode()
+            port = _free_port()
         try:
             yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
         finally:

@@ -33,7 +33,9 @@ STEPS = st.lists(
 
 
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(steps=STEPS)
 def test_receivers_get_messages_in_enqueue_instant_order_exactly_once(

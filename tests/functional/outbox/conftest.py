@@ -1,4 +1,5 @@
-"""The outbox's tests: a throwaway PostgreSQL cluster per session, a fresh database per test."""
+"""The outbox's tests: the run's PostgreSQL cluster (``postgres_server``, tests/conftest.py),
+a fresh database per test."""
 
 from __future__ import annotations
 
@@ -11,17 +12,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "ledger"))
-from pgserver import throwaway_cluster
 
 from sendonce.backends import LocalBackend
 
 _numbers = itertools.count(1)
-
-
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[str]:
-    with throwaway_cluster() as url:
-        yield url
 
 
 @pytest.fixture

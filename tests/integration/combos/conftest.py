@@ -9,20 +9,12 @@ The PostgreSQL cluster starts once per run, on first use; a module using it is m
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "functional" / "ledger"))
 from combo_databases import fresh_database
-from pgserver import throwaway_cluster
-
-
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[str]:
-    with throwaway_cluster() as url:
-        yield url
 
 
 @pytest.fixture

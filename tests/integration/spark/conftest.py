@@ -7,7 +7,6 @@ Connect tests run their checks in a subprocess (see test_connect.py).
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,16 +41,6 @@ def broker(tmp_path: Path) -> tuple[str, Path]:
     """A fresh local broker file: (url, path)."""
     path = tmp_path / "broker.db"
     return f"local://{path}", path
-
-
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[str]:
-    """One throwaway PostgreSQL cluster for the Spark suite's ledger tests (a database each)."""
-    sys.path.insert(0, str(HERE.parents[1] / "functional" / "ledger"))
-    from pgserver import throwaway_cluster
-
-    with throwaway_cluster() as url:
-        yield url
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

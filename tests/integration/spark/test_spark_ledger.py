@@ -7,9 +7,7 @@ Executors open the ledger from its url.
 from __future__ import annotations
 
 import os
-import sys
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -22,19 +20,17 @@ from sendonce.backends.local import LocalBackend
 from sendonce.ledger import Key, body_digest
 from sendonce.spark import PartitionResult, publish
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "functional" / "ledger"))
-from pgserver import throwaway_cluster
-
 SPEC = MessageSpec("order-{order_id}", body="customer")
 WINDOW = timedelta(minutes=10)
 
 pytestmark = [pytest.mark.spark, pytest.mark.postgres]
 
 
-@pytest.fixture(scope="module")
-def pg_url() -> Iterator[str]:
-    with throwaway_cluster() as url:
-        yield url
+@pytest.fixture
+def pg_url(postgres_database: Any) -> str:
+    """A fresh database on the run's cluster (tests/conftest.py)."""
+    url: str = postgres_database("spark_ledger")
+    return url
 
 
 def test_a_publish_rerun_two_windows_later_sends_only_what_is_missing(
