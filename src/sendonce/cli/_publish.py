@@ -38,7 +38,7 @@ from ..ledger import InDoubtPolicy, Ledger
 from ._files import check_writable, os_errors
 from ._ledger_open import Mode, ledger_url, open_ledger, sqlite_path
 from ._records import BadLine, Record, open_input, read_records
-from ._report import Outcome, Report
+from ._report import Outcome, Report, unreachable_broker
 from ._rerun import RerunPromise
 from ._validation import Source, fail_invalid, progress_bar, source_options, validate
 from ._words import (
@@ -269,6 +269,17 @@ def _send(
             for chunk in _chunks(path, source, spec, chunk_size):
                 promise.started()
                 sent = sender.send_many([m for m, _ in chunk])
+                unreachable = unreachable_broker(sent)
+                if unreachable is not None:  # said once, not once per record; no more tries
+                    click.echo(
+                        f"\nstopped after {outcome.records} record(s) (sent {outcome.sent}, "
+                        f"duplicates {outcome.duplicates}): {unreachable}; the remaining "
+                        f"{total - outcome.records} record(s) were not sent. " + promise.text(),
+                        err=True,
+                    )
+                    report.finish(
+                        outcome, total, status="stopped", code=EXIT_FAILED, error=unreachable
+                    )
                 outcome.add(sent, chunk)
                 bar.update(len(chunk))
         except KeyboardInterrupt:

@@ -15,13 +15,13 @@ import click
 
 from .._message import Message
 from .._sender import SendReport
-from ..errors import InDoubtError, redact
+from ..errors import InDoubtError, NotSentError, NotStoredError, redact
 from ._doubt_rule import Rule
 from ._rerun import RerunPromise
 from ._validation import MAX_SHOWN
 from ._words import EXIT_FAILED, cli_text, format_duration
 
-__all__ = ["Outcome", "Report"]
+__all__ = ["Outcome", "Report", "unreachable_broker"]
 
 
 @dataclass
@@ -180,3 +180,23 @@ class Report:
             f"in-doubt {ledger} --entity {self.entity}` lists them (docs/ledger.md). Or give "
             "--in-doubt resend (at-least-once: they may be delivered twice)."
         )
+
+
+def unreachable_broker(sent: SendReport) -> str | None:
+    """The broker could not be reached for any record of a call (every attempt of every
+    transfer failed before the broker): one sentence saying so, else None."""
+    if not sent.failures or sent.sent or sent.duplicates:
+        return None
+    errors = [f.error for f in sent.failures]
+    if not all(
+        isinstance(e, NotStoredError) and isinstance(e.last_error, NotSentError) for e in errors
+    ):
+        return None
+    first = errors[0]
+    assert isinstance(first, NotStoredError) and first.last_error is not None
+    return (
+        f"the broker could not be reached (none of {first.attempts} attempt(s) over "
+        f"{first.elapsed.total_seconds():.1f}s reached it; last error: "
+        f"{cli_text(first.last_error)})"
+        ": nothing was stored"
+    )

@@ -223,7 +223,7 @@ def test_publish_json_report(tmp_path, db):
 
 
 def test_stats_json_has_structured_settings(db):
-    stats = json.loads(run("broker", "stats", db, "--json").stdout)
+    stats = json.loads(run("broker", "stats", db, "--json").stdout)["entities"]
     assert stats["orders"]["settings"] == {
         "kind": "queue",
         "duplicate_detection": True,

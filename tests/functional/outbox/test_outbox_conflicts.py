@@ -150,5 +150,5 @@ def test_the_cli_reports_the_conflict_across_relay_runs(outbox_url: str, tmp_pat
         {"conflict": 1},
     )
     result = CliRunner().invoke(main, ["outbox", "dead", outbox_url, "--json"])
-    rows = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+    rows = json.loads(result.stdout)["rows"]
     assert [(r["message_id"], r["reason"]) for r in rows] == [("order-1/created", "conflict")]
