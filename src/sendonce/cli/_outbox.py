@@ -339,7 +339,14 @@ def _whole(seconds: float) -> timedelta:
 @outbox.command()
 @click.argument("outbox_url", metavar="OUTBOX")
 @click.option("--entity", help="Only this entity (default: all).")
-@click.option("--max", "limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option(
+    "--max",
+    "limit",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="List at most this many rows, the oldest first.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (also for an error).")
 @json_errors
 def dead(outbox_url: str, entity: str | None, limit: int, as_json: bool) -> None:

@@ -32,6 +32,7 @@ from .._message import Message, MessageSpec
 from .._retry import RetryPolicy
 from .._sender import IdempotentSender
 from ..backends import Backend, connect
+from ..backends._base import reports_duplicates
 from ..backends._url import LOCAL_SCHEME, local_path
 from ..errors import SendOnceError, ValidationError, redact
 from ..ledger import InDoubtPolicy, Ledger
@@ -536,7 +537,7 @@ def publish(
                     click.echo(f"note: {note}", err=True)
                 _warn_without_subscriptions(backend, sender.profile)
                 promise = RerunPromise(sender.profile, ledger_url, retry.safety_margin)
-                report = Report(entity, as_json, promise, url)
+                report = Report(entity, as_json, promise, url, reports_duplicates(backend))
                 outcome = _send(
                     sender,
                     path,
