@@ -105,3 +105,31 @@ def test_what_enqueue_drain_and_run_return_is_what_the_doc_says(
     assert "`enqueue(conn, messages, *, entity, notify=True)` returns the number of rows" in flat
     assert "`relay.drain()` returns a `RelayTotals` of what that drain did" in flat
     assert "`relay.run()` returns the relay's `totals` since it started" in flat
+
+
+def test_published_counts_rows_whose_copy_the_broker_dropped(
+    outbox_url: str, tmp_path: Path
+) -> None:
+    """A relay killed after its transfer was stored, before it marked the rows: the next
+    relay resends them, the broker drops the copies, and it counts them published, as the
+    docs say (a sum of relay runs' counts can exceed what the broker stored)."""
+    from sendonce import IdempotentSender
+
+    install(outbox_url)
+    batch = [Message(str(n), message_id=f"m-{n}") for n in range(3)]
+    with psycopg.connect(outbox_url) as conn:
+        enqueue(conn, batch, entity="orders")
+        conn.commit()
+    orders = EntityProfile("orders")
+    with LocalBackend(tmp_path / "b.db") as broker:
+        with IdempotentSender(broker, orders) as killed_relay:  # what it stored before dying
+            assert killed_relay.send_many(batch[:2]).sent == 2
+        with Relay(outbox_url, broker, [orders]) as relay:
+            assert relay.drain().published == 3
+        assert sorted(broker.message_ids("orders")) == ["m-0", "m-1", "m-2"]
+    with psycopg.connect(outbox_url) as conn:
+        outcomes = conn.execute("SELECT outcome FROM sendonce_outbox ORDER BY id").fetchall()
+    assert outcomes == [("duplicate",), ("duplicate",), ("sent",)]
+    flat = _flat(DOC)
+    assert "`published` counts the rows the relay marked published, including rows whose" in flat
+    assert "copy the broker dropped as a duplicate" in flat
