@@ -207,6 +207,7 @@ def test_publish_json_report(tmp_path, db):
         "records": 3,
         "sent": 3,
         "duplicates": 0,
+        "duplicates_reported": True,
         "from_ledger": 0,
         "failed": 0,
         "in_doubt": [],
