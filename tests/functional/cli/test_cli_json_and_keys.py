@@ -155,3 +155,26 @@ def test_an_unreachable_service_bus_is_one_error_and_publish_stops(here: Path) -
     report = json.loads(run(*publish, "--json").stdout)
     assert (report["status"], report["exit_status"], report["failed"]) == ("stopped", 1, 0)
     assert report["error"].startswith("the broker could not be reached")
+
+
+def test_every_json_output_is_one_line_status_first_exit_status_last(here: Path) -> None:
+    messages = records(here / "o.jsonl", 4)
+    intents("sqlite:l.db", "audit", messages, age=timedelta(hours=1))
+    commands = [
+        ("ledger", "create", "new.db"),
+        ("ledger", "stats", "l.db"),
+        ("ledger", "in-doubt", "l.db", "--entity", "audit", "--broker", "local:broker.db"),
+        ("ledger", "reconcile", "l.db", "--entity", "audit", "--broker", "local:broker.db"),
+        ("ledger", "confirm", "l.db", "--entity", "audit", "--id", "r000"),
+        ("ledger", "release", "l.db", "--entity", "audit", "--id", "r001"),
+        ("ledger", "release", "l.db", "--entity", "audit", "--id", "nope"),  # a refusal
+        ("broker", "stats", "broker.db"),
+        ("publish", "o.jsonl", "--to", "local:broker.db", "--entity", "orders", "--id", "{id}"),
+    ]
+    for command in commands:
+        done = run(*command, "--json")
+        assert done.stdout.count("\n") == 1, (command, done.stdout)
+        report = json.loads(done.stdout)
+        keys = list(report)
+        assert (keys[0], keys[-1]) == ("status", "exit_status"), (command, keys)
+        assert report["exit_status"] == done.exit_code, command
