@@ -92,6 +92,13 @@ class FaultyBackend:
         return getattr(self.inner, "supports_atomic", None)
 
     @property
+    def reports_duplicates(self) -> bool:
+        """Whether the wrapped backend's acks say which copies were dropped."""
+        from .backends._base import reports_duplicates
+
+        return reports_duplicates(self.inner)
+
+    @property
     def messaging_system(self) -> str:
         """The wrapped backend's OpenTelemetry ``messaging.system``."""
         return str(getattr(self.inner, "messaging_system", "unknown"))

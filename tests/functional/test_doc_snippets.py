@@ -18,6 +18,12 @@ A comment on the line before a fence says how to run the block:
   put where the docs write ``amqp://app:secret@127.0.0.1:5672``.
 - ``<!-- snippet: postgres -->``: runs against a throwaway PostgreSQL cluster, its url put
   where the docs write ``postgresql://app@localhost/shop``.
+- ``<!-- snippet: continues -->`` (or ``<!-- snippet: postgres continues -->``...): the block
+  goes on from the one before it (uses its names or its files), as the text around it says.
+
+Every other block also runs **on its own** (issue 34 item 13): in a fresh interpreter and an
+empty directory, with only the blocks it says it continues before it, so a reader can copy
+any one block and run it.
 """
 
 from __future__ import annotations
@@ -41,6 +47,9 @@ _MARK = re.compile(r"<!--\s*snippet:\s*(?P<kind>[a-z]+)\s*(?P<why>.*?)\s*-->\s*$
 
 class Snippet:
     def __init__(self, doc: Path, line: int, code: str, mark: str | None, why: str) -> None:
+        self.continues = mark == "continues" or (mark != "skip" and why.startswith("continues"))
+        if mark == "continues":
+            mark = None
         self.doc, self.line, self.code, self.mark, self.why = doc, line, code, mark, why
 
 
@@ -171,6 +180,12 @@ def test_every_snippet_of_the_document_runs(
         assert skipped.why, f"{doc.name}:{skipped.line}: a skipped snippet must say why"
     if not blocks:
         pytest.skip("every snippet needs what this machine cannot give")
+    _run_blocks(doc, blocks, tmp_path, request)
+
+
+def _run_blocks(
+    doc: Path, blocks: list[Snippet], tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     if any(b.mark == "emulator" for b in blocks):
         pytest.importorskip("proton")
         from sendonce.emulator import Emulator
@@ -184,6 +199,56 @@ def test_every_snippet_of_the_document_runs(
         _run(doc, blocks, tmp_path, None, pg=url)
     else:
         _run(doc, blocks, tmp_path, None)
+
+
+def _chain(blocks: list[Snippet], index: int) -> list[Snippet]:
+    """The block at ``index`` with the blocks it continues (each marked ``continues`` goes
+    on from the one before it)."""
+    start = index
+    while start > 0 and blocks[start].continues:
+        start -= 1
+    return blocks[start : index + 1]
+
+
+ALONE = [
+    pytest.param(
+        doc,
+        index,
+        id=f"{doc.relative_to(ROOT)}:{block.line}",
+        marks=[
+            getattr(pytest.mark, kind)
+            for kind in ("spark", "artemis", "postgres")
+            if any(b.mark == kind for b in _chain(snippets(doc), index))
+        ]
+        + ([pytest.mark.slow] if doc.name == "spark.md" else []),
+    )
+    for doc in DOCS
+    for index, block in enumerate(snippets(doc))
+    if block.mark != "skip"
+]
+
+
+@pytest.mark.parametrize(("doc", "index"), ALONE)
+def test_each_snippet_runs_on_its_own(
+    doc: Path, index: int, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A reader copies one block: it runs in an empty directory and a fresh interpreter,
+    with only the blocks it says it continues (``continues``) before it."""
+    chain = _chain(snippets(doc), index)
+    assert all(b.mark != "skip" for b in chain), f"{doc.name}: continues a skipped block"
+    _run_blocks(doc, chain, tmp_path, request)
+
+
+@pytest.mark.postgres
+def test_the_readme_and_the_outbox_quick_starts_run_one_after_the_other(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A reader runs the README's quick start, then docs/outbox.md's, in one place: each
+    page has paths of its own, so the second does not meet the first's broker."""
+    readme = [s for s in snippets(ROOT / "README.md") if s.mark is None]
+    _run(ROOT / "README.md", readme, tmp_path, None)
+    outbox = [s for s in snippets(ROOT / "docs" / "outbox.md") if s.mark != "skip"]
+    _run_blocks(ROOT / "docs" / "outbox.md", outbox, tmp_path, request)
 
 
 def test_the_spark_page_says_how_workers_find_sendonce() -> None:

@@ -16,7 +16,7 @@ from typing import Literal, Protocol, Self, runtime_checkable
 from .._entity import EntityProfile
 from .._message import Message
 
-__all__ = ["Ack", "AckOutcome", "Backend"]
+__all__ = ["Ack", "AckOutcome", "Backend", "reports_duplicates"]
 
 AckOutcome = Literal["accepted", "duplicate", "ignored"]
 """``duplicate``: the broker already holds this id and dropped the copy. ``ignored``: an
@@ -54,6 +54,13 @@ class Backend(Protocol):
     A backend may also have a str attribute ``messaging_system``: OpenTelemetry's name for
     the broker it sends to (``"servicebus"``, ``"activemq"``...), put on the sender's spans
     and metrics (``"unknown"`` without it).
+
+    And a bool attribute ``reports_duplicates`` (read through :func:`reports_duplicates`):
+    True when its acks say which copies the broker dropped as duplicates
+    (``Ack("duplicate")``). Without it (Service Bus and Artemis over AMQP do not say) a
+    dropped copy is acked as sent, so a count of duplicates is a lower bound, not a fact.
+    The ``reports_duplicates`` field of ``Backend.capabilities`` planned in docs/engine.md
+    takes this attribute's place.
     """
 
     def describe(self, entity: str) -> EntityProfile:
@@ -88,3 +95,12 @@ class Backend(Protocol):
     ) -> bool | None:
         """Close the backend."""
         ...
+
+
+def reports_duplicates(backend: object) -> bool:
+    """Whether ``backend``'s acks say which copies the broker dropped as duplicates.
+
+    False for a backend that does not declare it (``reports_duplicates = True``): over
+    AMQP Service Bus and Artemis ack a dropped copy as if it were stored, so a re-run that
+    stores nothing again reports its records sent."""
+    return getattr(backend, "reports_duplicates", False) is True

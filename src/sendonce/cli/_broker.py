@@ -487,7 +487,9 @@ def stats(file: str, name: str | None, as_json: bool) -> None:
                 counts["subscriptions"] = {
                     s.name: _receive_settings(s) for s in subscriptions[entity_name]
                 }
-        click.echo(json.dumps(result, indent=2, sort_keys=True))
+        entities = {n: dict(sorted(c.items())) for n, c in sorted(result.items())}
+        report = {"status": "ok", "entities": entities, "exit_status": 0}
+        click.echo(json.dumps(report, ensure_ascii=False))
         return
     if not result:
         click.echo("no entities")

@@ -190,19 +190,47 @@ def _prepare_workdir(workdir: str) -> None:
     click.echo(f"created directory {path}", err=True)
 
 
-@click.command("demo")
+DEMO_EXIT_HELP = (
+    "Exit status: 0 every order is in the queue exactly once; 1 it is not (the demo says "
+    "which orders are missing or twice), or a producer failed; 2 invalid command line (or, "
+    "with --spark, the spark extra is missing)."
+)
+
+
+@click.command("demo", epilog=DEMO_EXIT_HELP, short_help="Prove exactly-once through crashes.")
 @click.option(
     "--orders",
     "count",
     type=click.IntRange(min=1),
     default=1000,
     show_default=True,
-    help="How many orders.",
+    help="How many orders the producers publish (without --spark; the Spark demo "
+    "publishes 2000 rows).",
 )
-@click.option("--workdir", type=click.Path(file_okay=False), help="Keep the broker file here.")
-@click.option("--spark", is_flag=True, help="Run the Spark demo (needs the spark extra, Java 17).")
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False),
+    help="Keep the broker file here (demo-broker.db; broker.db for --spark), to look at it "
+    "afterwards with `sendonce broker stats`/`peek` (default: a temporary directory, removed "
+    "at the end). Created if its parent exists.",
+)
+@click.option(
+    "--spark",
+    is_flag=True,
+    help="Run the Spark demo instead: a local Spark job publishes orders and the first "
+    "attempt of every partition is killed after it sent its rows (needs the spark extra "
+    "and Java 17).",
+)
 def demo(count: int, workdir: str | None, spark: bool) -> None:
-    """Publish orders through crashes and faults; prove each lands exactly once."""
+    """Publish orders through crashes and faults; prove each lands exactly once.
+
+    Two producer processes publish the same orders to a local broker file through a
+    backend that injects faults (acks lost after the broker stored a transfer, connections
+    dropped before it, slow acks). The first is killed with SIGKILL after a transfer was
+    stored but before it checkpointed it; the second resumes from the checkpoint and sends
+    that transfer again. The broker drops the copies (the ids come from the orders), and
+    the demo reads the queue and says whether every order is there exactly once.
+    """
     if workdir is not None:
         _prepare_workdir(workdir)
     if spark:

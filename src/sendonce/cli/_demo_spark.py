@@ -1,6 +1,6 @@
 """The Spark demo: publish orders exactly once while task attempts are killed after sending.
 
-Run ``python -m sendonce.cli._demo_spark``. A local Spark job publishes generated
+Run ``sendonce demo --spark``. A local Spark job publishes generated
 orders to the embedded broker (one SQLite file in a temporary directory). The
 first attempt of every partition is killed *after* it has sent its rows, so
 Spark re-runs each partition and every order is sent a second time. The

@@ -12,6 +12,7 @@ them resolves a key whose producer may still be sending it, unless ``--force``.
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -20,7 +21,7 @@ from typing import Any, Literal
 import click
 
 from .._names import name_key
-from ..errors import ValidationError
+from ..errors import ValidationError, redact
 from ..ledger import DEFAULT_RETENTION, Key, Ledger, Verdict
 from ..ledger._inspect import (
     EntityCounts,
@@ -36,7 +37,7 @@ from ..ledger._inspect import (
 from ..ledger._ledger import IN_FLIGHT_HORIZON
 from ._doubt_rule import Rule
 from ._ledger_broker import entity_rule, entity_rules, reconcile_broker
-from ._ledger_keys import read_keys
+from ._ledger_keys import FROM_FORMATS, read_keys
 from ._ledger_open import Mode, open_ledger
 from ._rerun import utc_text
 from ._words import (
@@ -85,11 +86,17 @@ def _echo_json(data: dict[str, Any]) -> None:
     click.echo(json.dumps(data, ensure_ascii=False))
 
 
-def _check_entity(opened: Ledger, entity: str) -> None:
+def _check_entity(opened: Ledger, entity: str, *, empty_ok: bool = False) -> bool:
+    """True when the ledger holds ``entity``. A ledger without any entity yet (a publish
+    killed before it sent anything) is "nothing to do" with ``empty_ok`` (False returned);
+    any other unknown name is refused (exit 2): a typo must not read as "nothing in doubt"."""
     known = entity_names(opened.store)
-    if name_key(entity) not in {name_key(name) for name in known}:
-        listed = ", ".join(repr(n) for n in known) or "none"
-        raise InputError(f"--entity: the ledger has no entity {entity!r} (it has {listed})")
+    if name_key(entity) in {name_key(name) for name in known}:
+        return True
+    if empty_ok and not known:
+        return False
+    listed = ", ".join(repr(n) for n in known) or "none"
+    raise InputError(f"--entity: the ledger has no entity {entity!r} (it has {listed})")
 
 
 @click.group(epilog=LEDGER_EXIT_HELP)
@@ -181,7 +188,7 @@ def stats(
         rules = entity_rules(broker_url, [c.entity for c in counts])
     if as_json:
         data = {c.entity: _counts_json(c, retention, rules.get(c.entity)) for c in counts}
-        click.echo(json.dumps(data, indent=2))
+        _echo_json({"status": "ok", "entities": data, "exit_status": 0})
         return
     if not counts:
         click.echo("no entities")
@@ -281,7 +288,7 @@ def in_doubt(
     now = datetime.now(UTC)
     cutoff = rule.cutoff(now)
     with _open(ledger_url, "read") as opened:
-        _check_entity(opened, entity)
+        _check_entity(opened, entity, empty_ok=True)  # an empty ledger: nothing in doubt
         total = count_unconfirmed(opened.store, entity, before=cutoff)
         everything = total if cutoff is None else count_unconfirmed(opened.store, entity)
         rows = unconfirmed(
@@ -331,14 +338,21 @@ def in_doubt(
             "browse the address's queues for their ids (reconcile cannot read an Artemis broker "
             "yet), then"
             if artemis
-            else "`sendonce ledger reconcile LEDGER --entity NAME --broker URL` compares them "
-            "with the broker and records what it shows;"
+            else f"`sendonce ledger reconcile {shlex.quote(redact(ledger_url))} --entity "
+            f"{shlex.quote(entity)} --broker {_broker_shown(broker_url)}` compares them with the "
+            "broker and records what it shows;"
         )
         click.echo(
             f"Next: {compare} `sendonce ledger confirm` (the broker has it) or `release` (it "
             "has not: the next publish --ledger sends it) the rest.",
             err=True,
         )
+
+
+def _broker_shown(broker_url: str | None) -> str:
+    """The --broker url as the user gave it, quoted; redacted (then it needs the user's
+    own secret) or ``URL`` (publish --to's url) when none was given."""
+    return shlex.quote(redact(broker_url)) if broker_url else "URL"
 
 
 def _in_flight(row: Unconfirmed, now: datetime) -> bool:
@@ -389,22 +403,28 @@ def _guard_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
-def _refuse(problems: list[str], as_json: bool) -> None:
-    """Every problem named (the first few on stderr), nothing changed: exit 2."""
+def _refuse(problems: list[str], advice: list[str], as_json: bool) -> None:
+    """Every refused key named (the first few on stderr), what to do, nothing changed: exit 2.
+
+    In JSON, ``errors`` lists exactly the refused keys and ``advice`` what to do about them,
+    so a script can count and match them."""
     for problem in problems[:_MAX_SHOWN]:
-        click.echo(f"error: {problem}", err=True)
+        click.echo(f"Error: {problem}", err=True)
     if len(problems) > _MAX_SHOWN:
-        click.echo(f"error: ... and {len(problems) - _MAX_SHOWN} more", err=True)
+        click.echo(f"Error: ... and {len(problems) - _MAX_SHOWN} more refused key(s)", err=True)
+    for line in advice:
+        click.echo(line[:1].upper() + line[1:] + ".", err=True)
     click.echo("Nothing was changed.", err=True)
     if as_json:
-        summary = problems[0] + (
-            f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
+        summary = f"{len(problems)} key(s) refused: {problems[0]}" + (
+            f" (and {len(problems) - 1} more, listed in errors)" if len(problems) > 1 else ""
         )
         _echo_json(
             {
                 "status": "error",
                 "error": summary + "; nothing was changed",
                 "errors": problems,
+                "advice": advice,
                 "exit_status": EXIT_USAGE,
             }
         )
@@ -423,7 +443,15 @@ def _resolve_command(resolution: Resolution, help_text: str) -> click.Command:
         "source",
         metavar="FILE",
         help="Read the keys from FILE (- for stdin): one message id per line (a tab, then "
-        "its partition key, if any); with --json, what in-doubt --json prints.",
+        "its partition key, if any), or JSON (what in-doubt --json prints; see --from-format).",
+    )
+    @click.option(
+        "--from-format",
+        type=click.Choice(FROM_FORMATS),
+        default="auto",
+        show_default=True,
+        help="How --from is read: text (ids, one a line), json (in-doubt --json's object, a "
+        'JSON array or JSON Lines), or auto: JSON when it starts with {, [ or ", else text.',
     )
     @click.option(
         "--partition-key",
@@ -431,21 +459,20 @@ def _resolve_command(resolution: Resolution, help_text: str) -> click.Command:
         help="The partition key of every key given without one, on a partitioned entity.",
     )
     @_guard_options
-    @click.option(
-        "--json", "as_json", is_flag=True, help="Read --from as JSON and print JSON (also errors)."
-    )
+    @click.option("--json", "as_json", is_flag=True, help="Print JSON (also for an error).")
     @json_errors
     def command(
         ledger_url: str,
         entity: str,
         message_ids: tuple[str, ...],
         source: str | None,
+        from_format: str,
         partition_key: str,
         min_age: timedelta,
         force: bool,
         as_json: bool,
     ) -> None:
-        keys = read_keys(message_ids, source, partition_key, as_json=as_json)
+        keys = read_keys(message_ids, source, partition_key, from_format=from_format)
         with _open(ledger_url, "write") as opened:
             _check_entity(opened, entity)
             bound = timedelta(0) if force else min_age
@@ -454,17 +481,18 @@ def _resolve_command(resolution: Resolution, help_text: str) -> click.Command:
             )
             if refusals:  # one pass: every refused key named, nothing changed
                 problems = [f"key {_shown(r.key)} of {entity!r}: {r.text}" for r in refusals]
+                advice = []
                 if any(r.reason == "unknown" for r in refusals):
-                    problems.append(
+                    advice.append(
                         "check the ids (a key of a partitioned entity includes its partition "
                         "key: --partition-key, or a tab and the key in --from)"
                     )
                 if any(r.reason in ("young", "live") for r in refusals):
-                    problems.append(
+                    advice.append(
                         f"wait until its producer is done (--min-age {format_duration(min_age)}),"
                         " or give --force if you know it stopped"
                     )
-                _refuse(problems, as_json)
+                _refuse(problems, advice, as_json)
             resolve(opened, entity, rows, keys, resolution)
         verb = "confirmed as sent" if resolution == "sent" else "released (the next run sends them)"
         if as_json:
@@ -557,7 +585,7 @@ def reconcile(
     if release_absent and not apply:
         raise click.UsageError("--release-absent releases keys: give --apply too")
     with _open(ledger_url, "write" if apply else "read") as opened:
-        _check_entity(opened, entity)
+        _check_entity(opened, entity, empty_ok=True)  # an empty ledger: no keys to compare
         with _broker_refusals(), reconcile_broker(broker_url, entity, subscriptions) as broker:
             found = opened.reconcile(
                 broker,
@@ -590,6 +618,9 @@ def reconcile(
             "exit_status": 0,
         }
         _echo_json(data)
+        return
+    if not verdicts:
+        click.echo(f"no unconfirmed keys of {entity!r} ({rule.words()}): nothing to do")
         return
     click.echo(
         f"{len(verdicts)} unconfirmed key(s) of {entity!r} ({rule.words()}), compared with "

@@ -1,11 +1,13 @@
 """The keys a ``sendonce ledger confirm`` or ``release`` resolves: from ``--id``, a file or stdin.
 
-Text (the default): one message id per line, optionally a tab and its partition key;
-blank lines are skipped. With ``--json``: what ``in-doubt --json`` prints (an object
-whose ``keys`` lists them), a JSON array (such as a list ``reconcile --json`` prints), or
-JSON Lines; each key is a message id or an object with ``message_id`` and
-``partition_key``. A line
-that is not a key is refused with its line number: nothing is resolved then.
+``--from-format`` says how ``--from`` is read; ``--json`` only chooses the output.
+``text``: one message id per line, optionally a tab and its partition key; blank lines are
+skipped. ``json``: what ``in-doubt --json`` prints (an object whose ``keys`` lists them), a
+JSON array (such as a list ``reconcile --json`` prints), or JSON Lines; each key is a
+message id or an object with ``message_id`` and ``partition_key``. ``auto`` (the default)
+reads JSON when the first non-blank character is ``{``, ``[`` or ``"`` (a text line
+starting so is refused in ``auto``: it looks like JSON), text otherwise. A line that is
+not a key is refused with its line number: nothing is resolved then.
 """
 
 from __future__ import annotations
@@ -19,13 +21,15 @@ import click
 from ..ledger import Key
 from ._words import InputError
 
-__all__ = ["read_keys"]
+__all__ = ["FROM_FORMATS", "read_keys"]
+
+FROM_FORMATS = ("auto", "text", "json")
 
 _MAX_SHOWN = 20
 
 
 def read_keys(
-    ids: tuple[str, ...], source: str | None, partition_key: str, *, as_json: bool
+    ids: tuple[str, ...], source: str | None, partition_key: str, *, from_format: str = "auto"
 ) -> list[Key]:
     """Every key named by ``--id`` and ``--from``, in order, each once."""
     if not ids and source is None:
@@ -33,8 +37,19 @@ def read_keys(
     keys = [_key(mid, partition_key, "--id") for mid in ids]
     if source is not None:
         text = _read(source)
-        keys += _json_keys(text, partition_key) if as_json else _text_keys(text, partition_key)
+        if from_format == "auto":
+            from_format = "json" if text.lstrip().startswith(_JSON_STARTS) else "text"
+            strict = True
+        else:
+            strict = False
+        if from_format == "json":
+            keys += _json_keys(text, partition_key)
+        else:
+            keys += _text_keys(text, partition_key, strict=strict)
     return list(dict.fromkeys(keys))
+
+
+_JSON_STARTS = ("{", "[", '"')
 
 
 def _read(source: str) -> str:
@@ -57,17 +72,18 @@ def _key(message_id: object, partition_key: object, where: str) -> Key:
     return Key(message_id, partition_key or None)
 
 
-def _text_keys(text: str, partition_key: str) -> list[Key]:
+def _text_keys(text: str, partition_key: str, *, strict: bool) -> list[Key]:
     keys = []
     for number, line in enumerate(text.splitlines(), start=1):
         line = line.rstrip("\r")
         if not line.strip():
             continue
         mid, tab, pk = line.partition("\t")
-        if mid.lstrip().startswith(("{", "[", '"')) and not tab:
+        if strict and mid.lstrip().startswith(_JSON_STARTS) and not tab:
             raise InputError(
-                f"--from line {number}: {line[:60]!r} looks like JSON: give --json to read "
-                "JSON (what in-doubt --json prints), or one message id per line"
+                f"--from line {number}: {line[:60]!r} looks like JSON in a file of message ids: "
+                "give --from-format json to read it as JSON (what in-doubt --json prints), or "
+                "--from-format text to take each line as a message id"
             )
         keys.append(_key(mid, pk if tab else partition_key, f"--from line {number}"))
     return keys
@@ -79,6 +95,8 @@ def _json_keys(text: str, partition_key: str) -> list[Key]:
         return []
     try:
         document: Any = json.loads(stripped)
+        if isinstance(document, str):
+            document = [document]  # JSON Lines of one id
         items = document.get("keys") if isinstance(document, dict) else document
         if not isinstance(items, list):
             raise InputError(

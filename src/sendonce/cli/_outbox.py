@@ -154,7 +154,13 @@ _FIELD_OPTIONS = {
     show_default=True,
     help="Keep published rows this long (0s: delete them at once).",
 )
-@click.option("--batch-size", type=click.IntRange(min=1), default=500, show_default=True)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=500,
+    show_default=True,
+    help="Keys (and rows without a key) claimed per round; up to 100 rows of each key.",
+)
 @click.option(
     "--stop-timeout",
     callback=duration_option,
@@ -307,12 +313,17 @@ def stats(outbox_url: str, entity: str | None, as_json: bool) -> None:
     with _outbox_errors("OUTBOX"):
         rows = api.stats(outbox_url)
     if entity is not None:
+        known = [r.entity for r in rows]
         rows = [r for r in rows if r.entity == name_key(entity)]
+        if not rows:  # a typo must not read as "nothing pending" (as `ledger stats`: exit 2)
+            listed = ", ".join(repr(n) for n in known) or "none"
+            raise InputError(f"--entity: the outbox has no rows of {entity!r} (it has {listed})")
     if as_json:
-        click.echo(json.dumps({r.entity: _entity_json(r) for r in rows}, indent=2))
+        entities = {r.entity: _entity_json(r) for r in rows}
+        click.echo(json.dumps({"status": "ok", "entities": entities, "exit_status": 0}))
         return
     if not rows:
-        click.echo("no rows" + (f" for {entity!r}" if entity else ""))
+        click.echo("no rows")
     for row in rows:
         lag = "none pending" if row.lag is None else f"{format_duration(_whole(row.lag))} behind"
         click.echo(
@@ -328,8 +339,15 @@ def _whole(seconds: float) -> timedelta:
 @outbox.command()
 @click.argument("outbox_url", metavar="OUTBOX")
 @click.option("--entity", help="Only this entity (default: all).")
-@click.option("--max", "limit", type=click.IntRange(min=1), default=100, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per row.")
+@click.option(
+    "--max",
+    "limit",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="List at most this many rows, the oldest first.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (also for an error).")
 @json_errors
 def dead(outbox_url: str, entity: str | None, limit: int, as_json: bool) -> None:
     """Rows moved aside because they can never be sent, with their reason."""
@@ -337,9 +355,9 @@ def dead(outbox_url: str, entity: str | None, limit: int, as_json: bool) -> None
 
     with _outbox_errors("OUTBOX"):
         rows = api.dead_rows(outbox_url, entity=entity, limit=limit)
-    for row in rows:
-        if as_json:
-            data = {
+    if as_json:
+        listed = [
+            {
                 "entity": row.entity,
                 "message_id": row.message_id,
                 "partition_key": row.partition_key,
@@ -347,11 +365,16 @@ def dead(outbox_url: str, entity: str | None, limit: int, as_json: bool) -> None
                 "reason": row.reason,
                 "error": row.error,
                 "dead_at": row.dead_at.isoformat(),
+                "attempts": row.attempts,
             }
-            click.echo(json.dumps(data, ensure_ascii=False))
-        else:
-            click.echo(f"{row.entity} {row.message_id!r}: {row.reason}: {row.error}")
-    if not rows and not as_json:
+            for row in rows
+        ]
+        report = {"status": "ok", "count": len(listed), "rows": listed, "exit_status": 0}
+        click.echo(json.dumps(report, ensure_ascii=False))
+        return
+    for row in rows:
+        click.echo(f"{row.entity} {row.message_id!r}: {row.reason}: {row.error}")
+    if not rows:
         click.echo("no dead rows")
 
 
@@ -374,7 +397,14 @@ def requeue(
         done = api.requeue(outbox_url, entity, None if everything else list(message_ids))
     missing = sorted(set(message_ids) - set(done))
     if as_json:
-        click.echo(json.dumps({"status": "ok", "requeued": done, "not_dead": missing}))
+        report = {
+            "status": "ok",
+            "entity": entity,
+            "requeued": done,
+            "not_dead": missing,
+            "exit_status": 0,
+        }
+        click.echo(json.dumps(report, ensure_ascii=False))
     else:
         click.echo(f"requeued {len(done)} row(s) of {entity!r}")
         for mid in missing:

@@ -32,13 +32,14 @@ from .._message import Message, MessageSpec
 from .._retry import RetryPolicy
 from .._sender import IdempotentSender
 from ..backends import Backend, connect
+from ..backends._base import reports_duplicates
 from ..backends._url import LOCAL_SCHEME, local_path
 from ..errors import SendOnceError, ValidationError, redact
 from ..ledger import InDoubtPolicy, Ledger
 from ._files import check_writable, os_errors
 from ._ledger_open import Mode, ledger_url, open_ledger, sqlite_path
 from ._records import BadLine, Record, open_input, read_records
-from ._report import Outcome, Report
+from ._report import Outcome, Report, unreachable_broker
 from ._rerun import RerunPromise
 from ._validation import Source, fail_invalid, progress_bar, source_options, validate
 from ._words import (
@@ -269,6 +270,17 @@ def _send(
             for chunk in _chunks(path, source, spec, chunk_size):
                 promise.started()
                 sent = sender.send_many([m for m, _ in chunk])
+                unreachable = unreachable_broker(sent)
+                if unreachable is not None:  # said once, not once per record; no more tries
+                    click.echo(
+                        f"\nstopped after {outcome.records} record(s) (sent {outcome.sent}, "
+                        f"duplicates {outcome.duplicates}): {unreachable}; the remaining "
+                        f"{total - outcome.records} record(s) were not sent. " + promise.text(),
+                        err=True,
+                    )
+                    report.finish(
+                        outcome, total, status="stopped", code=EXIT_FAILED, error=unreachable
+                    )
                 outcome.add(sent, chunk)
                 bar.update(len(chunk))
         except KeyboardInterrupt:
@@ -525,7 +537,7 @@ def publish(
                     click.echo(f"note: {note}", err=True)
                 _warn_without_subscriptions(backend, sender.profile)
                 promise = RerunPromise(sender.profile, ledger_url, retry.safety_margin)
-                report = Report(entity, as_json, promise, url)
+                report = Report(entity, as_json, promise, url, reports_duplicates(backend))
                 outcome = _send(
                     sender,
                     path,

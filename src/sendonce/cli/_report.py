@@ -15,13 +15,13 @@ import click
 
 from .._message import Message
 from .._sender import SendReport
-from ..errors import InDoubtError, redact
+from ..errors import InDoubtError, NotSentError, NotStoredError, redact
 from ._doubt_rule import Rule
 from ._rerun import RerunPromise
 from ._validation import MAX_SHOWN
 from ._words import EXIT_FAILED, cli_text, format_duration
 
-__all__ = ["Outcome", "Report"]
+__all__ = ["Outcome", "Report", "unreachable_broker"]
 
 
 @dataclass
@@ -76,13 +76,21 @@ class Report:
     """
 
     def __init__(
-        self, entity: str, as_json: bool, promise: RerunPromise, broker: str | None = None
+        self,
+        entity: str,
+        as_json: bool,
+        promise: RerunPromise,
+        broker: str | None = None,
+        duplicates_reported: bool = True,
     ) -> None:
         self.entity = entity
         self.as_json = as_json
         self.promise = promise
         self.broker = broker
         """The --to url (shown redacted), for the advice on keys in doubt."""
+        self.duplicates_reported = duplicates_reported
+        """The backend's acks say which copies the broker dropped (``reports_duplicates``);
+        when not, a copy it dropped counts as sent, and the report says so."""
 
     def finish(
         self,
@@ -104,6 +112,7 @@ class Report:
                 "records": total,
                 "sent": outcome.sent,
                 "duplicates": outcome.duplicates,
+                "duplicates_reported": self.duplicates_reported,
                 "from_ledger": outcome.from_ledger,
                 "failed": outcome.failed,
                 "in_doubt": outcome.in_doubt,
@@ -117,17 +126,25 @@ class Report:
             data["exit_status"] = code
             click.echo(json.dumps(data, ensure_ascii=False))
         elif status in ("ok", "failed"):
-            from_ledger = (
-                f" ({outcome.from_ledger} skipped: the ledger says an earlier run sent them)"
-                if outcome.from_ledger
-                else ""
-            )
             click.echo(
                 f"{total} record(s) to {self.entity!r}: sent {outcome.sent}, "
-                f"duplicates {outcome.duplicates}{from_ledger}, failed {outcome.failed}"
+                f"{self._duplicates(outcome)}, failed {outcome.failed}"
             )
         self._failures(outcome)
         sys.exit(code)
+
+    def _duplicates(self, outcome: Outcome) -> str:
+        skipped = (
+            f"{outcome.from_ledger} skipped: the ledger says an earlier run sent them"
+            if outcome.from_ledger
+            else ""
+        )
+        if self.duplicates_reported:
+            return f"duplicates {outcome.duplicates}" + (f" ({skipped})" if skipped else "")
+        unknown = "copies the broker dropped are not reported by this broker: they count as sent"
+        if skipped:
+            return f"duplicates {outcome.duplicates} ({skipped}; {unknown})"
+        return "duplicates: not reported by this broker (a copy it dropped counts as sent)"
 
     def _failures(self, outcome: Outcome) -> None:
         for failure in outcome.failures[:MAX_SHOWN]:
@@ -180,3 +197,23 @@ class Report:
             f"in-doubt {ledger} --entity {self.entity}` lists them (docs/ledger.md). Or give "
             "--in-doubt resend (at-least-once: they may be delivered twice)."
         )
+
+
+def unreachable_broker(sent: SendReport) -> str | None:
+    """The broker could not be reached for any record of a call (every attempt of every
+    transfer failed before the broker): one sentence saying so, else None."""
+    if not sent.failures or sent.sent or sent.duplicates:
+        return None
+    errors = [f.error for f in sent.failures]
+    if not all(
+        isinstance(e, NotStoredError) and isinstance(e.last_error, NotSentError) for e in errors
+    ):
+        return None
+    first = errors[0]
+    assert isinstance(first, NotStoredError) and first.last_error is not None
+    return (
+        f"the broker could not be reached (none of {first.attempts} attempt(s) over "
+        f"{first.elapsed.total_seconds():.1f}s reached it; last error: "
+        f"{cli_text(first.last_error)})"
+        ": nothing was stored"
+    )

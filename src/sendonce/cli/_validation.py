@@ -274,11 +274,11 @@ def _shared_group(exc: ValidationError, fields: dict[str, Any]) -> str | None:
 def fail_invalid(facts: Facts, as_json: bool) -> NoReturn:
     errors = facts.errors()
     for error in errors:
-        click.echo(f"error: {error}", err=True)
+        click.echo(f"Error: {error}", err=True)
     for note in facts.notes:
         click.echo(f"note: {note}", err=True)
     if facts.unshown() > 0:
-        click.echo(f"error: ... and {facts.unshown()} more", err=True)
+        click.echo(f"Error: ... and {facts.unshown()} more", err=True)
     click.echo(f"{facts.bad} bad line(s): nothing was published", err=True)
     if as_json:
         click.echo(

@@ -149,6 +149,10 @@ _REPLACEMENTS: list[tuple[re.Pattern[str], str]] = [
     ),
     (re.compile(r"\(allow_empty=True accepts it\)"), "(--allow-empty accepts it)"),
     (
+        re.compile(r"; shorten the fields or use overflow='hash'"),
+        ": give --id a template that builds a shorter id (fewer or shorter fields)",
+    ),
+    (
         re.compile(r"body field ('[^']*') must hold bytes or str, got (\w+)"),
         r"--body-field \1 holds \2 values, not text: name a text field, or leave "
         "--body-field out to send the whole record as JSON",

@@ -567,6 +567,7 @@ class Relay:
             per_key=self.per_key - 1,
             lease=self.lease,
             now=now,
+            partitioned=[k for k, s in self._senders.items() if s.profile.partitioned],
         )
         return rows, now
 
@@ -676,11 +677,19 @@ class Relay:
         profile = sender.profile
         keyed: dict[str, deque[ClaimedRow]] = {}
         unordered: list[ClaimedRow] = []
+        valid: list[ClaimedRow] = []
         for row in rows:
             try:
                 profile.check(row.message)
             except ValidationError as exc:
                 done.dead.append((row.id, "invalid", _text(exc)))
+                continue
+            valid.append(row)
+        conflicts = _conflicts(profile, valid)
+        for row in valid:
+            conflict = conflicts.get(row.id)
+            if conflict is not None:
+                done.dead.append((row.id, "conflict", conflict))
                 continue
             if row.okey is None:
                 unordered.append(row)
@@ -857,6 +866,39 @@ class Relay:
 
 
 _INDEX = re.compile(r"\bmessages\[(\d+)\]")
+
+
+def _conflicts(profile: EntityProfile, rows: Sequence[ClaimedRow]) -> dict[int, str]:
+    """The rows to move aside as payload conflicts, with the error to record.
+
+    A row whose id (its entity's duplicate-detection key) was published with another body,
+    while that row is kept (``retention``), conflicts with it: the broker holds the other
+    body and would drop this one (or the ledger would skip it), so it is never published.
+    Among the rows of one round sharing a key, the first enqueued (lowest row id) is sent
+    and each later one with another body conflicts with it.
+    """
+    found: dict[int, str] = {}
+    first: dict[Any, ClaimedRow] = {}
+    for row in sorted(rows, key=lambda r: r.id):
+        m = row.message
+        if row.conflict_at is not None:
+            found[row.id] = (
+                f"PayloadConflictError: payload conflict with the row published at "
+                f"{row.conflict_at.isoformat()} under message id {m.message_id!r}: the broker "
+                "holds that body and would drop this one; nothing was sent"
+            )
+            continue
+        key = profile.dedup_key(m)
+        earlier = first.get(key)
+        if earlier is None:
+            first[key] = row
+        elif earlier.message.body_bytes != m.body_bytes:
+            found[row.id] = (
+                f"PayloadConflictError: payload conflict with outbox row {earlier.id} (enqueued "
+                f"before it under message id {m.message_id!r}, sent in the same round with "
+                "another body); nothing was sent"
+            )
+    return found
 
 
 def _named(exc: ValidationError | SendError, rows: list[ClaimedRow]) -> list[ClaimedRow]:

@@ -1,7 +1,8 @@
 """The outbox's tables in PostgreSQL, created and migrated by sendonce, versioned like the ledger's.
 
 - ``sendonce_outbox``: one row per message enqueued, from the caller's transaction until the
-  relay has published it (then marked ``published_at``, and pruned after the retention).
+  relay has published it (then marked ``published_at``, and pruned after the retention;
+  while kept, a later row with the same id and another body is a payload conflict).
 - ``sendonce_outbox_keys``: one row per order key (entity + session id, else partition key)
   holding the last sequence number handed out. ``enqueue`` increments it in the caller's
   transaction, so the row stays locked until that transaction ends: a second transaction on
@@ -21,13 +22,15 @@ from ..errors import ConfigurationError
 
 __all__ = ["SCHEMA_VERSION", "check_version", "ensure_schema", "read_version"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The outbox schema this sendonce reads and writes. An older database is migrated on open
 (``_MIGRATIONS``); a newer one is refused with a ``ConfigurationError``. Version 2 added
 ``claimed_through`` (a claimed head names the last row of its key claimed with it, so only
 heads are written at claim time) and a fill factor that leaves room for HOT lease updates.
 Version 3 indexes the pending rows without a key on their own (the claim walks keyed rows
-through the heads index), in place of an index of every pending row."""
+through the heads index), in place of an index of every pending row. Version 4 indexes the
+published rows by (entity, message id): a relay looks up the row it published under a
+pending row's id, to move a second body for that id aside as a payload conflict."""
 
 _CREATE = """
 CREATE TABLE IF NOT EXISTS sendonce_outbox (
@@ -63,6 +66,8 @@ CREATE INDEX IF NOT EXISTS sendonce_outbox_heads
     ON sendonce_outbox (entity, okey, seq) WHERE published_at IS NULL AND okey IS NOT NULL;
 CREATE INDEX IF NOT EXISTS sendonce_outbox_published
     ON sendonce_outbox (published_at) WHERE published_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS sendonce_outbox_published_ids
+    ON sendonce_outbox (entity, message_id) WHERE published_at IS NOT NULL;
 CREATE TABLE IF NOT EXISTS sendonce_outbox_keys (
     entity text NOT NULL,
     okey text NOT NULL,
@@ -106,6 +111,10 @@ _MIGRATIONS: dict[int, str] = {
     CREATE INDEX IF NOT EXISTS sendonce_outbox_unordered
         ON sendonce_outbox (entity, id) WHERE published_at IS NULL AND okey IS NULL;
     DROP INDEX IF EXISTS sendonce_outbox_pending;
+    """,
+    3: """
+    CREATE INDEX IF NOT EXISTS sendonce_outbox_published_ids
+        ON sendonce_outbox (entity, message_id) WHERE published_at IS NOT NULL;
     """,
 }
 """From version N to N+1: the DDL to run."""

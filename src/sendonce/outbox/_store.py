@@ -82,6 +82,18 @@ _FOLLOWING_KEY = _NEXT_KEY.format(
     w="w", wrapped="w.wrapped", after="p.okey > w.okey AND (NOT w.wrapped OR p.okey <= w.start)",
     may_wrap="NOT w.wrapped AND w.start IS NOT NULL",
 )  # fmt: skip
+# Each claimed row comes with the time a row of its entity was published under the same
+# id (and, on a partitioned entity, the same partition key) with another body, if one is
+# kept (retention): the broker holds that body, and drops this one as a duplicate (or the
+# ledger skips it), so the relay moves it aside as a payload conflict instead of counting
+# it published. One probe of the published-ids index per row, none found in the usual case.
+_PUBLISHED_OTHER = """(
+    SELECT min(p.published_at) FROM sendonce_outbox AS p
+    WHERE p.entity = {x}.entity AND p.message_id = {x}.message_id
+      AND p.published_at IS NOT NULL AND p.body <> {x}.body
+      AND (NOT ({x}.entity = ANY(%(partitioned)s::text[]))
+           OR coalesce(p.partition_key, p.session_id)
+              IS NOT DISTINCT FROM coalesce({x}.partition_key, {x}.session_id)))"""
 _CLAIM = f"""
 WITH RECURSIVE cursors AS (
     SELECT * FROM unnest(%(entities)s::text[], %(cursors)s::text[]) AS e(entity, start)
@@ -137,10 +149,10 @@ WITH RECURSIVE cursors AS (
     WHERE h.okey IS NOT NULL
     GROUP BY h.entity
 )
-SELECT h.*, NULL::timestamptz, NULL::bigint, true, n.okey
+SELECT h.*, NULL::timestamptz, NULL::bigint, true, n.okey, {_PUBLISHED_OTHER.format(x="h")}
 FROM heads AS h LEFT JOIN next AS n ON n.entity = h.entity
 UNION ALL
-SELECT f.*, false, NULL::text FROM followers AS f
+SELECT f.*, false, NULL::text, {_PUBLISHED_OTHER.format(x="f")} FROM followers AS f
 """
 _RENEW = """
 UPDATE sendonce_outbox SET lease_until = now() + %(lease)s * interval '1 second'
@@ -292,6 +304,9 @@ class ClaimedRow(NamedTuple):
     """Claimed as its key's head (or an unordered row): the row holding the lease."""
     through_before: int | None
     """A head's ``claimed_through`` before this claim (restored if nothing was tried)."""
+    conflict_at: datetime | None = None
+    """When a row with this id and another body was published (kept for the retention);
+    None: no such row is kept."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,12 +359,21 @@ def claimed_rows(rows: Sequence[tuple[Any, ...]], decode: MessageDecoder) -> lis
     width = _WIDTH
     for row in rows:
         rid, entity, okey, seq, first, attempts = row[:6]
-        through_before, head_attempt, head_through, head, _ = row[width:]
+        through_before, head_attempt, head_through, head, _, conflict_at = row[width:]
         if not head and first is None and head_through is not None and seq <= head_through:
             first = head_attempt  # claimed with its head by a relay that then died
         append(
             ClaimedRow(
-                rid, entity, okey, seq, first, attempts, decode(*row[6:width]), head, through_before
+                rid,
+                entity,
+                okey,
+                seq,
+                first,
+                attempts,
+                decode(*row[6:width]),
+                head,
+                through_before,
+                conflict_at,
             )
         )
     return out
@@ -433,12 +457,16 @@ class RelayStore:
         per_key: int,
         lease: timedelta,
         now: datetime,
+        partitioned: Sequence[str] = (),
     ) -> list[ClaimedRow]:
         """Lease up to ``limit`` heads (and unordered rows), then up to ``per_key`` rows
         following each claimed head; in (key, sequence) order for keyed rows. Keys are
-        taken in turn: each claim goes on from the key where this store's last one ended."""
+        taken in turn: each claim goes on from the key where this store's last one ended.
+        ``partitioned``: the entities whose duplicate detection keys on the partition key
+        too (a published row conflicts only with rows of its partition key there)."""
         names = list(entities)
         params = {
+            "partitioned": list(partitioned),
             "owner": owner,
             "lease": lease.total_seconds(),
             "now": now,

@@ -205,7 +205,7 @@ def test_broker_commands(tmp_path):
         ).exit_code
         == 0
     )
-    stats = json.loads(run("broker", "stats", db, "--json").stdout)
+    stats = json.loads(run("broker", "stats", db, "--json").stdout)["entities"]
     assert stats["events"]["messages"] == 6 and stats["events"]["ids_remembered"] == 3
     assert "id cache 500 (persisted)" in stats["events"]["profile"]
     peeked = run("broker", "peek", db, "--entity", "events", "--subscription", "a", "--max", "2")

@@ -41,7 +41,9 @@ def test_a_queue_gets_its_receive_settings_from_the_options(db: str) -> None:
         "orders (queue, window 10m, lock 30s, max deliveries 5, ttl 1h, dead-letter on expiry)"
         in (shown.output)
     )
-    settings = json.loads(run("broker", "stats", db, "--json").output)["orders"]["settings"]
+    settings = json.loads(run("broker", "stats", db, "--json").output)["entities"]["orders"][
+        "settings"
+    ]
     assert settings["lock_duration_seconds"] == 30
     assert settings["max_delivery_count"] == 5
     assert settings["default_ttl_seconds"] == 3600
@@ -71,7 +73,9 @@ def test_subscriptions_take_the_topic_s_settings_or_their_own(db: str) -> None:
             ),
             SubscriptionProfile("billing", max_delivery_count=3),
         ]
-    listed = json.loads(run("broker", "stats", db, "--json").output)["events"]["subscriptions"]
+    listed = json.loads(run("broker", "stats", db, "--json").output)["entities"]["events"][
+        "subscriptions"
+    ]
     assert listed["audit"] == {
         "sessions": True,
         "lock_duration_seconds": 10,

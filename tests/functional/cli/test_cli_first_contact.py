@@ -207,6 +207,7 @@ def test_publish_json_report(tmp_path, db):
         "records": 3,
         "sent": 3,
         "duplicates": 0,
+        "duplicates_reported": True,
         "from_ledger": 0,
         "failed": 0,
         "in_doubt": [],
@@ -223,7 +224,7 @@ def test_publish_json_report(tmp_path, db):
 
 
 def test_stats_json_has_structured_settings(db):
-    stats = json.loads(run("broker", "stats", db, "--json").stdout)
+    stats = json.loads(run("broker", "stats", db, "--json").stdout)["entities"]
     assert stats["orders"]["settings"] == {
         "kind": "queue",
         "duplicate_detection": True,

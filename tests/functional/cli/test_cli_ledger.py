@@ -184,7 +184,7 @@ def test_keys_in_doubt_are_listed_and_resolved_by_hand(tmp_path):
     source = orders(tmp_path, 4)  # ids 0..3
     _abandoned_intents(ledger, "orders", ["1", "2"], hours_ago=2)
 
-    stats = json.loads(run("ledger", "stats", ledger, "--json").stdout)
+    stats = json.loads(run("ledger", "stats", ledger, "--json").stdout)["entities"]
     assert stats["orders"]["keys"] == 2 and stats["orders"]["unconfirmed"] == 2
     assert stats["orders"]["oldest_pruned_after"] is not None
 
@@ -207,7 +207,7 @@ def test_keys_in_doubt_are_listed_and_resolved_by_hand(tmp_path):
     again = json.loads(publish(db, source, "orders", "--ledger", ledger, "--json").stdout)
     assert (again["sent"], again["from_ledger"], again["failed"]) == (1, 3, 0)
     assert sorted(stored(db, "orders")) == ["0", "1", "3"]  # '2' was confirmed by hand
-    stats = json.loads(run("ledger", "stats", ledger, "--json").stdout)
+    stats = json.loads(run("ledger", "stats", ledger, "--json").stdout)["entities"]
     assert stats["orders"]["unconfirmed"] == 0
 
 
@@ -217,7 +217,10 @@ def test_resolving_refuses_unknown_and_confirmed_keys_changing_nothing(tmp_path)
     result = run("ledger", "release", ledger, "--entity", "orders", "--id", "1", "--id", "nope")
     assert result.exit_code == 2
     assert "key 'nope' of 'orders': the ledger has no such key" in result.stderr
-    assert json.loads(run("ledger", "stats", ledger, "--json").stdout)["orders"]["keys"] == 1
+    assert (
+        json.loads(run("ledger", "stats", ledger, "--json").stdout)["entities"]["orders"]["keys"]
+        == 1
+    )
     assert run("ledger", "confirm", ledger, "--entity", "orders", "--id", "1").exit_code == 0
     twice = run("ledger", "confirm", ledger, "--entity", "orders", "--id", "1")
     assert twice.exit_code == 2 and "already confirmed (resolved at" in twice.stderr
@@ -236,13 +239,13 @@ def test_ledger_commands_never_create_a_ledger(tmp_path):
 def test_ledger_commands_read_and_resolve_a_postgresql_ledger(tmp_path, postgres_database):
     url = postgres_database("cli_ledger")  # a fresh database on the run's cluster
     _abandoned_intents(url, "orders", ["1", "2"], hours_ago=2)
-    stats = json.loads(run("ledger", "stats", url, "--json").stdout)
+    stats = json.loads(run("ledger", "stats", url, "--json").stdout)["entities"]
     assert (stats["orders"]["keys"], stats["orders"]["unconfirmed"]) == (2, 2)
     listed = run("ledger", "in-doubt", url, "--entity", "orders", "--json")
     assert [key["message_id"] for key in json.loads(listed.stdout)["keys"]] == ["1", "2"]
     assert run("ledger", "confirm", url, "--entity", "orders", "--id", "1").exit_code == 0
     assert run("ledger", "release", url, "--entity", "orders", "--id", "2").exit_code == 0
-    stats = json.loads(run("ledger", "stats", url, "--json").stdout)
+    stats = json.loads(run("ledger", "stats", url, "--json").stdout)["entities"]
     assert (stats["orders"]["keys"], stats["orders"]["confirmed"]) == (1, 1)
 
 

@@ -155,7 +155,10 @@ def test_a_ledger_is_named_the_same_way_by_publish_and_the_ledger_commands(here:
     records(source, 3)
     assert publish(source, "orders", "--ledger", "l.db", "--create-ledger").exit_code == 0
     for name in ("l.db", str(here / "l.db"), "sqlite:l.db", f"sqlite://{here / 'l.db'}"):
-        assert json.loads(run("ledger", "stats", name, "--json").stdout)["orders"]["keys"] == 3
+        assert (
+            json.loads(run("ledger", "stats", name, "--json").stdout)["entities"]["orders"]["keys"]
+            == 3
+        )
         again = publish(source, "orders", "--ledger", name, "--json")
         assert json.loads(again.stdout)["from_ledger"] == 3, again.output
     for bad in ("mysql://x/y", "sqlite://host/l.db"):
@@ -194,7 +197,7 @@ def test_a_refused_key_is_reported_in_the_documented_json_shape(here: Path):
                   "nope", "--json")  # fmt: skip
     assert refused.exit_code == 2
     report = json.loads(refused.stdout)
-    assert set(report) == {"status", "error", "errors", "exit_status"}
+    assert set(report) == {"status", "error", "errors", "advice", "exit_status"}
     assert (report["status"], report["exit_status"]) == ("error", 2)
     assert "key 'nope' of 'orders': the ledger has no such key" in report["error"]
     assert "nothing was changed" in report["error"]
@@ -262,7 +265,7 @@ def test_stats_and_in_doubt_speak_of_the_entitys_own_rule(here: Path):
     assert "remembers ids by count, not by time" in cached.stderr
     as_json = json.loads(
         run("ledger", "stats", "l.db", "--broker", "local:broker.db", "--json").stdout
-    )
+    )["entities"]
     assert as_json["cached"]["rule"] == {
         "duplicate_detection": "id_cache",
         "window_seconds": None,
@@ -288,11 +291,14 @@ def test_many_keys_are_confirmed_or_released_from_a_file_stdin_or_json(here: Pat
     report = json.loads(released.stdout)
     assert (report["status"], report["resolution"], report["count"]) == ("ok", "release", 15)
     assert report["keys"][0] == {"message_id": "r015", "partition_key": None}
-    left = json.loads(run("ledger", "stats", "l.db", "--json").stdout)["audit"]
+    left = json.loads(run("ledger", "stats", "l.db", "--json").stdout)["entities"]["audit"]
     assert (left["keys"], left["confirmed"], left["unconfirmed"]) == (10, 10, 0)
     # A JSON file given as text is named, not read as ids.
-    wrong = run("ledger", "release", "l.db", "--entity", "audit", "--from", "doubt.json")
-    assert wrong.exit_code == 2 and "looks like JSON: give --json" in wrong.stderr
+    wrong = run(
+        "ledger", "release", "l.db", "--entity", "audit", "--from", "doubt.json",
+        "--from-format", "text",
+    )  # fmt: skip
+    assert wrong.exit_code == 2 and "the ledger has no such key" in wrong.stderr
 
 
 def test_partitioned_keys_come_with_their_partition_key(here: Path):
@@ -328,12 +334,22 @@ def test_a_live_producers_keys_are_refused_unless_forced(here: Path):
         "key 'r003' of 'audit': the producer that wrote it confirmed another key" in refused.stderr
     )
     assert "or give --force" in refused.stderr and "Nothing was changed." in refused.stderr
-    assert json.loads(run("ledger", "stats", "l.db", "--json").stdout)["audit"]["unconfirmed"] == 5
+    assert (
+        json.loads(run("ledger", "stats", "l.db", "--json").stdout)["entities"]["audit"][
+            "unconfirmed"
+        ]
+        == 5
+    )
     short = run("ledger", "release", "l.db", "--entity", "audit", "--id", "r000", "--min-age", "5s")
     assert short.exit_code == 0, short.output
     forced = run("ledger", "release", "l.db", "--entity", "audit", "--id", "r003", "--force")
     assert forced.exit_code == 0, forced.output
-    assert json.loads(run("ledger", "stats", "l.db", "--json").stdout)["audit"]["unconfirmed"] == 3
+    assert (
+        json.loads(run("ledger", "stats", "l.db", "--json").stdout)["entities"]["audit"][
+            "unconfirmed"
+        ]
+        == 3
+    )
 
 
 # -- reconcile: what the local broker shows, exactly -------------------------------------------
@@ -361,7 +377,12 @@ def test_reconcile_sorts_keys_by_what_the_local_broker_holds_and_remembers(here:
         "absent": [],
     }
     assert report["applied"] is False
-    assert json.loads(run("ledger", "stats", "l.db", "--json").stdout)["orders"]["unconfirmed"] == 6
+    assert (
+        json.loads(run("ledger", "stats", "l.db", "--json").stdout)["entities"]["orders"][
+            "unconfirmed"
+        ]
+        == 6
+    )
     applied = run("ledger", "reconcile", "l.db", "--entity", "orders", "--broker",
                   "local:broker.db", "--min-age", "10s", "--apply")  # fmt: skip
     assert "confirmed 4 key(s), released 2" in applied.stdout, applied.output

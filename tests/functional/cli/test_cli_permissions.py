@@ -93,7 +93,7 @@ def test_a_broker_the_user_may_not_write_is_inspected_from_a_snapshot(broker: Pa
     stats = sendonce("broker", "stats", str(broker), "--json", cwd=home)
     assert stats.returncode == 0, stats.stderr
     assert "showing a snapshot of it taken now" in stats.stderr
-    assert "orders" in json.loads(stats.stdout)
+    assert "orders" in json.loads(stats.stdout)["entities"]
     peek = sendonce("broker", "peek", str(broker), "--entity", "orders", "--dead-letter", cwd=home)
     assert json.loads(peek.stdout)["dead_letter_reason"] == "checked"
     copy = home.parent / "copy.db"
@@ -152,7 +152,7 @@ def test_a_read_only_ledger_is_read_in_place_writing_nothing_beside_it(tmp_path:
         stats = sendonce("ledger", "stats", str(path), "--json", cwd=tmp_path)
         assert stats.returncode == 0, stats.stderr
         assert "reading it read-only" in stats.stderr
-        assert json.loads(stats.stdout)["orders"]["unconfirmed"] == 1
+        assert json.loads(stats.stdout)["entities"]["orders"]["unconfirmed"] == 1
         listed = sendonce("ledger", "in-doubt", str(path), "--entity", "orders", cwd=tmp_path)
         assert "'1': first attempted 2026-01-01" in listed.stdout, listed.stderr
         compared = sendonce("ledger", "reconcile", str(path), "--entity", "orders",
@@ -182,7 +182,7 @@ def test_a_read_only_broker_in_a_writable_directory_is_inspected_writing_nothing
     broker.chmod(0o444)
     stats = sendonce("broker", "stats", str(broker), "--json", cwd=home)
     assert stats.returncode == 0, stats.stderr
-    assert json.loads(stats.stdout)["orders"]["messages"] == 1
+    assert json.loads(stats.stdout)["entities"]["orders"]["messages"] == 1
     assert sorted(p.name for p in home.iterdir()) == before
     broker.chmod(0o644)
 
@@ -213,7 +213,7 @@ def test_a_broker_on_a_read_only_file_system_is_inspected_not_written(broker: Pa
 
     stats = on_read_only_mount("broker", "stats", str(broker), "--json")
     assert stats.returncode == 0, stats.stderr
-    assert json.loads(stats.stdout)["orders"]["messages"] == 1
+    assert json.loads(stats.stdout)["entities"]["orders"]["messages"] == 1
     refused = on_read_only_mount("broker", "purge", str(broker), "--entity", "orders")
     assert_refused(refused, "is on a read-only file system", "Copy it to a writable place")
     assert sorted(os.listdir(home)) == before

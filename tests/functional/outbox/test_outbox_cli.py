@@ -48,7 +48,7 @@ def test_relay_drain_stats_dead_and_requeue(outbox_url: str, tmp_path: Path) -> 
         enqueue(conn, [Message("x" * 4000, message_id="big", partition_key="k1")], entity="orders")
         conn.commit()
     code, out, _ = run("outbox", "stats", outbox_url, "--json")
-    assert code == 0 and json.loads(out)["orders"]["pending"] == 31
+    assert code == 0 and json.loads(out)["entities"]["orders"]["pending"] == 31
     code, out, err = run(
         "relay",
         "--outbox",
@@ -70,10 +70,10 @@ def test_relay_drain_stats_dead_and_requeue(outbox_url: str, tmp_path: Path) -> 
         "exit_status": 0,
     }
     code, out, _ = run("outbox", "stats", outbox_url, "--json")
-    counts = json.loads(out)["orders"]
+    counts = json.loads(out)["entities"]["orders"]
     assert (counts["pending"], counts["published"], counts["dead"]) == (0, 30, 1)
     code, out, _ = run("outbox", "dead", outbox_url, "--json")
-    (row,) = [json.loads(line) for line in out.splitlines()]
+    (row,) = json.loads(out)["rows"]
     assert row["message_id"] == "big" and row["reason"] == "invalid"
     code, out, _ = run("outbox", "requeue", outbox_url, "--entity", "orders", "--id", "big")
     assert code == 0 and "requeued 1" in out
@@ -179,3 +179,36 @@ def test_sigterm_stops_the_relay_with_its_leases_released_and_nothing_lost(
     assert len(ids) == len(set(ids)) == 1000
     (row,) = stats(outbox_url)
     assert (row.pending, row.leased, row.published) == (0, 0, 1000)
+
+
+def test_outbox_json_shapes_and_an_unknown_entity(outbox_url: str) -> None:
+    """Every --json is one line with status and exit_status; a typo'd --entity exits 2 (as
+    `ledger stats --entity nope`), not 0 with nothing in it."""
+    install(outbox_url)
+    fill(outbox_url, 3)
+    code, out, _ = run("outbox", "stats", outbox_url, "--json")
+    report = json.loads(out)
+    assert code == 0 and out.count("\n") == 1
+    assert list(report) == ["status", "entities", "exit_status"]
+    assert report["entities"]["orders"]["pending"] == 3
+    code, out, err = run("outbox", "stats", outbox_url, "--entity", "nope")
+    assert code == 2 and "--entity: the outbox has no rows of 'nope' (it has 'orders')" in err
+    code, out, _ = run("outbox", "stats", outbox_url, "--entity", "nope", "--json")
+    assert code == 2 and json.loads(out)["exit_status"] == 2
+    code, out, _ = run("outbox", "stats", outbox_url, "--entity", "ORDERS", "--json")
+    assert code == 0 and list(json.loads(out)["entities"]) == ["orders"]
+    code, out, _ = run("outbox", "dead", outbox_url, "--json")
+    assert code == 0 and json.loads(out) == {
+        "status": "ok",
+        "count": 0,
+        "rows": [],
+        "exit_status": 0,
+    }
+    code, out, _ = run("outbox", "requeue", outbox_url, "--entity", "orders", "--id", "x", "--json")
+    assert code == 0 and json.loads(out) == {
+        "status": "ok",
+        "entity": "orders",
+        "requeued": [],
+        "not_dead": ["x"],
+        "exit_status": 0,
+    }

@@ -34,7 +34,7 @@ def test_sample_runs_standalone(sample: str, tmp_path: Path) -> None:
 
 
 def test_the_spark_demo_proves_exactly_once(tmp_path: Path) -> None:
-    done = run(["-m", "sendonce.cli._demo_spark"], tmp_path)
+    done = run(["-m", "sendonce.cli", "demo", "--spark"], tmp_path)  # as docs/spark.md says
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "task attempts killed:           4" in done.stdout
     assert "exactly once" in done.stdout

@@ -86,6 +86,8 @@ class LocalBackend:
     """
 
     messaging_system = "sendonce_local"
+    reports_duplicates = True
+    """Its acks say which copies it dropped as duplicates (``Ack("duplicate")``)."""
     """OpenTelemetry's ``messaging.system``: the embedded broker's own value."""
 
     def __init__(
