@@ -34,7 +34,7 @@ from ..ledger._inspect import (
 from ..ledger._ledger import IN_FLIGHT_HORIZON
 from ..ledger._reconcile import Verdict
 from ..ledger._reconcile import reconcile as compare
-from ._doubt_rule import Rule
+from ._doubt_rule import Rule, no_dedup_option
 from ._ledger_broker import broker_view, entity_rule, entity_rules
 from ._ledger_keys import read_keys
 from ._ledger_open import Mode, open_ledger
@@ -234,11 +234,9 @@ def _rule_options(command: Callable[..., Any]) -> Callable[..., Any]:
                 help="Declare the entity's duplicate-detection window instead of --broker: "
                 "only keys past it are in doubt.",
             ),
-            click.option(
-                "--no-dedup",
-                is_flag=True,
-                help="Declare that the entity has no duplicate detection (every unconfirmed key "
-                "is in doubt) instead of --broker.",
+            no_dedup_option(
+                "Declare that the entity has no duplicate detection (every unconfirmed key "
+                "is in doubt) instead of --broker."
             ),
         ]
     ):
