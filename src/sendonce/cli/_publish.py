@@ -722,6 +722,11 @@ def _check_new_ledger(url: str, backend: Backend, target: EntityProfile | str) -
     if stats is None:
         return
     profile = target if isinstance(target, EntityProfile) else backend.describe(target)
+    entities = getattr(backend, "entities", None)
+    if entities is not None and name_key(profile.name) not in {
+        name_key(p.name) for p in entities()
+    }:
+        return  # declared, to be created: it holds nothing yet
     held = int(stats(profile.name)["messages"])
     if not held:
         return
