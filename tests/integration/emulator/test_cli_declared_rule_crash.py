@@ -134,6 +134,9 @@ def _crash_then_rerun(world: tuple[Path, str], rule: tuple[str, ...], event: Eve
         f"killed at '{event.__name__}' ({killed=}), the re-run stored {len(twice)} id(s) "
         f"twice, e.g. {sorted(twice)[:3]}; re-run report: {report}"
     )
+    if report["in_doubt"] and rule[0] == "--window":  # what the ledger did, and why
+        assert "window was declared (--window), not read from the broker" in rerun.stderr
+        assert "was declared, not read from the broker" in report["failures"][0]["error"]
     if not killed:
         return
     # Nothing lost either: what the broker lacks is in doubt in the ledger, and the
@@ -191,3 +194,30 @@ def test_a_killed_publish_run_again_stores_no_id_twice_at_many_timings(
     world: tuple[Path, str], rule: str, event: Event
 ) -> None:
     _crash_then_rerun(world, DECLARED[rule], event)
+
+
+def test_in_doubt_on_an_entity_without_duplicate_detection_speaks_of_no_window(
+    tmp_path: Path,
+) -> None:
+    """Issue 34 item 10: the emulator stores the message and drops the connection before its
+    ack; on an entity without duplicate detection the InDoubtError and the advice say so,
+    with no window words."""
+    from sendonce.emulator import Fault, FaultAction
+
+    db = tmp_path / "b.db"
+    with LocalBackend(db) as broker:
+        broker.create_entity(EntityProfile(ENTITY, duplicate_detection=False))
+    (tmp_path / "k.jsonl").write_text(json.dumps({"id": "a-0001"}) + "\n")
+    with Emulator(db, poll_interval=0.02) as emulator:
+        emulator.faults.add(Fault(FaultAction.DROP_AFTER_COMMIT, entity=ENTITY))
+        command = _publish(tmp_path, emulator.connection_string, ("--no-dedup",))
+        result = _run([*command[:-2], "--json", "--no-dedup", "--create-ledger"])
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    assert [f["message_id"] for f in report["failures"]] == ["a-0001"]
+    error = report["failures"][0]["error"]
+    assert "in doubt" in error and "never without duplicate detection" in error
+    assert "window" not in error
+    advice = [line for line in result.stderr.splitlines() if "are in doubt" in line]
+    assert advice and "no duplicate detection" in advice[0] and "window" not in advice[0]
+    assert _held(db) == ["a-0001"]
