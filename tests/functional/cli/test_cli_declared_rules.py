@@ -246,3 +246,39 @@ def test_the_resend_warning_on_an_entity_without_duplicate_detection_says_no_win
     warnings = [r.getMessage() for r in caplog.records if "resending it" in r.getMessage()]
     assert len(warnings) == 2
     assert all("window" not in w and "nothing says the broker remembers" in w for w in warnings)
+
+
+# -- item 1, in the library: Ledger(trust_window=False) --------------------------------------
+
+
+def test_a_ledger_that_does_not_trust_the_window_resends_no_unconfirmed_key(here: Path) -> None:
+    """What publish does over a broker that cannot check a declared window: an intent left
+    unconfirmed a minute ago, well inside the entity's 10m window, is in doubt at once instead
+    of resent, and says why; a trusting ledger resends it (the broker drops any copy)."""
+    assert (
+        run("broker", "create", "broker.db", "--entity", "tenmin", "--window", "10m").exit_code == 0
+    )
+    messages = records(here / "a.jsonl", 3)
+    keys = [Key(m.message_id) for m in messages]
+    then = datetime.now(UTC) - timedelta(minutes=1)
+    for name in ("wary.db", "trusting.db"):
+        with Ledger(f"sqlite:{name}", clock=lambda: then) as ledger:
+            ledger.prepare(
+                "tenmin", messages, keys, window=timedelta(minutes=10), margin=timedelta(seconds=5)
+            )
+    with LocalBackend("broker.db") as broker:
+        with Ledger("sqlite:wary.db", trust_window=False) as wary:
+            assert wary.options.trust_window is False
+            assert wary.options.open(wary.url).trust_window is False
+            with IdempotentSender(broker, "tenmin", ledger=wary) as sender:
+                report = sender.send_many(messages)
+        assert (report.sent, report.failed) == (0, 3)
+        assert all(
+            "was declared, not read from the broker" in str(f.error) for f in report.failures
+        )
+        assert broker.message_ids("tenmin") == []
+        with Ledger("sqlite:trusting.db") as trusting:
+            with IdempotentSender(broker, "tenmin", ledger=trusting) as sender:
+                assert sender.send_many(messages).sent == 3
+    with pytest.raises(ValueError, match="trust_window"):
+        Ledger("sqlite:wary.db", trust_window="no")  # type: ignore[arg-type]
