@@ -222,14 +222,13 @@ def _target(
         profile = EntityProfile(
             name,
             duplicate_detection=not no_dedup,
-            duplicate_detection_window=window or timedelta(minutes=10),
+            duplicate_detection_window=timedelta(minutes=10) if window is None else window,
             partitioned=partitioned,
             sessions=sessions,
         )
     except ValidationError as exc:
-        text = (
-            window_error(window) if exc.field == "duplicate_detection_window" and window else None
-        )
+        in_window = exc.field == "duplicate_detection_window" and window is not None
+        text = window_error(window) if in_window and window is not None else None
         raise click.BadParameter(text or cli_text(exc), param_hint="--window") from None
     if existing is not None:
         difference = profile_difference(existing, profile)

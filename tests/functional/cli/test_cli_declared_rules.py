@@ -99,6 +99,16 @@ def test_no_dedup_is_compared_with_the_entity_and_with_the_other_rules(here: Pat
     assert stored("orders") == [] and stored("audit") == []
 
 
+@pytest.mark.parametrize("window", ["0", "8d"])
+def test_a_declared_window_out_of_range_is_refused_not_replaced(here: Path, window: str) -> None:
+    source = here / "a.jsonl"
+    records(source, 1)
+    result = publish(source, "fresh", "--window", window)
+    assert result.exit_code == 2 and "outside the broker's range 20s to 7d" in result.output
+    with LocalBackend("broker.db") as broker:
+        assert "fresh" not in {p.name for p in broker.entities()}
+
+
 def test_relay_takes_no_dedup_as_publish_does(here: Path) -> None:
     # Refused before the outbox is opened: nothing listens at that url.
     both = run(
