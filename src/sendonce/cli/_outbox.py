@@ -127,7 +127,8 @@ _FIELD_OPTIONS = {
     callback=duration_option,
     help="Declare each entity's duplicate-detection window (e.g. 10m) instead of reading it "
     "from the broker (the Service Bus emulator cannot describe entities); with "
-    "--partitioned / --sessions.",
+    "--partitioned / --sessions. Where the broker cannot check it, the --ledger does not "
+    "rely on it after a crash, as for publish.",
 )
 @no_dedup_option(
     "Declare that the entities have no duplicate detection (they store every copy) instead "

@@ -443,7 +443,8 @@ def _spec(
     help="Declare the entity's duplicate-detection window (e.g. 10m) instead of reading it "
     "from the backend; with --partitioned / --sessions. For backends that cannot describe "
     "entities (the Service Bus emulator). A local broker creates a missing entity with it "
-    "and refuses a differing one.",
+    "and refuses a differing one; elsewhere nothing checks it, so a --ledger does not rely "
+    "on it after a crash (an unconfirmed record is in doubt, not resent).",
 )
 @no_dedup_option(
     "Declare that the entity has no duplicate detection (it stores every copy) instead of "
