@@ -81,10 +81,11 @@ class LedgerLayer:
         self.margin = margin
         self.retry_clock = retry_clock
         # Without duplicate detection the broker remembers nothing: any unconfirmed
-        # send is in doubt at once.
+        # send is in doubt at once. So too where the window was declared, not read from
+        # the broker (trust_window=False): a wrong declaration must not store a copy.
         self.window = (
             profile.window
-            if profile.duplicate_detection and profile.window is not None
+            if profile.duplicate_detection and profile.window is not None and ledger.trust_window
             else timedelta(0)
         )
 

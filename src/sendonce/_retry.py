@@ -410,8 +410,8 @@ class _Call:
         return InDoubtError(
             f"message {self.message_id!r} (partition key {self.partition_key!r}) is in doubt "
             f"after {self.attempts} attempts over {elapsed.total_seconds():.1f}s: {reason}. It "
-            "may or may not have been stored; resending it is safe only inside the entity's "
-            f"duplicate-detection window. Last error: {last}",
+            "may or may not have been stored; resending it is safe only while the broker "
+            f"still remembers its id (never without duplicate detection). Last error: {last}",
             message_id=self.message_id,
             partition_key=self.partition_key,
             attempts=self.attempts,
@@ -426,8 +426,8 @@ class _Call:
         return InDoubtError(
             f"message {self.message_id!r} (partition key {self.partition_key!r}) is in doubt: "
             f"an earlier attempt may have been stored, then attempt {self.attempts} was refused "
-            f"({type(exc).__name__}: {exc}). Resending it is safe only inside the entity's "
-            "duplicate-detection window.",
+            f"({type(exc).__name__}: {exc}). Resending it is safe only while the broker still "
+            "remembers its id (never without duplicate detection).",
             message_id=self.message_id,
             partition_key=self.partition_key,
             attempts=self.attempts,

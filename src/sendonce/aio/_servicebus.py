@@ -415,8 +415,7 @@ class AzureServiceBusBackend:
             failed = f"{operation} timed out"
             raise TransientSendError(
                 f"{operation} of {len(messages)} message(s) to {entity!r} got no answer "
-                f"within {timeout:g} s: the outcome is in doubt; resending the same id "
-                "inside the window is safe",
+                f"within {timeout:g} s: the outcome is in doubt: it may have been stored",
                 condition="com.microsoft:timeout",
                 **_ids(messages),
             ) from None

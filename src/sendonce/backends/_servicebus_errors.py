@@ -231,7 +231,8 @@ def map_error(
     elif not reached:
         verdict = "the link to the broker never opened, so nothing was sent; retrying is safe"
     else:
-        verdict = "the outcome is in doubt; resending the same id inside the window is safe"
+        # No rule words: the entity may keep a window, an id cache or no duplicate detection.
+        verdict = "the outcome is in doubt: it may have been stored"
     text = f"{operation} of {what} to {entity!r} failed ({_describe(exc)}): {verdict}"
     if condition and f"condition: {condition}" not in text.lower():
         text += f" [condition {condition}]"

@@ -415,7 +415,13 @@ def _settings(profile: EntityProfile) -> dict[str, Any]:
     return {
         "kind": profile.kind,
         "duplicate_detection": profile.duplicate_detection,
-        "window_seconds": (None if profile.window is None else profile.window.total_seconds()),
+        # A time window only where the broker keeps one: not without duplicate detection,
+        # not with an id cache.
+        "window_seconds": (
+            profile.window.total_seconds()
+            if profile.window is not None and profile.duplicate_detection
+            else None
+        ),
         "partitioned": profile.partitioned,
         "sessions": profile.sessions,
         "id_cache_size": profile.id_cache_size,

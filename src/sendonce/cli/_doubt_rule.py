@@ -8,13 +8,37 @@ not know it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import click
 
 from ..ledger import IN_DOUBT_MARGIN, InDoubtRule
-from ._words import format_duration
+from ._words import InputError, format_duration
 
-__all__ = ["MARGIN", "Rule"]
+__all__ = ["MARGIN", "Rule", "check_declared", "no_dedup_option"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def no_dedup_option(help: str) -> Callable[[F], F]:
+    """``--no-dedup``: the one option, everywhere a command takes a declared rule
+    (``publish``, ``relay``, ``ledger in-doubt``), that says the entity has no duplicate
+    detection."""
+    return click.option("--no-dedup", is_flag=True, help=help)
+
+
+def check_declared(window: timedelta | None, no_dedup: bool, id_cache_size: int | None) -> None:
+    """One declared rule at most: a window, an id cache, or none (exit 2 otherwise)."""
+    if no_dedup and (window is not None or id_cache_size is not None):
+        given = "--window" if window is not None else "--id-cache-size"
+        raise InputError(
+            f"--no-dedup and {given} declare two different rules: give one (without duplicate "
+            "detection the broker remembers no ids)"
+        )
+
 
 MARGIN = IN_DOUBT_MARGIN
 

@@ -35,7 +35,7 @@ from ..ledger._inspect import (
     unconfirmed,
 )
 from ..ledger._ledger import IN_FLIGHT_HORIZON
-from ._doubt_rule import Rule
+from ._doubt_rule import Rule, no_dedup_option
 from ._ledger_broker import entity_rule, entity_rules, reconcile_broker
 from ._ledger_keys import FROM_FORMATS, read_keys
 from ._ledger_open import Mode, open_ledger
@@ -242,11 +242,9 @@ def _rule_options(command: Callable[..., Any]) -> Callable[..., Any]:
                 help="Declare the entity's duplicate-detection window instead of --broker: "
                 "only keys past it are in doubt.",
             ),
-            click.option(
-                "--no-dedup",
-                is_flag=True,
-                help="Declare that the entity has no duplicate detection (every unconfirmed key "
-                "is in doubt) instead of --broker.",
+            no_dedup_option(
+                "Declare that the entity has no duplicate detection (every unconfirmed key "
+                "is in doubt) instead of --broker."
             ),
         ]
     ):

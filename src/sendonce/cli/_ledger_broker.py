@@ -20,7 +20,7 @@ from .._names import name_key
 from ..backends._url import LOCAL_SCHEME, local_path
 from ..backends.local import LocalBackend
 from ..errors import LedgerError, SendOnceError, ValidationError, redact
-from ._doubt_rule import Rule
+from ._doubt_rule import Rule, check_declared
 from ._files import os_errors, writable_problem
 from ._words import CommandError, InputError, cli_text
 
@@ -65,8 +65,7 @@ def _is_artemis(url: str) -> bool:
 def entity_rule(url: str | None, entity: str, window: timedelta | None, no_dedup: bool) -> Rule:
     """The entity's rule: read from ``--broker``, declared by ``--window`` / ``--no-dedup``,
     or unknown."""
-    if window is not None and no_dedup:
-        raise InputError("--window and --no-dedup declare two different rules: give one")
+    check_declared(window, no_dedup, None)
     if url is not None and (window is not None or no_dedup):
         raise InputError("--broker reads the entity's rule: leave --window / --no-dedup out")
     if no_dedup:
@@ -87,13 +86,24 @@ def _profile(url: str, entity: str) -> EntityProfile:
 def entity_rules(url: str, entities: Sequence[str]) -> dict[str, Rule]:
     """Each entity's rule from the broker at ``url`` (opened once); unknown where the broker
     has no such entity (a ledger keeps the keys of entities deleted since)."""
-    found = _profiles(url, entities, missing_ok=True)
+    found = _profiles(url, entities, missing_ok=True, advice=_WITHOUT_RULE)
     return {name: Rule(None) if p is None else Rule.of(p) for name, p in found.items()}
 
 
+_DECLARE = "declare the rule with --window (or --no-dedup) instead of --broker"
+"""What a command that takes a declared rule (``ledger in-doubt``) advises."""
+_WITHOUT_RULE = (
+    "leave --broker out (the keys are then shown without the entity's rule); `sendonce "
+    "ledger in-doubt` takes the rule declared with --window or --no-dedup"
+)
+"""What a command without those options (``ledger stats``) advises."""
+
+
 def _profiles(
-    url: str, entities: Sequence[str], *, missing_ok: bool
+    url: str, entities: Sequence[str], *, missing_ok: bool, advice: str = _DECLARE
 ) -> dict[str, EntityProfile | None]:
+    """Each entity's profile from the broker at ``url``; ``advice``: what to do where the
+    broker cannot describe entities, in the words of the calling command's own options."""
     if _is_local(url):
         with _local(url) as backend:
             return {name: _described(backend, name, missing_ok) for name in entities}
@@ -116,9 +126,9 @@ def _profiles(
                 f"--broker: {said}. An Artemis address remembers ids by count, so every "
                 "unconfirmed key is in doubt at once: leave --broker out to list them all"
             ) from None
+        said = cli_text(exc).split("; ")[0]  # what follows is advice for senders
         raise InputError(
-            f"--broker: {cli_text(exc)}; this broker cannot describe its entities: declare "
-            "the rule with --window (or --no-dedup) instead of --broker"
+            f"--broker: {said}; this broker cannot describe its entities: {advice}"
         ) from None
     except SendOnceError as exc:
         raise CommandError(f"--broker {redact(url)}: {cli_text(exc)}") from None

@@ -24,8 +24,9 @@ import psycopg
 from .._entity import EntityProfile
 from ..errors import SendOnceError, ValidationError, redact
 from ..ledger import Ledger
+from ._doubt_rule import no_dedup_option
 from ._ledger_open import open_ledger
-from ._publish import _open_backend, _target
+from ._publish import _open_backend, _target, check_rule_options, declared_only
 from ._words import (
     EXIT_INTERRUPTED,
     CommandError,
@@ -126,10 +127,19 @@ _FIELD_OPTIONS = {
     callback=duration_option,
     help="Declare each entity's duplicate-detection window (e.g. 10m) instead of reading it "
     "from the broker (the Service Bus emulator cannot describe entities); with "
-    "--partitioned / --sessions.",
+    "--partitioned / --sessions. Where the broker cannot check it, the --ledger does not "
+    "rely on it after a crash, as for publish.",
 )
-@click.option("--partitioned", is_flag=True, help="With --window: the entities are partitioned.")
-@click.option("--sessions", is_flag=True, help="With --window: the entities require sessions.")
+@no_dedup_option(
+    "Declare that the entities have no duplicate detection (they store every copy) instead "
+    "of reading it from the broker; needs --ledger."
+)
+@click.option(
+    "--partitioned", is_flag=True, help="With --window or --no-dedup: the entities are partitioned."
+)
+@click.option(
+    "--sessions", is_flag=True, help="With --window or --no-dedup: the entities require sessions."
+)
 @click.option(
     "--id-cache-size",
     type=click.IntRange(min=1),
@@ -178,6 +188,7 @@ def relay(
     ledger_url: str | None,
     create_ledger: bool,
     window: timedelta | None,
+    no_dedup: bool,
     partitioned: bool,
     sessions: bool,
     id_cache_size: int | None,
@@ -195,13 +206,16 @@ def relay(
 
     if lease.total_seconds() <= 0 or poll.total_seconds() <= 0:
         raise click.BadParameter("must be above 0", param_hint="--lease/--poll")
+    check_rule_options(to, window, no_dedup, id_cache_size, partitioned, sessions)
     backend = _open_backend(to)
     try:
         with _ledger(ledger_url, create_ledger) as ledger, _outbox_errors("--outbox"):
             targets: list[EntityProfile | str] = [
-                _target(backend, name, window, partitioned, sessions, id_cache_size)
+                _target(backend, name, window, partitioned, sessions, id_cache_size, no_dedup)
                 for name in entities
             ]
+            if ledger is not None and any(declared_only(backend, t) for t in targets):
+                ledger.trust_window = False  # a declared window is the user's word alone
             try:
                 worker = Relay(
                     outbox_url,

@@ -29,13 +29,15 @@ import click
 
 from .._entity import EntityProfile
 from .._message import Message, MessageSpec
+from .._names import name_key
 from .._retry import RetryPolicy
 from .._sender import IdempotentSender
 from ..backends import Backend, connect
 from ..backends._base import reports_duplicates
-from ..backends._url import LOCAL_SCHEME, local_path
+from ..backends._url import LOCAL_SCHEME, is_connection_string, local_path
 from ..errors import SendOnceError, ValidationError, redact
 from ..ledger import InDoubtPolicy, Ledger
+from ._doubt_rule import check_declared, no_dedup_option
 from ._files import check_writable, os_errors
 from ._ledger_open import Mode, ledger_url, open_ledger, sqlite_path
 from ._records import BadLine, Record, open_input, read_records
@@ -152,6 +154,35 @@ def _install_hint(exc: ModuleNotFoundError) -> str:
     return f"this backend needs the {name or 'missing'!s} package: pip install 'sendonce[{extra}]'"
 
 
+def check_rule_options(
+    url: str,
+    window: timedelta | None,
+    no_dedup: bool,
+    id_cache_size: int | None,
+    partitioned: bool,
+    sessions: bool,
+) -> None:
+    """The declared rule's options, checked before anything is opened (exit 2)."""
+    check_declared(window, no_dedup, id_cache_size)
+    if id_cache_size is not None:
+        if window is not None or partitioned or sessions:
+            raise click.UsageError(
+                "--id-cache-size declares an Artemis-style id cache: it does not go with "
+                "--window, --partitioned or --sessions"
+            )
+        if is_connection_string(url.strip()):
+            raise click.BadParameter(
+                "an Artemis address's id cache; a Service Bus entity remembers ids for a time "
+                "window: declare it with --window (or --no-dedup if it has no duplicate "
+                "detection)",
+                param_hint="--id-cache-size",
+            )
+    if window is None and not no_dedup and (partitioned or sessions):
+        raise click.UsageError(
+            "--partitioned and --sessions declare a profile: add --window (or --no-dedup)"
+        )
+
+
 def _target(
     backend: Backend,
     entity: str,
@@ -159,59 +190,71 @@ def _target(
     partitioned: bool,
     sessions: bool,
     id_cache_size: int | None = None,
+    no_dedup: bool = False,
 ) -> EntityProfile | str:
-    """The entity to send to: its name, or the profile ``--window`` (or, for an Artemis
-    style id cache, ``--id-cache-size``) declares.
+    """The entity to send to: its name, or the profile ``--window`` / ``--no-dedup`` (or,
+    for an Artemis style id cache, ``--id-cache-size``) declares.
 
     On a local broker a missing entity is named with the existing ones (a typo is plain
-    to see), or, with ``--window``, created; the creation is said on stderr.
+    to see), or, with a declared rule, created; the creation is said on stderr. Names
+    compare as the broker does, ignoring case: ``ORDERS`` is the existing ``orders``.
     """
     entities = getattr(backend, "entities", None)
-    known = None if entities is None else {p.name: p for p in entities()}
+    known = None if entities is None else {name_key(p.name): p for p in entities()}
+    existing = None if known is None else known.get(name_key(entity))
+    name = entity if existing is None else existing.name
     if id_cache_size is not None:
-        if window is not None or partitioned or sessions:
-            raise click.UsageError(
-                "--id-cache-size declares an Artemis-style id cache: it does not go with "
-                "--window, --partitioned or --sessions"
-            )
-        declared = EntityProfile(entity, id_cache_size=id_cache_size)
-        existing = None if known is None else known.get(entity)
+        declared = EntityProfile(name, id_cache_size=id_cache_size)
         if existing is not None:
             difference = profile_difference(existing, declared)
             if difference is not None:
                 raise InputError(difference + "; nothing was sent")
         return declared
-    if window is None:
-        if partitioned or sessions:
-            raise click.UsageError("--partitioned and --sessions declare a profile: add --window")
-        if known is not None and entity not in known:
-            listed = ", ".join(repr(n) for n in known) or "none yet"
+    if window is None and not no_dedup:
+        if known is not None and existing is None:
+            listed = ", ".join(repr(p.name) for p in known.values()) or "none yet"
             raise InputError(
                 f"--entity: entity {entity!r} does not exist in the broker (it has {listed}); "
-                "create it with `sendonce broker create`, or give --window to create it here"
+                "create it with `sendonce broker create`, or give --window (or --no-dedup) to "
+                "create it here"
             )
-        return entity
+        return name
     try:
         profile = EntityProfile(
-            entity, duplicate_detection_window=window, partitioned=partitioned, sessions=sessions
+            name,
+            duplicate_detection=not no_dedup,
+            duplicate_detection_window=timedelta(minutes=10) if window is None else window,
+            partitioned=partitioned,
+            sessions=sessions,
         )
     except ValidationError as exc:
-        text = window_error(window) if exc.field == "duplicate_detection_window" else None
+        in_window = exc.field == "duplicate_detection_window" and window is not None
+        text = window_error(window) if in_window and window is not None else None
         raise click.BadParameter(text or cli_text(exc), param_hint="--window") from None
-    if known is not None:
-        existing = known.get(entity)
-        if existing is not None:
-            difference = profile_difference(existing, profile)
-            if difference is not None:
-                raise InputError(difference + "; nothing was sent")
-        else:
-            shape = ", partitioned" * partitioned + ", sessions" * sessions
-            click.echo(
-                f"note: entity {entity!r} does not exist: creating it as a queue with a "
-                f"{format_duration(window)} window{shape} (--window)",
-                err=True,
-            )
+    if existing is not None:
+        difference = profile_difference(existing, profile)
+        if difference is not None:
+            raise InputError(difference + "; nothing was sent")
+    elif known is not None:
+        shape = ", partitioned" * partitioned + ", sessions" * sessions
+        rule, option = (
+            ("no duplicate detection", "--no-dedup")
+            if window is None
+            else (f"a {format_duration(window)} window", "--window")
+        )
+        click.echo(
+            f"note: entity {entity!r} does not exist: creating it as a queue with {rule}"
+            f"{shape} ({option})",
+            err=True,
+        )
     return profile
+
+
+def declared_only(backend: Backend, target: EntityProfile | str) -> bool:
+    """Whether ``target``'s rule is the user's word alone: declared, and the broker cannot
+    check it (a local broker compares a declared rule with the entity it has, or creates
+    the entity with it). A ledger then trusts no declared window (see docs/ledger.md)."""
+    return isinstance(target, EntityProfile) and getattr(backend, "entities", None) is None
 
 
 def _warn_without_subscriptions(backend: Backend, profile: EntityProfile) -> None:
@@ -412,16 +455,26 @@ def _spec(
     help="Declare the entity's duplicate-detection window (e.g. 10m) instead of reading it "
     "from the backend; with --partitioned / --sessions. For backends that cannot describe "
     "entities (the Service Bus emulator). A local broker creates a missing entity with it "
-    "and refuses a differing one.",
+    "and refuses a differing one; elsewhere nothing checks it, so a --ledger does not rely "
+    "on it after a crash (an unconfirmed record is in doubt, not resent).",
 )
-@click.option("--partitioned", is_flag=True, help="With --window: the entity is partitioned.")
-@click.option("--sessions", is_flag=True, help="With --window: the entity requires sessions.")
+@no_dedup_option(
+    "Declare that the entity has no duplicate detection (it stores every copy) instead of "
+    "reading it from the backend; needs --ledger. With --partitioned / --sessions."
+)
+@click.option(
+    "--partitioned", is_flag=True, help="With --window or --no-dedup: the entity is partitioned."
+)
+@click.option(
+    "--sessions", is_flag=True, help="With --window or --no-dedup: the entity requires sessions."
+)
 @click.option(
     "--id-cache-size",
     type=click.IntRange(min=1),
     help="Declare the entity's Artemis-style id cache (the last N ids per address) instead "
     "of reading it from the broker: for an amqp:// broker whose address does not exist yet "
-    "(the first send creates it) or whose management the user may not read.",
+    "(the first send creates it) or whose management the user may not read. Not for "
+    "Service Bus (a time window: --window).",
 )
 @click.option(
     "--timeout",
@@ -444,14 +497,22 @@ def _spec(
     "--create-ledger",
     is_flag=True,
     help="Create the --ledger if it does not exist (said on stderr); refused where the entity "
-    "has no duplicate detection and already holds messages.",
+    "already holds messages (the new ledger would know none of them), unless --accept-held.",
+)
+@click.option(
+    "--accept-held",
+    is_flag=True,
+    help="With --create-ledger: create the ledger even though the entity already holds "
+    "messages; records among them may be stored again (at once without duplicate "
+    "detection, once the broker has forgotten their ids otherwise).",
 )
 @click.option(
     "--in-doubt",
     type=click.Choice(["error", "resend"]),
     help="With --ledger: what to do with a record whose earlier send was never confirmed "
-    "and whose window has passed: report it and send nothing (error, the default) or send "
-    "it again (resend: at-least-once, it may be delivered twice).",
+    "and that a re-run cannot settle (past the entity's window; at once without one): "
+    "report it and send nothing (error, the default) or send it again (resend: "
+    "at-least-once, it may be delivered twice).",
 )
 @click.option(
     "--json",
@@ -475,6 +536,7 @@ def publish(
     chunk_size: int,
     progress: bool,
     window: timedelta | None,
+    no_dedup: bool,
     partitioned: bool,
     sessions: bool,
     id_cache_size: int | None,
@@ -482,6 +544,7 @@ def publish(
     attempts: int | None,
     ledger_url: str | None,
     create_ledger: bool,
+    accept_held: bool,
     in_doubt: str | None,
     as_json: bool,
 ) -> None:
@@ -501,17 +564,26 @@ def publish(
             )
         if create_ledger and ledger_url is None:
             raise click.UsageError("--create-ledger needs --ledger: the ledger to create")
+        if accept_held and not create_ledger:
+            raise click.UsageError(
+                "--accept-held goes with --create-ledger: it accepts a new ledger for an entity "
+                "that already holds messages"
+            )
+        check_rule_options(url, window, no_dedup, id_cache_size, partitioned, sessions)
         spec = _spec(id_template, body_field, partition_key, session_id, allow_empty)
         retry = _retry_policy(timeout, attempts)
         source = source_options(file, fmt, encoding, delimiter, strip)
         with _source(file) as path, _opened(url) as backend, ExitStack() as stack:
             # One validation pass needs the entity's rules: the backend is opened first.
-            target = _target(backend, entity, window, partitioned, sessions, id_cache_size)
+            target = _target(
+                backend, entity, window, partitioned, sessions, id_cache_size, no_dedup
+            )
             ledger = None
             if ledger_url is not None:
                 ledger = stack.enter_context(
-                    _open_ledger(ledger_url, in_doubt, create_ledger, backend, target)
+                    _open_ledger(ledger_url, in_doubt, create_ledger, accept_held, backend, target)
                 )
+                ledger.trust_window = not declared_only(backend, target)
             try:
                 # The validation pass already refused one id with two bodies across the whole
                 # file; the sender's own memory of ids then only needs to span a few chunks.
@@ -537,6 +609,7 @@ def publish(
                     click.echo(f"note: {note}", err=True)
                 _warn_without_subscriptions(backend, sender.profile)
                 promise = RerunPromise(sender.profile, ledger_url, retry.safety_margin)
+                promise.window_trusted = ledger is None or ledger.trust_window
                 report = Report(entity, as_json, promise, url, reports_duplicates(backend))
                 outcome = _send(
                     sender,
@@ -628,10 +701,15 @@ _LEDGER_HINT = "sendonce publish creates one only with --create-ledger"
 
 @contextmanager
 def _open_ledger(
-    url: str, in_doubt: str | None, create: bool, backend: Backend, target: EntityProfile | str
+    url: str,
+    in_doubt: str | None,
+    create: bool,
+    accept_held: bool,
+    backend: Backend,
+    target: EntityProfile | str,
 ) -> Iterator[Ledger]:
-    """The ledger ``--ledger`` names; a missing one only with ``--create-ledger``, and never
-    where it would resend into an entity that already holds messages."""
+    """The ledger ``--ledger`` names; a missing one only with ``--create-ledger``, and not for
+    an entity that already holds messages unless ``--accept-held``."""
     policy: InDoubtPolicy = "resend" if in_doubt == "resend" else "error"
     mode: Mode = "write"
     if create:
@@ -641,27 +719,47 @@ def _open_ledger(
         except InputError as exc:
             if "there is no ledger" not in exc.message:
                 raise
-            _check_new_ledger(url, backend, target)
+            if not accept_held:
+                _check_new_ledger(url, backend, target)
             mode = "create"
     with open_ledger(url, "--ledger", mode=mode, create_hint=_LEDGER_HINT, in_doubt=policy) as led:
         yield led
 
 
 def _check_new_ledger(url: str, backend: Backend, target: EntityProfile | str) -> None:
-    """A new, empty ledger knows nothing of what the entity holds: on an entity that stores
-    every copy (no duplicate detection) and already holds messages, refuse to start one."""
-    profile = target if isinstance(target, EntityProfile) else backend.describe(target)
+    """A new, empty ledger knows nothing of what the entity holds: whatever the entity's
+    rule, refuse to start one for an entity that already holds messages (where the backend
+    can count them) unless the user says it knows (``--accept-held``)."""
     stats = getattr(backend, "stats", None)
-    if profile.duplicate_detection or stats is None:
+    if stats is None:
         return
+    profile = target if isinstance(target, EntityProfile) else backend.describe(target)
+    entities = getattr(backend, "entities", None)
+    if entities is not None and name_key(profile.name) not in {
+        name_key(p.name) for p in entities()
+    }:
+        return  # declared, to be created: it holds nothing yet
     held = int(stats(profile.name)["messages"])
-    if held:
-        full = ledger_url(url, "--ledger")
-        where = sqlite_path(full) or redact(full)
-        raise InputError(
-            f"--create-ledger: there is no ledger {where}, and a new one would know nothing of "
-            f"the {held} message(s) entity {profile.name!r} already holds: it has no duplicate "
-            "detection, so every record among them would be stored again. Check the --ledger "
-            "path; if a new ledger is what you mean, create it first with `sendonce ledger "
-            f"create {shlex.quote(where)}`, then publish with --ledger. Nothing was sent"
+    if not held:
+        return
+    if not profile.duplicate_detection:
+        cost = "it has no duplicate detection, so every record among them would be stored again"
+    elif profile.id_cache_size is not None:
+        cost = (
+            "a record among them would be stored again once the broker's id cache (the last "
+            f"{profile.id_cache_size} ids) has dropped its id"
         )
+    else:
+        cost = (
+            "a record among them would be stored again once the broker has forgotten its id "
+            f"(its {format_duration(profile.duplicate_detection_window)} duplicate-detection "
+            "window after its send)"
+        )
+    full = ledger_url(url, "--ledger")
+    where = sqlite_path(full) or redact(full)
+    raise InputError(
+        f"--create-ledger: there is no ledger {where}, and a new one would know nothing of "
+        f"the {held} message(s) entity {profile.name!r} already holds: {cost}. Check the "
+        "--ledger path; if a new ledger is what you mean, give --accept-held too (or create "
+        f"it first with `sendonce ledger create {shlex.quote(where)}`). Nothing was sent"
+    )

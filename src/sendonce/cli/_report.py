@@ -166,7 +166,13 @@ class Report:
         if promise.ledger is None:
             return f"{count} message(s) are in doubt. " + promise.text()
         rule = Rule.of(promise.profile)
-        if rule.kind == "window" and rule.window is not None:
+        if rule.kind == "window" and rule.window is not None and not promise.window_trusted:
+            settle = (
+                f"The entity's {format_duration(rule.window)} window was declared (--window), "
+                "not read from the broker, so running the same command again does not resend "
+                "them (were the declaration wrong, a copy would be stored twice); instead"
+            )
+        elif rule.kind == "window" and rule.window is not None:
             settle = (
                 f"Those first attempted less than {format_duration(rule.window)} ago (the "
                 "duplicate-detection window) are resent by running the same command again, "

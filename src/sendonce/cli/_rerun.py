@@ -37,6 +37,9 @@ class RerunPromise:
     """The retry policy's safety margin: a re-run must start this much before the end."""
     first_send: datetime | None = None
     """Wall time of the first send of this run; ``None`` while nothing was sent."""
+    window_trusted: bool = True
+    """False where the window was declared and the broker cannot confirm it: the ledger then
+    resends no unconfirmed key inside it (see ``Ledger.trust_window``)."""
 
     def started(self) -> None:
         """Note the first send (once): the window of the earliest record starts here."""

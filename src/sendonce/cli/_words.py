@@ -129,7 +129,7 @@ _REPLACEMENTS: list[tuple[re.Pattern[str], str]] = [
             r"created with"
         ),
         "declare its profile with --window (and --partitioned / --sessions), with the values "
-        "the entity was created with",
+        "the entity was created with, or with --no-dedup if it has no duplicate detection",
     ),
     (
         re.compile(
@@ -270,8 +270,10 @@ def profile_difference(existing: EntityProfile, wanted: EntityProfile) -> str | 
     """How an existing entity differs from the one the options describe, in option terms."""
     for field in _PROFILE_FIELDS:
         have, want = getattr(existing, field), getattr(wanted, field)
-        if field == "duplicate_detection_window" and existing.count_bounded:
-            continue
+        if field == "duplicate_detection_window" and (
+            existing.count_bounded or not existing.duplicate_detection
+        ):
+            continue  # no time window to compare (duplicate_detection compared first)
         if have != want:
             return (
                 f"entity {existing.name!r} {_has(field, have)}, but the options ask for "

@@ -275,6 +275,7 @@ class LedgerOptions:
     retention: timedelta | None = DEFAULT_RETENTION
     prune_limit: int = 1000
     prune_interval: timedelta = timedelta(hours=1)
+    trust_window: bool = True
 
     def open(self, store: LedgerStore | str) -> Ledger:
         """A :class:`Ledger` on ``store`` with these choices."""
@@ -284,6 +285,7 @@ class LedgerOptions:
             retention=self.retention,
             prune_limit=self.prune_limit,
             prune_interval=self.prune_interval,
+            trust_window=self.trust_window,
         )
 
 
@@ -303,6 +305,13 @@ class Ledger:
     :attr:`created` says so; ``False`` refuses it with a ``ConfigurationError`` naming it:
     what a service that must find its ledger (a missing volume, a typo'd path would
     otherwise start an empty one and send everything again) should pass.
+
+    ``trust_window`` (default True) lets a key left unconfirmed by a crash be resent inside
+    the entity's duplicate-detection window, the broker dropping the copy. Pass False where
+    the window is declared by hand and the broker cannot confirm it (the emulator, a key
+    without Manage rights): every unconfirmed key is then in doubt at once and the intents
+    written ahead are bounded by the transfers in flight, as without duplicate detection,
+    so a wrong declaration costs keys in doubt after a crash, never a copy stored twice.
     """
 
     def __init__(
@@ -315,6 +324,7 @@ class Ledger:
         prune_limit: int = 1000,
         prune_interval: timedelta = timedelta(hours=1),
         create: bool = True,
+        trust_window: bool = True,
     ) -> None:
         if in_doubt not in ("error", "resend"):
             raise ConfigurationError('in_doubt must be "error" or "resend"', field="in_doubt")
@@ -334,6 +344,8 @@ class Ledger:
             raise ConfigurationError("clock must be a callable", field="clock")
         if not isinstance(create, bool):
             raise ConfigurationError("create must be True or False", field="create")
+        if not isinstance(trust_window, bool):
+            raise ConfigurationError("trust_window must be True or False", field="trust_window")
         self._owns_store = isinstance(store, str)
         self.store: LedgerStore = (
             open_store(store, create=create) if isinstance(store, str) else store
@@ -350,6 +362,9 @@ class Ledger:
         self.clock: WallClock = clock or _now
         self.prune_limit = prune_limit
         self.prune_interval = prune_interval
+        self.trust_window = trust_window
+        """Whether an unconfirmed key inside the entity's window may be resent after a crash
+        (False: the window was declared, not read from the broker; see the class)."""
         self._last_prune: datetime | None = None
 
     @property
@@ -360,7 +375,9 @@ class Ledger:
     @property
     def options(self) -> LedgerOptions:
         """This ledger's choices, to open the same url elsewhere with them (Spark tasks)."""
-        return LedgerOptions(self.in_doubt, self.retention, self.prune_limit, self.prune_interval)
+        return LedgerOptions(
+            self.in_doubt, self.retention, self.prune_limit, self.prune_interval, self.trust_window
+        )
 
     def __repr__(self) -> str:
         return f"Ledger({type(self.store).__name__}, in_doubt={self.in_doubt!r})"
@@ -414,7 +431,8 @@ class Ledger:
         other was left by a producer that stopped before it recorded the broker's ack: with
         a window, a key is in doubt only once its producer's own deadline (first attempt +
         window - margin) has passed, so that producer is no longer sending it. ``profile``
-        (the entity's) names its rule: no duplicate detection, or an id cache.
+        (the entity's) names its rule: no duplicate detection, an id cache, or a window this
+        ledger does not trust (``trust_window=False``: declared, not read from the broker).
         """
         written = row.first_attempt.isoformat()
         age = (self.clock() - row.first_attempt).total_seconds()
@@ -424,6 +442,11 @@ class Ledger:
             why = (
                 f"the entity remembers ids by count (the last {profile.id_cache_size}), not "
                 "by time, so nothing says it still remembers this one"
+            )
+        elif profile is not None and profile.duplicate_detection:
+            why = (
+                f"the entity's duplicate-detection window ({profile.window}) was declared, not "
+                "read from the broker, so nothing proves the broker would drop a copy"
             )
         else:
             why = "the entity has no duplicate detection"
@@ -502,12 +525,15 @@ class Ledger:
                     prepared.started = row.first_attempt
             elif self.in_doubt == "resend":
                 logger.warning(
-                    "ledger: message %r of %r was sent at %s and never confirmed, and the "
-                    "broker's window has passed: resending it (in_doubt='resend', "
-                    "at-least-once: it may now be delivered twice)",
+                    "ledger: message %r of %r was sent at %s and never confirmed, and %s: "
+                    "resending it (in_doubt='resend', at-least-once: it may now be delivered "
+                    "twice)",
                     message.message_id,
                     entity,
                     row.first_attempt.isoformat(),
+                    "the broker's window has passed"
+                    if window > timedelta(0)
+                    else "nothing says the broker remembers its id",
                 )
                 send.append(index)
                 resumed.add(key)
