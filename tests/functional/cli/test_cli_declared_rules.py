@@ -233,7 +233,7 @@ def test_ledger_stats_over_a_broker_that_cannot_describe_advises_its_own_options
 
 
 def test_broker_stats_shows_no_window_for_an_entity_without_one(here: Path) -> None:
-    shown = json.loads(run("broker", "stats", "broker.db", "--json").stdout)
+    shown = json.loads(run("broker", "stats", "broker.db", "--json").stdout)["entities"]
     audit, orders = shown["audit"]["settings"], shown["orders"]["settings"]
     assert audit["duplicate_detection"] is False and audit["window_seconds"] is None
     assert orders["window_seconds"] == 20.0
