@@ -48,8 +48,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
 from proton import SSLDomain
 
@@ -72,7 +71,7 @@ from ._artemis_loop import ArtemisLoop
 from ._artemis_management import ManagementCall, ManagementRefused
 from ._artemis_reach import Attempt, ResendReach
 from ._artemis_requests import Connect, Transfer
-from ._base import Ack
+from ._base import Ack, Backend, Capabilities
 from ._servicebus_lanes import check_max_in_flight
 
 __all__ = ["ArtemisBackend"]
@@ -106,7 +105,7 @@ def _positive(value: object, name: str) -> float:
     return float(value)
 
 
-class ArtemisBackend:
+class ArtemisBackend(Backend):
     """A backend that sends to Red Hat AMQ Broker / Apache ActiveMQ Artemis over AMQP 1.0.
 
     ``ArtemisBackend("broker.example", 5672, user="app", password="...")`` or
@@ -131,7 +130,6 @@ class ArtemisBackend:
     One AMQP connection, one event-loop thread. Safe for many threads at once.
     """
 
-    messaging_system = "activemq"
     supports_atomic = True
 
     def __init__(
@@ -184,7 +182,12 @@ class ArtemisBackend:
             raise ConfigurationError(
                 "require_duplicate_detection must be a bool", field="require_duplicate_detection"
             )
-        self._max_in_flight = check_max_in_flight(max_in_flight)
+        self.capabilities = Capabilities(
+            max_in_flight=check_max_in_flight(max_in_flight),
+            messaging_system="activemq",
+            atomic_groups=True,
+            reports_duplicates=True,
+        )
         self._connect_timeout = _positive(connect_timeout, "connect_timeout")
         self._management_timeout = _positive(management_timeout, "management_timeout")
         heartbeat = _positive(heartbeat, "heartbeat")
@@ -240,11 +243,6 @@ class ArtemisBackend:
         scheme = "amqps" if self.tls else "amqp"
         who = f"{self.user}@" if self.user else ""
         return f"ArtemisBackend({scheme}://{who}{self.host}:{self.port})"
-
-    @property
-    def max_in_flight(self) -> int:
-        """How many transfers this backend carries at once (deliveries on one connection)."""
-        return self._max_in_flight
 
     @property
     def broker_version(self) -> str | None:
@@ -617,18 +615,6 @@ class ArtemisBackend:
                 return
             self._closed = True
         self._loop.close(5.0)
-
-    def __enter__(self) -> ArtemisBackend:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> Literal[False]:
-        self.close()
-        return False
 
     def __getstate__(self) -> Any:
         raise TypeError(
