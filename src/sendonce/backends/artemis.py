@@ -40,11 +40,13 @@ or ``EntityProfile(kind=...)`` / ``kinds=`` says which. docs/artemis.md has the 
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import math
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -86,6 +88,9 @@ DEFAULT_MAX_MESSAGE_SIZE = 100 * 1024 * 1024
 """Artemis sets no message size limit over AMQP (large messages go to files); the sender
 still plans transfers by a size, and this one bounds them."""
 _GROUP_MEMORY = 10_000
+_LOOP_GRACE = 10.0
+"""How long past a transfer's timeout ``send`` waits for the loop to give it up (it always
+does: this only bounds a loop that died)."""
 
 
 def _check_entity(entity: object) -> str:
@@ -187,6 +192,7 @@ class ArtemisBackend(Backend):
             messaging_system="activemq",
             atomic_groups=True,
             reports_duplicates=True,
+            native_submit=True,
         )
         self._connect_timeout = _positive(connect_timeout, "connect_timeout")
         self._management_timeout = _positive(management_timeout, "management_timeout")
@@ -385,13 +391,29 @@ class ArtemisBackend(Backend):
 
     # -- sending --------------------------------------------------------------------------
 
+    def submit(
+        self, entity: str, messages: Sequence[Message], *, timeout: float, atomic: bool = False
+    ) -> concurrent.futures.Future[list[Ack]]:
+        """Hand one transfer to the event loop; a future its settlement completes.
+
+        No thread waits on it: the loop writes the deliveries on the address's link beside
+        the others in flight and completes the future from the broker's dispositions, or
+        with ``TransientSendError`` (in doubt) / ``NotSentError`` when ``timeout`` passes.
+        ``cancel()`` succeeds until the first delivery is written. A transfer that must
+        first ask the broker (an address not described yet, a resend's check of where it
+        would go) is prepared on the backend's pool instead of the caller's thread."""
+        return self._begin(entity, messages, timeout=timeout, atomic=atomic, at=None)[0]
+
     def send(
         self, entity: str, messages: Sequence[Message], *, timeout: float, atomic: bool = False
     ) -> list[Ack]:
         """Send ``messages`` to an address as one transfer (one delivery each, pipelined;
         with ``atomic`` one AMQP transaction). Every ack is ``accepted``: outside a
         transaction Artemis accepts a duplicate and drops it, like a first send."""
-        return self._transfer(entity, messages, timeout=timeout, atomic=atomic, at=None)
+        future, transfer = self._begin(
+            entity, messages, timeout=timeout, atomic=atomic, at=None, may_block=True
+        )
+        return self._wait(future, transfer, timeout)
 
     def schedule(
         self, entity: str, messages: Sequence[Message], at: datetime, *, timeout: float
@@ -400,9 +422,31 @@ class ArtemisBackend(Backend):
         returns no sequence number, so none can be cancelled through sendonce."""
         if not isinstance(at, datetime) or at.tzinfo is None:
             raise ValidationError("at must be a timezone-aware datetime", field="at")
-        return self._transfer(entity, messages, timeout=timeout, atomic=False, at=at)
+        future, transfer = self._begin(
+            entity, messages, timeout=timeout, atomic=False, at=at, may_block=True
+        )
+        return self._wait(future, transfer, timeout)
 
-    def _transfer(
+    def _wait(
+        self,
+        future: concurrent.futures.Future[list[Ack]],
+        transfer: Transfer | None,
+        timeout: float,
+    ) -> list[Ack]:
+        """The future's acks. The loop completes it by ``timeout``; should the loop itself
+        be gone, the transfer is given up here the same way."""
+        try:
+            return future.result(_positive(timeout, "timeout") + _LOOP_GRACE)
+        except TimeoutError:
+            if transfer is None or future.done():
+                raise
+        if self._loop.abandon(transfer):
+            callback, transfer.on_done = transfer.on_done, None
+            if callback is not None:
+                callback()
+        return future.result(_LOOP_GRACE)
+
+    def _begin(
         self,
         entity: str,
         messages: Sequence[Message],
@@ -410,15 +454,32 @@ class ArtemisBackend(Backend):
         timeout: float,
         atomic: bool,
         at: datetime | None,
-    ) -> list[Ack]:
+        may_block: bool = False,
+    ) -> tuple[concurrent.futures.Future[list[Ack]], Transfer | None]:
+        """Prepare one transfer and hand it to the loop: its future, and the transfer
+        (None when no transfer went to the loop)."""
         entity = _check_entity(entity)
         timeout = _positive(timeout, "timeout")
         messages = list(messages)
         if not messages:
-            return []
-        profile = self._profile(entity)
-        payloads = [encode(m, at=at) for m in messages]
+            return _done([]), None
         ids = [m.message_id for m in messages]
+        with self._lock:
+            profile = self._profiles.get(entity)
+        if not may_block and (
+            profile is None
+            or (profile.id_cache_size is not None and self._reach.earlier(entity, ids))
+        ):
+            try:
+                pending = self._submit_pool().submit(
+                    self._prepared_and_sent, entity, messages, timeout, atomic, at
+                )
+            except RuntimeError:  # the pool stopped with the backend
+                raise ConfigurationError("the backend is closed", field="backend") from None
+            return pending, None
+        if profile is None:
+            profile = self.describe(entity)
+        payloads = [encode(m, at=at) for m in messages]
         if atomic and len(set(ids)) < len(ids):
             # Artemis commits a transaction that carries one id twice and stores both copies
             # (checked on 2.40: test_local_alignment.py); the local broker's Artemis mode
@@ -430,7 +491,7 @@ class ArtemisBackend(Backend):
                 acks.append(Ack("duplicate" if message_id in seen else "ignored"))
                 seen.add(message_id)
             logger.info("a group to %s repeats an id: ignored whole, nothing sent", entity)
-            return acks
+            return _done(acks), None
         attempt = Attempt()
         expect: int | None = None
         if profile.id_cache_size is not None:
@@ -459,15 +520,41 @@ class ArtemisBackend(Backend):
             atomic=atomic,
         )
         transfer.expect = expect
-        try:
-            return self._carry(transfer, messages, ids, timeout=timeout, atomic=atomic)
-        finally:
+        transfer.deadline = time.monotonic() + timeout
+        future: concurrent.futures.Future[list[Ack]] = concurrent.futures.Future()
+        transfer.future = future
+
+        def settle() -> None:
             if transfer.sent_on is not None and attempt.reached is None:
                 attempt.reached = Reached(
                     transfer.sent_on, self._queue_set(entity).generation, profile.persist_id_cache
                 )
+            try:
+                acks = self._outcome(transfer, messages, ids, timeout=timeout, atomic=atomic)
+            except Exception as exc:
+                _complete(future, error=exc)
+            else:
+                _complete(future, acks)
 
-    def _carry(
+        transfer.on_done = settle
+        self._submit(transfer)
+        return future, transfer
+
+    def _prepared_and_sent(
+        self,
+        entity: str,
+        messages: list[Message],
+        timeout: float,
+        atomic: bool,
+        at: datetime | None,
+    ) -> list[Ack]:
+        """A submitted transfer that had to ask the broker first, on the backend's pool."""
+        future, transfer = self._begin(
+            entity, messages, timeout=timeout, atomic=atomic, at=at, may_block=True
+        )
+        return self._wait(future, transfer, timeout)
+
+    def _outcome(
         self,
         transfer: Transfer,
         messages: list[Message],
@@ -476,9 +563,10 @@ class ArtemisBackend(Backend):
         timeout: float,
         atomic: bool,
     ) -> list[Ack]:
+        """The acks of a transfer the loop finished, or its error; a transfer not finished
+        was given up at its deadline (in doubt if anything of it was written)."""
         entity = transfer.entity
-        self._submit(transfer)
-        if not transfer.wait(timeout) and self._loop.abandon(transfer):
+        if not transfer.finished:
             with transfer.lock:
                 sent = transfer.sent if not atomic else int(transfer.commit_sent)
             if atomic and transfer.commit_sent:
@@ -614,6 +702,7 @@ class ArtemisBackend(Backend):
             if self._closed:
                 return
             self._closed = True
+        self._stop_submissions()
         self._loop.close(5.0)
 
     def __getstate__(self) -> Any:
@@ -627,6 +716,28 @@ class ArtemisBackend(Backend):
         if loop is not None and not getattr(self, "_closed", True):
             with contextlib.suppress(Exception):  # interpreter shutdown
                 loop.close(0.0)
+
+
+def _done(acks: list[Ack]) -> concurrent.futures.Future[list[Ack]]:
+    future: concurrent.futures.Future[list[Ack]] = concurrent.futures.Future()
+    future.set_result(acks)
+    return future
+
+
+def _complete(
+    future: concurrent.futures.Future[list[Ack]],
+    acks: list[Ack] | None = None,
+    *,
+    error: BaseException | None = None,
+) -> None:
+    """Complete ``future`` unless its caller cancelled it (before anything was sent)."""
+    if future.cancelled():
+        return
+    with contextlib.suppress(concurrent.futures.InvalidStateError):  # cancelled meanwhile
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(acks if acks is not None else [])
 
 
 def _named(messages: Sequence[Message]) -> dict[str, str | None]:
