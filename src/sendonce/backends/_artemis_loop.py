@@ -204,6 +204,11 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
         if not self._doorbell.ring(command):
             raise ConfigurationError("the Artemis backend is closed", field="backend")
 
+    @property
+    def alive(self) -> bool:
+        """The loop thread runs and takes requests (it stops only when closed)."""
+        return self._thread.is_alive() and os.getpid() == self._pid
+
     def abandon(self, request: Request) -> bool:
         """The caller stopped waiting: forget ``request`` (False: it had finished)."""
         if not request.abandon():

@@ -66,10 +66,10 @@ from ..errors import (
     ValidationError,
     redact,
 )
+from . import _artemis_shared
 from ._artemis_cache import QueueSet, Reached, different_cache, queue_filter, queue_ids
 from ._artemis_convert import encode
 from ._artemis_errors import TLS_FAILED
-from ._artemis_loop import ArtemisLoop
 from ._artemis_management import ManagementCall, ManagementRefused
 from ._artemis_reach import Attempt, ResendReach
 from ._artemis_requests import Connect, Transfer
@@ -209,6 +209,7 @@ class ArtemisBackend(Backend):
             if ssl_domain is not None:
                 raise ConfigurationError("give ca_file or ssl_domain, not both", field="ca_file")
             self.tls = True
+        custom_tls = ssl_domain is not None
         if self.tls and ssl_domain is None:
             ssl_domain = SSLDomain(SSLDomain.MODE_CLIENT)
             if ca_file is not None and ssl_domain.set_trusted_ca_db(ca_file) != 0:
@@ -225,7 +226,8 @@ class ArtemisBackend(Backend):
         self._doubtful_groups: OrderedDict[tuple[str, ...], None] = OrderedDict()
         self._lock = threading.Lock()
         self._closed = False
-        self._loop = ArtemisLoop(
+        self._loop_key, self._loop = _artemis_shared.acquire(
+            ("domain", id(ssl_domain)) if custom_tls else ("tls", self.tls, ca_file),
             host=host,
             port=port,
             user=user,
@@ -703,7 +705,7 @@ class ArtemisBackend(Backend):
                 return
             self._closed = True
         self._stop_submissions()
-        self._loop.close(5.0)
+        _artemis_shared.release(self._loop_key, self._loop, 5.0)
 
     def __getstate__(self) -> Any:
         raise TypeError(
@@ -714,8 +716,9 @@ class ArtemisBackend(Backend):
     def __del__(self) -> None:
         loop = getattr(self, "_loop", None)
         if loop is not None and not getattr(self, "_closed", True):
+            self._closed = True
             with contextlib.suppress(Exception):  # interpreter shutdown
-                loop.close(0.0)
+                _artemis_shared.release(self._loop_key, loop, 0.0)
 
 
 def _done(acks: list[Ack]) -> concurrent.futures.Future[list[Ack]]:

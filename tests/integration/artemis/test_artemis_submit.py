@@ -20,8 +20,9 @@ from artemis.broker import ArtemisBroker
 from artemis.faultproxy import FaultProxy
 from artemis.raw import drain, message_count
 from sendonce import EntityProfile, Message
-from sendonce.backends import ArtemisBackend, capabilities_of, submit_of
-from sendonce.errors import NotSentError, TransientSendError
+from sendonce.backends import ArtemisBackend, capabilities_of, connect, submit_of
+from sendonce.backends._artemis_shared import shared_loops
+from sendonce.errors import ConfigurationError, NotSentError, TransientSendError
 
 Future = concurrent.futures.Future
 
@@ -108,6 +109,7 @@ def test_submissions_pipeline_on_one_connection_without_a_thread_each(
         caps = capabilities_of(b)
         assert caps.native_submit and submit_of(b) is not None
         assert b.send(artemis_address, [Message("warm", message_id="warm")], timeout=30)
+        connections = b._loop._connections
         threads = threading.active_count()  # the loop thread runs already
         peak = [threads]
         outcomes = pipeline(
@@ -117,10 +119,33 @@ def test_submissions_pipeline_on_one_connection_without_a_thread_each(
             during=lambda: peak.__setitem__(0, max(peak[0], threading.active_count())),
         )
         assert peak[0] == threads  # 256 transfers in flight, not one thread more
-        assert b._loop._connections == 1  # one connection carried everything
+        assert b._loop._connections == connections  # one connection carried everything
     assert set(outcomes.values()) == {None}
     got = Counter(m.id for m in drain(url, artemis_address))
     assert got == Counter(["warm", *(m.message_id for _, m in work)])
+
+
+def test_backends_for_one_broker_share_one_connection_until_the_last_closes(
+    artemis_broker, artemis_address
+):
+    url = artemis_broker.url()
+    before = shared_loops()
+    profiles = {artemis_address: profile(artemis_address)}
+    first = connect(url, profiles=profiles)
+    second = ArtemisBackend.from_url(url, profiles=profiles)
+    other_user = ArtemisBackend.from_url(artemis_broker.send_only_url(), profiles=profiles)
+    assert first._loop is second._loop and other_user._loop is not first._loop
+    assert shared_loops() == before + 2
+    first.send(artemis_address, [Message("a", message_id="a")], timeout=30)
+    first.close()  # the other backend's connection stays
+    second.send(artemis_address, [Message("b", message_id="b")], timeout=30)
+    assert second._loop._connections == 1 and shared_loops() == before + 2
+    second.close()
+    other_user.close()
+    assert shared_loops() == before
+    with pytest.raises(ConfigurationError):
+        second.submit(artemis_address, [Message("c", message_id="c")], timeout=30)
+    assert sorted(m.id for m in drain(url, artemis_address)) == ["a", "b"]
 
 
 def test_a_submission_cancels_only_before_its_first_delivery(artemis_broker, artemis_address):
