@@ -240,7 +240,14 @@ def main() -> None:
             for k in range(0, len(messages), batch):
                 sender.send_many(messages[k : k + batch])
 
-        with IdempotentSender(url, profile, max_batch_messages=batch) as sender:
+        def backend_one_by_one(backend: ArtemisBackend, messages: list[Message]) -> None:
+            for m in messages:
+                backend.send("bench", [m], timeout=30)
+
+        with (
+            IdempotentSender(url, profile, max_batch_messages=batch) as sender,
+            ArtemisBackend.from_url(url, profiles={"bench": profile}) as near,
+        ):
             # Warm both paths (link attach, JIT) before timing.
             raw(url, "bench", ids_for("warm", 200), 16)
             sender.send_many([Message("w", message_id=i) for i in ids_for("warm", 200)])
@@ -248,6 +255,8 @@ def main() -> None:
                 loop.add("raw single", raw_run(url, "bench", ids_for("rs", single), 1))
                 msgs = [Message(f"body {i}", message_id=i) for i in ids_for("ss", single)]
                 loop.timed("sendonce single", one_by_one, sender, msgs)
+                msgs = [Message(f"body {i}", message_id=i) for i in ids_for("bs", single)]
+                loop.timed("backend single", backend_one_by_one, near, msgs)
                 loop.add("raw batch", raw_run(url, "bench", ids_for("rb", n), batch, True))
                 msgs = [Message(f"body {i}", message_id=i) for i in ids_for("sb", n)]
                 loop.timed("sendonce batch", in_batches, sender, msgs)
@@ -261,6 +270,12 @@ def main() -> None:
                 f"{loop.cpu_us(f'raw {kind}', count):,.0f} us, sendonce "
                 f"{loop.cpu_us(f'sendonce {kind}', count):,.0f} us"
             )
+        r, b = loop.seconds("raw single"), loop.seconds("backend single")
+        print(
+            f"  single, the backend alone (ArtemisBackend.send, no sender): {single / b:,.0f} "
+            f"msg/s, {b / r:.2f}x raw; client CPU {loop.cpu_us('backend single', single):,.0f} "
+            "us per message"
+        )
         print(
             f"  broker's own rate: {n / loop.seconds('broker'):,.0f} msg/s (raw sender, 1,000 "
             "unsettled)"
