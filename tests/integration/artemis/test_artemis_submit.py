@@ -8,6 +8,7 @@ holds with a hand-written proton receiver (``artemis.raw``): every id exactly on
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import socket
 import threading
@@ -20,6 +21,7 @@ from artemis.broker import ArtemisBroker
 from artemis.faultproxy import FaultProxy
 from artemis.raw import drain, message_count
 from sendonce import EntityProfile, Message
+from sendonce.aio import connect as aio_connect
 from sendonce.backends import ArtemisBackend, capabilities_of, connect, submit_of
 from sendonce.backends._artemis_shared import shared_loops
 from sendonce.errors import ConfigurationError, NotSentError, TransientSendError
@@ -228,3 +230,25 @@ def test_the_broker_killed_with_thousands_in_flight_on_one_connection():
         assert kinds["in doubt"] + kinds["not sent"] >= 1, kinds
         got = Counter(m.id for m in drain(url, "orders"))
     assert got == Counter(m.message_id for _, m in work)
+
+
+def test_the_aio_connect_submits_to_the_loop_without_a_worker_thread(
+    artemis_broker, artemis_address
+):
+    """``sendonce.aio.connect(amqp://...)``: its ``submit`` follows the Artemis loop's
+    futures on the event loop; 200 in flight take none of the adapter's worker threads."""
+    url = artemis_broker.url()
+    messages = business(200, "aio")
+
+    async def main() -> list[list[str]]:
+        async with aio_connect(url, profiles={artemis_address: profile(artemis_address)}) as b:
+            assert capabilities_of(b).native_submit
+            threads = threading.active_count()
+            futures = [b.submit(artemis_address, [m], timeout=30) for m in messages]
+            assert threading.active_count() == threads
+            acks = await asyncio.gather(*futures)
+            return [[a.outcome for a in each] for each in acks]
+
+    assert asyncio.run(main()) == [["accepted"]] * 200
+    got = Counter(m.id for m in drain(url, artemis_address))
+    assert got == Counter(m.message_id for m in messages)
