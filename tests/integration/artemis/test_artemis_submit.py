@@ -12,6 +12,7 @@ import asyncio
 import concurrent.futures
 import socket
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 
@@ -50,6 +51,7 @@ def pipeline(
     outcomes: dict[str, BaseException | None] = {}
     outstanding: dict[Future[list[object]], str] = {}
     pending = list(reversed(work))
+    quiet_since = time.monotonic()
     while pending or outstanding:
         while pending and len(outstanding) < window:
             address, message = pending.pop()
@@ -58,9 +60,12 @@ def pipeline(
         if during is not None:
             during()
         done, _ = concurrent.futures.wait(
-            outstanding, timeout=timeout + 30, return_when=concurrent.futures.FIRST_COMPLETED
+            outstanding, timeout=0.2, return_when=concurrent.futures.FIRST_COMPLETED
         )
-        assert done, "a future stayed pending past its timeout"
+        if not done:  # ``during`` may have to act while nothing completes (a cut)
+            assert time.monotonic() < quiet_since + timeout + 30, "a future outlived its timeout"
+            continue
+        quiet_since = time.monotonic()
         for future in done:
             message_id = outstanding.pop(future)
             error = future.exception()
@@ -197,8 +202,10 @@ def test_the_connection_cut_with_16_links_in_flight_each_transfer_keeps_its_own_
             cut = threading.Event()
             outcomes = pipeline(b, work, window=64, timeout=60, during=cut_once_stored)
             assert cut.is_set() and proxy.connections >= 2
+            conditions = {getattr(e, "condition", None) for e in outcomes.values() if e}
+            assert conditions - {"amqp:timeout"}, conditions  # failed by the cut, not a clock
             kinds = resend_until_stored(b, work, outcomes)
-    assert kinds["accepted"] >= 400 and kinds["in doubt"] >= 1, kinds
+    assert kinds["accepted"] >= 1 and kinds["in doubt"] >= 1, kinds  # each its own outcome
     for address in addresses:
         got = Counter(m.id for m in drain(direct, address))
         wanted = [f"warm-{address}", *(m.message_id for a, m in work if a == address)]
@@ -207,29 +214,27 @@ def test_the_connection_cut_with_16_links_in_flight_each_transfer_keeps_its_own_
 
 @pytest.mark.slow
 def test_the_broker_killed_with_thousands_in_flight_on_one_connection():
-    """``kill -9`` of the broker's JVM with thousands of transfers submitted on one
-    connection; a restart. Every future fails on its own (in doubt or not sent) or was
-    accepted; the resends are dropped where the first attempt was stored (the id cache
-    is persisted): each id once."""
+    """4,000 transfers submitted at once on one connection, then ``kill -9`` of the
+    broker's JVM while they are in flight; a restart. Every future ends on its own:
+    accepted, or in doubt / not sent and resent with its id, dropped where the first
+    attempt was stored (the id cache is persisted): each id once."""
     with ArtemisBroker(persist_id_cache=True) as broker:
         url = broker.url()
         assert drain(url, "orders") == []  # a receiver's attach makes the queue
         work = [("orders", m) for m in business(4000, "kill")]
-        killed = threading.Event()
-
-        def kill_midway() -> None:
-            if not killed.is_set() and message_count(url, "orders") >= 1000:
-                killed.set()
-                broker.kill()
-                broker.start()
-
         with ArtemisBackend.from_url(url, profiles={"orders": profile("orders")}) as b:
-            outcomes = pipeline(b, work, window=2000, timeout=60, during=kill_midway)
-            assert killed.is_set()
+            b.send("orders", [Message("warm", message_id="warm")], timeout=30)
+            futures = [b.submit(a, [m], timeout=60) for a, m in work]
+            broker.kill()
+            in_flight = sum(not f.done() for f in futures)
+            broker.start()
+            outcomes: dict[str, BaseException | None] = {}
+            for (_, m), future in zip(work, futures, strict=True):
+                outcomes[m.message_id] = future.exception(timeout=120)
             kinds = resend_until_stored(b, work, outcomes)
-        assert kinds["in doubt"] + kinds["not sent"] >= 1, kinds
+        assert in_flight >= 1 and kinds["in doubt"] + kinds["not sent"] >= 1, (in_flight, kinds)
         got = Counter(m.id for m in drain(url, "orders"))
-    assert got == Counter(m.message_id for _, m in work)
+    assert got == Counter(["warm", *(m.message_id for _, m in work)])
 
 
 def test_the_aio_connect_submits_to_the_loop_without_a_worker_thread(
