@@ -24,7 +24,11 @@ def connect(url: str, **options: Any) -> AsyncBackend:
     - ``amqp://user:password@host:5672`` / ``amqps://``: AMQ Broker / Artemis, as a
       :class:`~sendonce.aio.ThreadedBackend` over ``ArtemisBackend`` with one worker per
       transfer in flight (the backend runs its own proton event loop; a call only hands it
-      work and waits, so calls run side by side).
+      work and waits, so calls run side by side); its ``submit`` takes no worker at all (the
+      loop's future, followed on this event loop).
+
+    The schemes are :data:`sendonce.backends._url.SCHEMES`, the sync ``connect``'s; each has
+    its opener here.
     """
     scheme, url = scheme_for(url)
     return OPENERS[scheme.name](url, options)

@@ -209,7 +209,7 @@ def connect(url: str, **options: Any) -> Backend:
 def connect_local(url: str | os.PathLike[str], **options: Any) -> LocalBackend:
     """Open the embedded broker, typed as :class:`LocalBackend`.
 
-    ``connect`` returns the ``Backend`` protocol, so the local broker's own methods
+    ``connect`` returns the ``Backend`` base class, so the local broker's own methods
     (``receive``, ``peek``, ``message_ids``) do not type-check on its result; this
     takes a ``local:`` url or a plain path and returns the concrete type.
     """
