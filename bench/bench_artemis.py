@@ -13,7 +13,9 @@ Loopback (the broker started here, persistence on):
 
 Through ``bench/delay_proxy.py`` at ``--rtt-ms`` (5): the raw sender with 16 unsettled
 deliveries (one message each) vs sendonce ``send_many`` with 16 partition keys (16
-transfers in flight, one message each), and the one-at-a-time line (raw single sends).
+transfers in flight, one message each), 16 threads calling ``sender.send()`` on one sender,
+and ``ArtemisBackend.submit`` kept 16 outstanding from one thread (the transfer seam an
+engine drives: no thread per transfer), beside the one-at-a-time line (raw single sends).
 Targets: sendonce <= 1.1x the raw time on loopback; >= 0.7x the raw 16-unsettled rate and
 >= 8x the one-at-a-time line at 5 ms.
 
@@ -34,6 +36,7 @@ the load, the CPU each client spends much less.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import statistics
 import sys
 import time
@@ -52,6 +55,7 @@ from proton.reactor import Container, LinkOption
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from artemis.broker import ARTEMIS_VERSION, ArtemisBroker
 from sendonce import EntityProfile, IdempotentSender, Message
+from sendonce.backends import ArtemisBackend
 
 JAVA_ARGS = (
     "-XX:+UseG1GC -Xms256M -Xmx1G -Dlog4j2.disableJmx=true "
@@ -150,6 +154,27 @@ class Figures:
         return statistics.median(self.cpu[name]) / n * 1e6
 
 
+def submitted(backend: ArtemisBackend, messages: list[Message], window: int) -> None:
+    """Every message its own transfer through ``submit``, ``window`` outstanding, one thread."""
+    outstanding: set[concurrent.futures.Future[Any]] = set()
+    for m in messages:
+        if len(outstanding) >= window:
+            done, outstanding = concurrent.futures.wait(
+                outstanding, return_when=concurrent.futures.FIRST_COMPLETED
+            )
+            for future in done:
+                future.result()
+        outstanding.add(backend.submit("bench", [m], timeout=30))
+    for future in outstanding:
+        future.result()
+
+
+def threads_sending(pool: concurrent.futures.ThreadPoolExecutor, sender: Any, msgs: Any) -> None:
+    """``sender.send`` of every message from the pool's threads at once."""
+    for result in pool.map(sender.send, msgs):
+        assert result.outcome == "sent"
+
+
 def ids_for(tag: str, n: int) -> list[str]:
     run = uuid.uuid4().hex[:8]
     return [f"{tag}-{run}-{i}" for i in range(n)]
@@ -215,7 +240,14 @@ def main() -> None:
             for k in range(0, len(messages), batch):
                 sender.send_many(messages[k : k + batch])
 
-        with IdempotentSender(url, profile, max_batch_messages=batch) as sender:
+        def backend_one_by_one(backend: ArtemisBackend, messages: list[Message]) -> None:
+            for m in messages:
+                backend.send("bench", [m], timeout=30)
+
+        with (
+            IdempotentSender(url, profile, max_batch_messages=batch) as sender,
+            ArtemisBackend.from_url(url, profiles={"bench": profile}) as near,
+        ):
             # Warm both paths (link attach, JIT) before timing.
             raw(url, "bench", ids_for("warm", 200), 16)
             sender.send_many([Message("w", message_id=i) for i in ids_for("warm", 200)])
@@ -223,6 +255,8 @@ def main() -> None:
                 loop.add("raw single", raw_run(url, "bench", ids_for("rs", single), 1))
                 msgs = [Message(f"body {i}", message_id=i) for i in ids_for("ss", single)]
                 loop.timed("sendonce single", one_by_one, sender, msgs)
+                msgs = [Message(f"body {i}", message_id=i) for i in ids_for("bs", single)]
+                loop.timed("backend single", backend_one_by_one, near, msgs)
                 loop.add("raw batch", raw_run(url, "bench", ids_for("rb", n), batch, True))
                 msgs = [Message(f"body {i}", message_id=i) for i in ids_for("sb", n)]
                 loop.timed("sendonce batch", in_batches, sender, msgs)
@@ -236,6 +270,12 @@ def main() -> None:
                 f"{loop.cpu_us(f'raw {kind}', count):,.0f} us, sendonce "
                 f"{loop.cpu_us(f'sendonce {kind}', count):,.0f} us"
             )
+        r, b = loop.seconds("raw single"), loop.seconds("backend single")
+        print(
+            f"  single, the backend alone (ArtemisBackend.send, no sender): {single / b:,.0f} "
+            f"msg/s, {b / r:.2f}x raw; client CPU {loop.cpu_us('backend single', single):,.0f} "
+            "us per message"
+        )
         print(
             f"  broker's own rate: {n / loop.seconds('broker'):,.0f} msg/s (raw sender, 1,000 "
             "unsettled)"
@@ -251,10 +291,19 @@ def main() -> None:
         few = max(count // 8, 10)
         with DelayProxy("127.0.0.1", broker.port, rtt=rtt) as proxy:
             far = broker.url(port=proxy.port)
-            with IdempotentSender(far, profile, max_batch_messages=1) as sender:
+            with (
+                IdempotentSender(far, profile, max_batch_messages=1) as sender,
+                ArtemisBackend.from_url(far, profiles={"bench": profile}) as backend,
+                concurrent.futures.ThreadPoolExecutor(16) as pool,
+            ):
                 sender.send_many(keyed)
+                submitted(backend, [Message("w", message_id=i) for i in ids_for("warm3", 32)], 16)
                 raw(far, "bench", ids_for("warm", 32), 16)
                 for _ in range(args.rounds):
+                    msgs = [Message(f"body {i}", message_id=i) for i in ids_for("wt", count)]
+                    wan.timed("sendonce 16 threads", threads_sending, pool, sender, msgs)
+                    msgs = [Message(f"body {i}", message_id=i) for i in ids_for("wb", count)]
+                    wan.timed("backend submit 16", submitted, backend, msgs, 16)
                     wan.add("raw 1 at a time", raw_run(far, "bench", ids_for("w1", few), 1))
                     wan.add("raw 16 unsettled", raw_run(far, "bench", ids_for("w16", count), 16))
                     msgs = [
@@ -266,6 +315,8 @@ def main() -> None:
         one = few / wan.seconds("raw 1 at a time")
         r16 = count / wan.seconds("raw 16 unsettled")
         k16 = count / wan.seconds("sendonce 16 keys")
+        t16 = count / wan.seconds("sendonce 16 threads")
+        b16 = count / wan.seconds("backend submit 16")
         print(f"\n{args.rtt_ms:g} ms RTT (delay proxy), medians:")
         print(
             f"  raw one at a time:        {one:8,.0f} msg/s; client CPU "
@@ -279,6 +330,16 @@ def main() -> None:
             f"  sendonce 16 keys:         {k16:8,.0f} msg/s = {k16 / r16:.2f}x raw 16 unsettled, "
             f"{k16 / one:.1f}x one at a time; client CPU "
             f"{wan.cpu_us('sendonce 16 keys', count):,.0f} us per message"
+        )
+        print(
+            f"  sendonce 16 threads:      {t16:8,.0f} msg/s = {t16 / r16:.2f}x raw 16 unsettled, "
+            f"{t16 / one:.1f}x one at a time; client CPU "
+            f"{wan.cpu_us('sendonce 16 threads', count):,.0f} us per message"
+        )
+        print(
+            f"  backend submit, 16 out:   {b16:8,.0f} msg/s = {b16 / r16:.2f}x raw 16 unsettled, "
+            f"{b16 / one:.1f}x one at a time; client CPU "
+            f"{wan.cpu_us('backend submit 16', count):,.0f} us per message"
         )
     print(f"load after: {load()}")
 

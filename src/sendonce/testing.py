@@ -13,13 +13,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from ._entity import EntityProfile
 from ._message import Message
-from .backends._base import Ack, Backend
+from .backends._base import Ack, Backend, Capabilities, capabilities_of
 from .errors import PermanentSendError, TransientSendError
 
 __all__ = ["FaultyBackend", "Fault", "FaultCall"]
@@ -53,9 +53,13 @@ class FaultCall:
 FaultScript = Iterable[Fault] | Callable[[int, str, Sequence[Message]], Fault]
 
 
-class FaultyBackend:
+class FaultyBackend(Backend):
     """Wraps ``inner`` and injects ``faults``: a sequence consumed one per call, or a
-    function ``(call_index, entity, messages) -> Fault`` for generated schedules."""
+    function ``(call_index, entity, messages) -> Fault`` for generated schedules.
+
+    Its capabilities are the inner backend's, except ``native_submit``: ``submit`` runs
+    this backend's faulty ``send`` on the base's thread pool, so submitted transfers meet
+    the script too."""
 
     def __init__(
         self,
@@ -87,21 +91,14 @@ class FaultyBackend:
         return len(self._queue)
 
     @property
+    def capabilities(self) -> Capabilities:  # type: ignore[override]
+        """The wrapped backend's, without a native ``submit`` (see the class)."""
+        return replace(capabilities_of(self.inner), native_submit=False)
+
+    @property
     def supports_atomic(self) -> bool | None:
         """Whether the wrapped backend can send all-or-nothing groups."""
         return getattr(self.inner, "supports_atomic", None)
-
-    @property
-    def reports_duplicates(self) -> bool:
-        """Whether the wrapped backend's acks say which copies were dropped."""
-        from .backends._base import reports_duplicates
-
-        return reports_duplicates(self.inner)
-
-    @property
-    def messaging_system(self) -> str:
-        """The wrapped backend's OpenTelemetry ``messaging.system``."""
-        return str(getattr(self.inner, "messaging_system", "unknown"))
 
     def _next(self, method: str, entity: str, messages: Sequence[Message]) -> Fault:
         with self._lock:
@@ -187,17 +184,14 @@ class FaultyBackend:
 
     def close(self) -> None:
         """Close the wrapped backend."""
+        self._stop_submissions()
         self.inner.close()
 
     def __getattr__(self, name: str) -> Any:
         # Admin and receive methods (create_entity, receive, count...) pass straight through.
+        if name == "inner":  # (before __init__ set it: copy, pickle)
+            raise AttributeError(name)
         return getattr(self.inner, name)
-
-    def __enter__(self) -> FaultyBackend:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"FaultyBackend({self.inner!r}, pending={self.pending})"

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .._extras import requires_extra
-from ..backends._artemis_url import is_amqp_url
-from ..backends._url import LOCAL_SCHEME, is_connection_string, local_path
-from ..errors import ConfigurationError, redact
+from ..backends._url import SCHEMES, scheme_for
 from ._base import AsyncBackend
 
 __all__ = ["connect"]
@@ -25,32 +24,40 @@ def connect(url: str, **options: Any) -> AsyncBackend:
     - ``amqp://user:password@host:5672`` / ``amqps://``: AMQ Broker / Artemis, as a
       :class:`~sendonce.aio.ThreadedBackend` over ``ArtemisBackend`` with one worker per
       transfer in flight (the backend runs its own proton event loop; a call only hands it
-      work and waits, so calls run side by side).
+      work and waits, so calls run side by side); its ``submit`` takes no worker at all (the
+      loop's future, followed on this event loop).
+
+    The schemes are :data:`sendonce.backends._url.SCHEMES`, the sync ``connect``'s; each has
+    its opener here.
     """
-    if not isinstance(url, str) or not url.strip():
-        raise ConfigurationError("url must be a non-empty str", field="url")
-    url = url.strip()
-    if url.startswith(LOCAL_SCHEME):
-        from ..backends.local import LocalBackend
-        from ._threaded import ThreadedBackend
+    scheme, url = scheme_for(url)
+    return OPENERS[scheme.name](url, options)
 
-        path, query = local_path(url)
-        return ThreadedBackend(LocalBackend(path, **{**query, **options}))
-    if is_connection_string(url):
-        with requires_extra("a Service Bus connection string in sendonce.aio", "aio"):
-            from ._servicebus import AzureServiceBusBackend
 
-        return AzureServiceBusBackend.from_connection_string(url, **options)
-    if is_amqp_url(url):
-        with requires_extra("an amqp:// url (AMQ Broker / Apache ActiveMQ Artemis)", "artemis"):
-            from ..backends.artemis import ArtemisBackend
-        from ._threaded import ThreadedBackend
+def _open_local(url: str, options: dict[str, Any]) -> AsyncBackend:
+    from ._threaded import ThreadedBackend
 
-        artemis = ArtemisBackend.from_url(url, **options)
-        return ThreadedBackend(artemis, workers=artemis.max_in_flight)
-    raise ConfigurationError(
-        f"unrecognised backend url {redact(url)[:80]!r}: expected local:///path/broker.db, a "
-        "Service Bus connection string (Endpoint=sb://...) or an Artemis url "
-        "(amqp://user:password@host:5672)",
-        field="url",
-    )
+    return ThreadedBackend(SCHEMES_BY_NAME["local"].open(url, options))
+
+
+def _open_servicebus(url: str, options: dict[str, Any]) -> AsyncBackend:
+    with requires_extra("a Service Bus connection string in sendonce.aio", "aio"):
+        from ._servicebus import AzureServiceBusBackend
+
+    return AzureServiceBusBackend.from_connection_string(url, **options)
+
+
+def _open_artemis(url: str, options: dict[str, Any]) -> AsyncBackend:
+    from ._threaded import ThreadedBackend
+
+    artemis = SCHEMES_BY_NAME["artemis"].open(url, options)
+    return ThreadedBackend(artemis, workers=artemis.capabilities.max_in_flight)
+
+
+SCHEMES_BY_NAME = {scheme.name: scheme for scheme in SCHEMES}
+OPENERS: dict[str, Callable[[str, dict[str, Any]], AsyncBackend]] = {
+    "local": _open_local,
+    "servicebus": _open_servicebus,
+    "artemis": _open_artemis,
+}
+"""The aio opener of each scheme of :data:`sendonce.backends._url.SCHEMES` (one each)."""

@@ -28,8 +28,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
 from azure.core.exceptions import (
     AzureError,
@@ -44,7 +43,7 @@ from .. import _telemetry
 from .._entity import EntityKind, EntityProfile
 from .._message import Message
 from .._names import ByName, name_key
-from ..backends._base import Ack
+from ..backends._base import Ack, AsyncBackend, Capabilities
 from ..backends._servicebus_convert import to_servicebus_message
 from ..backends._servicebus_errors import is_connection_level, is_sdk_error, map_error
 from ..backends._servicebus_lanes import AsyncLanes, Lane
@@ -76,7 +75,7 @@ _MIN_TRANSFER_TIME = 0.001
 _CLOSE_TIMEOUT = 5.0
 
 
-class AzureServiceBusBackend:
+class AzureServiceBusBackend(AsyncBackend):
     """An async backend that sends to Azure Service Bus (or its emulator).
 
     Built like the sync one: :meth:`from_connection_string` (or
@@ -88,8 +87,6 @@ class AzureServiceBusBackend:
     needs ``aiohttp``).
     """
 
-    messaging_system = "servicebus"
-    """OpenTelemetry's ``messaging.system`` for what this backend sends to."""
     reports_dispatch = True
     """A send cancelled while it waits for a free link sent nothing, and the sender knows
     it (``sendonce.aio._dispatch``)."""
@@ -139,7 +136,9 @@ class AzureServiceBusBackend:
         self._emulator = settings.emulator
         self._entity_path = settings.entity_path
         self._admin: Any = admin_client
-        self._max_in_flight = settings.max_in_flight
+        self.capabilities = Capabilities(
+            max_in_flight=settings.max_in_flight, messaging_system="servicebus", native_submit=True
+        )
         self._lanes: ByName[AsyncLanes[ServiceBusSender]] = ByName()  # any spelling
         self._closing: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -157,11 +156,6 @@ class AzureServiceBusBackend:
     def namespace(self) -> str:
         """The fully qualified namespace (never a credential)."""
         return self._namespace
-
-    @property
-    def max_in_flight(self) -> int:
-        """How many transfers per entity this backend carries at once (one per sender link)."""
-        return self._max_in_flight
 
     supports_atomic = False
 
@@ -278,7 +272,7 @@ class AzureServiceBusBackend:
                     f"not {entity!r}",
                     field="entity",
                 )
-            lanes = self._lanes[entity] = AsyncLanes(self._max_in_flight)
+            lanes = self._lanes[entity] = AsyncLanes(self.capabilities.max_in_flight)
         return lanes
 
     def _new_sender(self, entity: str) -> ServiceBusSender:
@@ -565,18 +559,6 @@ class AzureServiceBusBackend:
                 await asyncio.wait_for(closable.close(), _CLOSE_TIMEOUT)
             except Exception as exc:
                 logger.debug("closing the %s failed: %s", name, redact(repr(exc)))
-
-    async def __aenter__(self) -> AzureServiceBusBackend:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> Literal[False]:
-        await self.close()
-        return False
 
     def __getstate__(self) -> Any:
         raise TypeError(

@@ -11,23 +11,35 @@ when its task is cancelled never starts.
 A backend that is safe for many threads at once (``ArtemisBackend``: its calls only
 hand work to its own event loop and wait) can be given ``workers=N``: up to N calls run
 side by side, so the async sender's transfers are in flight together.
+
+``submit`` (the transfer seam, docs/engine.md) takes no thread at all where the wrapped
+backend's own ``submit`` is native (Artemis: a future its event loop completes, followed
+on this event loop); otherwise it runs ``send`` on the worker threads like ``send``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import functools
 import inspect
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
-from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from .._entity import EntityProfile
 from .._message import Message
-from ..backends._base import Ack, Backend
+from ..backends._base import (
+    Ack,
+    AsyncBackend,
+    Backend,
+    Capabilities,
+    bridge,
+    capabilities_of,
+    submit_of,
+)
 from ..errors import ConfigurationError, NotSentError
 from ._dispatch import dispatching
 
@@ -37,7 +49,7 @@ T = TypeVar("T")
 _PROTOCOL = ("describe", "send", "schedule", "close")
 
 
-class ThreadedBackend:
+class ThreadedBackend(AsyncBackend):
     """Adapts a sync :class:`~sendonce.backends.Backend` (``LocalBackend``,
     ``FaultyBackend``, ``ArtemisBackend``...) to :class:`~sendonce.aio.AsyncBackend`.
     ``workers`` (default 1) is how many calls may run at once: more only for a backend
@@ -73,14 +85,14 @@ class ThreadedBackend:
         return self._inner
 
     @property
+    def capabilities(self) -> Capabilities:  # type: ignore[override]
+        """The wrapped backend's (``native_submit`` where its own ``submit`` is)."""
+        return capabilities_of(self._inner)
+
+    @property
     def supports_atomic(self) -> bool | None:
         """Whether the wrapped backend can send all-or-nothing groups."""
         return getattr(self._inner, "supports_atomic", None)
-
-    @property
-    def messaging_system(self) -> str:
-        """The wrapped backend's OpenTelemetry ``messaging.system``."""
-        return str(getattr(self._inner, "messaging_system", "unknown"))
 
     async def run(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """Run ``fn(*args, **kwargs)`` on the backend's worker thread and await it."""
@@ -115,6 +127,37 @@ class ThreadedBackend:
         inner = self._inner.schedule
         return await self.run(_dispatched, inner, entity, messages, at, timeout=timeout)
 
+    def submit(
+        self, entity: str, messages: Sequence[Message], *, timeout: float, atomic: bool = False
+    ) -> asyncio.Future[list[Ack]]:
+        """Hand one transfer over (docs/engine.md): the wrapped backend's native ``submit``
+        followed on this loop, else its ``send`` on the worker threads. Cancelling succeeds
+        while the transfer waits (nothing sent), never once it may have left."""
+        if self._closed:
+            raise ConfigurationError("the backend is closed", field="backend")
+        loop = asyncio.get_running_loop()
+        native = submit_of(self._inner) if capabilities_of(self._inner).native_submit else None
+        if native is not None:
+            inner = native(entity, messages, timeout=timeout, atomic=atomic)
+            if not isinstance(inner, concurrent.futures.Future):
+                raise ConfigurationError(
+                    f"{type(self._inner).__name__}.submit must return a concurrent.futures.Future",
+                    field="backend",
+                )
+            return bridge(inner, loop)
+        call = functools.partial(
+            contextvars.copy_context().run,
+            self._inner.send,
+            entity,
+            messages,
+            timeout=timeout,
+            atomic=atomic,
+        )
+        try:
+            return bridge(self._executor.submit(call), loop)
+        except RuntimeError:  # the executor stopped with the backend
+            raise ConfigurationError("the backend is closed", field="backend") from None
+
     async def close(self) -> None:
         """Close the wrapped backend (after any call in flight) and stop the thread."""
         if self._closed:
@@ -138,18 +181,6 @@ class ThreadedBackend:
         call.__name__ = name
         call.__doc__ = getattr(target, "__doc__", None)
         return call
-
-    async def __aenter__(self) -> ThreadedBackend:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> Literal[False]:
-        await self.close()
-        return False
 
     def __repr__(self) -> str:
         return f"ThreadedBackend({self._inner!r})"

@@ -1,10 +1,11 @@
-"""Backends: the transport protocol, ``connect(url)``, and the shipped backends."""
+"""Backends: the transfer seam (``Backend``, ``AsyncBackend``, ``Capabilities``),
+``connect(url)``, and the shipped backends."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._base import Ack, AckOutcome, Backend
+from ._base import Ack, AckOutcome, AsyncBackend, Backend, Capabilities, capabilities_of, submit_of
 from ._url import connect, connect_local, describe_url
 
 if TYPE_CHECKING:
@@ -16,14 +17,18 @@ __all__ = [
     "Ack",
     "AckOutcome",
     "ArtemisBackend",
+    "AsyncBackend",
     "AzureServiceBusBackend",
     "Backend",
+    "Capabilities",
     "LocalBackend",
     "LocalSession",
     "ReceivedMessage",
+    "capabilities_of",
     "connect",
     "connect_local",
     "describe_url",
+    "submit_of",
 ]
 
 

@@ -22,7 +22,10 @@ connection fails every request on it — in doubt for deliveries sent and not se
 from __future__ import annotations
 
 import contextlib
+import heapq
+import itertools
 import logging
+import math
 import os
 import threading
 import time
@@ -103,6 +106,16 @@ class _Capability(LinkOption):
             link.target.capabilities.put_object(symbol(self.capability))
 
 
+class _Deadlines(Handler):
+    """The timer that gives up on requests whose deadline passed (``ArtemisLoop._expire``)."""
+
+    def __init__(self, loop: ArtemisLoop) -> None:
+        self.loop = loop
+
+    def on_timer_task(self, event: Any) -> None:
+        self.loop._expire_due()
+
+
 class _Stop(Handler):
     """A timer task that stops the container (closing, when the broker does not answer)."""
 
@@ -155,6 +168,9 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
         self._verify_call: ManagementCall | None = None
         self._txn_queue: deque[Transfer] = deque()
         self._txn_active: Transfer | None = None
+        self._deadlines: list[tuple[float, int, Request]] = []  # a heap; finished ones linger
+        self._deadline_order = itertools.count()
+        self._timer_at = math.inf  # the earliest deadline timer scheduled
         self._last_heard = time.monotonic()
         self._closing = False
         self._stop_task: Any = None
@@ -187,6 +203,11 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
             raise ConfigurationError("the Artemis backend is closed", field="backend")
         if not self._doorbell.ring(command):
             raise ConfigurationError("the Artemis backend is closed", field="backend")
+
+    @property
+    def alive(self) -> bool:
+        """The loop thread runs and takes requests (it stops only when closed)."""
+        return self._thread.is_alive() and os.getpid() == self._pid
 
     def abandon(self, request: Request) -> bool:
         """The caller stopped waiting: forget ``request`` (False: it had finished)."""
@@ -234,6 +255,8 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
     def _start(self, request: Request) -> None:
         if request.abandoned:
             return
+        if request.deadline is not None:
+            self._watch(request, request.deadline)
         if self._closing:
             request.finish(error=ConfigurationError("the backend is closed", field="backend"))
             return
@@ -267,6 +290,31 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
                 self._next_transaction()
             else:
                 self._route(request)
+
+    def _watch(self, request: Request, deadline: float) -> None:
+        """Expire ``request`` at ``deadline`` unless it finished by then: one timer for the
+        earliest deadline, however many requests are in flight."""
+        heap = self._deadlines
+        while heap and (heap[0][2].finished or heap[0][2].abandoned):
+            heapq.heappop(heap)  # (deadlines mostly come in order: the heap stays small)
+        heapq.heappush(heap, (deadline, next(self._deadline_order), request))
+        if deadline < self._timer_at:
+            self._timer_at = deadline
+            self._container.schedule(max(deadline - time.monotonic(), 0.0), _Deadlines(self))
+
+    def _expire_due(self) -> None:
+        now = time.monotonic()
+        heap = self._deadlines
+        while heap and (heap[0][2].finished or heap[0][2].abandoned or heap[0][0] <= now):
+            _, _, request = heapq.heappop(heap)
+            if request.finished or request.abandoned:
+                continue
+            request.expire()  # its own outcome first: in doubt, or not sent
+            self._forget(request)  # then a stuck connection is closed (the others fail)
+        self._timer_at = math.inf
+        if heap:
+            self._timer_at = heap[0][0]
+            self._container.schedule(max(heap[0][0] - now, 0.0), _Deadlines(self))
 
     def _open(self) -> None:
         options: dict[str, Any] = {
@@ -410,6 +458,8 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
                 queue.popleft()
                 if transfer.atomic and not transfer.abandoned and not transfer.commit_sent:
                     self._commit(transfer)
+                elif transfer.sent == 0 and transfer.abandoned:
+                    self._cancelled(transfer)
                 continue
             if transfer.sent_on is None:
                 transfer.sent_on = self.incarnation
@@ -426,6 +476,14 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
             transfer = queue.popleft()
             if not transfer.abandoned and not transfer.commit_sent:
                 self._commit(transfer)
+
+    def _cancelled(self, transfer: Transfer) -> None:
+        """A transfer cancelled before its first delivery: nothing sent; forget it (and end
+        its transaction, so the next one can start)."""
+        self._transfers.discard(transfer)
+        if transfer.atomic and self._txn_active is transfer and transfer.txn is not None:
+            transfer.txn.abort()
+            self._txn_done(transfer)
 
     def on_delivery(self, event: Any) -> None:
         """A sender delivery's disposition came: what proton's ``OutgoingMessageHandler``

@@ -7,13 +7,18 @@ A management operation is a request too (``_artemis_management.ManagementCall``)
 
 from __future__ import annotations
 
+import concurrent.futures
+import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ._artemis_cache import Incarnation
 
 __all__ = ["Connect", "Request", "Transfer"]
+
+logger = logging.getLogger("sendonce.artemis")
 
 
 class Request:
@@ -26,6 +31,8 @@ class Request:
         self.error: BaseException | None = None
         self.abandoned = False
         self.started = time.monotonic()
+        self.deadline: float | None = None  # the loop gives up on it then (``expire``)
+        self.on_done: Callable[[], None] | None = None  # run once finished or expired
 
     def finish(self, value: Any = None, error: BaseException | None = None) -> None:
         with self.lock:
@@ -33,6 +40,23 @@ class Request:
                 return
             self.value, self.error = value, error
             self._done.set()
+        self._call_back()
+
+    def expire(self) -> bool:
+        """The deadline passed without an answer: abandon it and run ``on_done`` (False:
+        it had finished already)."""
+        if not self.abandon():
+            return False
+        self._call_back()
+        return True
+
+    def _call_back(self) -> None:
+        callback, self.on_done = self.on_done, None
+        if callback is not None:
+            try:
+                callback()
+            except Exception:  # pragma: no cover - a bug: keep the loop alive for the others
+                logger.exception("completing an Artemis request failed")
 
     @property
     def finished(self) -> bool:
@@ -75,11 +99,22 @@ class Transfer(Request):
         self.txn: Any = None
         self.sent_on: Incarnation | None = None  # the broker its first delivery went to
         self.expect: int | None = None  # send only on this connection (a checked resend)
+        self.future: concurrent.futures.Future[Any] | None = None  # a submit's, if any
 
     def claim_next(self) -> int | None:
-        """The index of the next message to send, or None once abandoned or all sent."""
+        """The index of the next message to send, or None once abandoned, cancelled (its
+        future, before the first delivery) or all sent."""
         with self.lock:
             if self.abandoned or self._done.is_set() or self.sent >= len(self.payloads):
+                return None
+            # From the first delivery the transfer may be on the wire: its future can no
+            # longer be cancelled. Cancelled before: nothing is sent, ever.
+            if (
+                self.sent == 0
+                and self.future is not None
+                and not self.future.set_running_or_notify_cancel()
+            ):
+                self.abandoned = True
                 return None
             self.sent += 1
             return self.sent - 1

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
@@ -15,7 +17,15 @@ from ._base import Backend
 if TYPE_CHECKING:
     from .local import LocalBackend
 
-__all__ = ["connect", "connect_local", "describe_url", "local_path"]
+__all__ = [
+    "SCHEMES",
+    "Scheme",
+    "connect",
+    "connect_local",
+    "describe_url",
+    "local_path",
+    "scheme_for",
+]
 
 LOCAL_SCHEME = "local:"
 
@@ -115,6 +125,73 @@ def is_connection_string(url: str) -> bool:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Scheme:
+    """One kind of url ``connect`` understands. The sync world opens it with ``open``;
+    ``sendonce.aio.connect`` reads the same registry and opens it with its own opener of
+    the same ``name`` (aio sits above backends, so its openers live there)."""
+
+    name: str
+    example: str
+    """How the refusal of an unknown url names it."""
+    matches: Callable[[str], bool]
+    open: Callable[[str, dict[str, Any]], Backend]
+
+
+def _open_local(url: str, options: dict[str, Any]) -> Backend:
+    from .local import LocalBackend
+
+    path, query = local_path(url)
+    merged: dict[str, Any] = {**query, **options}
+    return LocalBackend(path, **merged)
+
+
+def _open_servicebus(url: str, options: dict[str, Any]) -> Backend:
+    with requires_extra("a Service Bus connection string", "azure"):
+        from .servicebus import AzureServiceBusBackend
+
+    return AzureServiceBusBackend.from_connection_string(url, **options)
+
+
+def _open_artemis(url: str, options: dict[str, Any]) -> Backend:
+    with requires_extra("an amqp:// url (AMQ Broker / Apache ActiveMQ Artemis)", "artemis"):
+        from .artemis import ArtemisBackend
+
+    return ArtemisBackend.from_url(url, **options)
+
+
+SCHEMES: tuple[Scheme, ...] = (
+    Scheme(
+        "local", "local:///path/broker.db", lambda url: url.startswith(LOCAL_SCHEME), _open_local
+    ),
+    Scheme(
+        "servicebus",
+        "a Service Bus connection string (Endpoint=sb://...)",
+        is_connection_string,
+        _open_servicebus,
+    ),
+    Scheme(
+        "artemis", "an Artemis url (amqp://user:password@host:5672)", is_amqp_url, _open_artemis
+    ),
+)
+"""Every url ``connect`` (sync and aio) understands, in the order they are tried."""
+
+
+def scheme_for(url: object) -> tuple[Scheme, str]:
+    """The scheme of ``url`` and the url stripped; ``ConfigurationError`` for anything else."""
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigurationError("url must be a non-empty str", field="url")
+    url = url.strip()
+    for scheme in SCHEMES:
+        if scheme.matches(url):
+            return scheme, url
+    examples = [scheme.example for scheme in SCHEMES]
+    expected = ", ".join(examples[:-1]) + " or " + examples[-1]
+    raise ConfigurationError(
+        f"unrecognised backend url {redact(url)[:80]!r}: expected {expected}", field="url"
+    )
+
+
 def connect(url: str, **options: Any) -> Backend:
     """Open the backend a url names.
 
@@ -125,37 +202,14 @@ def connect(url: str, **options: Any) -> Backend:
     - ``amqp://user:password@host:5672`` or ``amqps://...``: Red Hat AMQ Broker / Apache
       ActiveMQ Artemis (``ArtemisBackend``; the ``artemis`` extra).
     """
-    if not isinstance(url, str) or not url.strip():
-        raise ConfigurationError("url must be a non-empty str", field="url")
-    url = url.strip()
-    if url.startswith(LOCAL_SCHEME):
-        from .local import LocalBackend
-
-        path, query = local_path(url)
-        merged: dict[str, Any] = {**query, **options}
-        return LocalBackend(path, **merged)
-    if is_connection_string(url):
-        with requires_extra("a Service Bus connection string", "azure"):
-            from .servicebus import AzureServiceBusBackend
-
-        return AzureServiceBusBackend.from_connection_string(url, **options)
-    if is_amqp_url(url):
-        with requires_extra("an amqp:// url (AMQ Broker / Apache ActiveMQ Artemis)", "artemis"):
-            from .artemis import ArtemisBackend
-
-        return ArtemisBackend.from_url(url, **options)
-    raise ConfigurationError(
-        f"unrecognised backend url {redact(url)[:80]!r}: expected local:///path/broker.db, a "
-        "Service Bus connection string (Endpoint=sb://...) or an Artemis url "
-        "(amqp://user:password@host:5672)",
-        field="url",
-    )
+    scheme, url = scheme_for(url)
+    return scheme.open(url, options)
 
 
 def connect_local(url: str | os.PathLike[str], **options: Any) -> LocalBackend:
     """Open the embedded broker, typed as :class:`LocalBackend`.
 
-    ``connect`` returns the ``Backend`` protocol, so the local broker's own methods
+    ``connect`` returns the ``Backend`` base class, so the local broker's own methods
     (``receive``, ``peek``, ``message_ids``) do not type-check on its result; this
     takes a ``local:`` url or a plain path and returns the concrete type.
     """

@@ -40,16 +40,17 @@ or ``EntityProfile(kind=...)`` / ``kinds=`` says which. docs/artemis.md has the 
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import math
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
 from proton import SSLDomain
 
@@ -65,14 +66,14 @@ from ..errors import (
     ValidationError,
     redact,
 )
+from . import _artemis_shared
 from ._artemis_cache import QueueSet, Reached, different_cache, queue_filter, queue_ids
 from ._artemis_convert import encode
 from ._artemis_errors import TLS_FAILED
-from ._artemis_loop import ArtemisLoop
 from ._artemis_management import ManagementCall, ManagementRefused
 from ._artemis_reach import Attempt, ResendReach
 from ._artemis_requests import Connect, Transfer
-from ._base import Ack
+from ._base import Ack, Backend, Capabilities
 from ._servicebus_lanes import check_max_in_flight
 
 __all__ = ["ArtemisBackend"]
@@ -87,6 +88,9 @@ DEFAULT_MAX_MESSAGE_SIZE = 100 * 1024 * 1024
 """Artemis sets no message size limit over AMQP (large messages go to files); the sender
 still plans transfers by a size, and this one bounds them."""
 _GROUP_MEMORY = 10_000
+_LOOP_GRACE = 10.0
+"""How long past a transfer's timeout ``send`` waits for the loop to give it up (it always
+does: this only bounds a loop that died)."""
 
 
 def _check_entity(entity: object) -> str:
@@ -106,7 +110,7 @@ def _positive(value: object, name: str) -> float:
     return float(value)
 
 
-class ArtemisBackend:
+class ArtemisBackend(Backend):
     """A backend that sends to Red Hat AMQ Broker / Apache ActiveMQ Artemis over AMQP 1.0.
 
     ``ArtemisBackend("broker.example", 5672, user="app", password="...")`` or
@@ -132,7 +136,6 @@ class ArtemisBackend:
     One AMQP connection, one event-loop thread. Safe for many threads at once.
     """
 
-    messaging_system = "activemq"
     supports_atomic = True
 
     def __init__(
@@ -185,7 +188,13 @@ class ArtemisBackend:
             raise ConfigurationError(
                 "require_duplicate_detection must be a bool", field="require_duplicate_detection"
             )
-        self._max_in_flight = check_max_in_flight(max_in_flight)
+        self.capabilities = Capabilities(
+            max_in_flight=check_max_in_flight(max_in_flight),
+            messaging_system="activemq",
+            atomic_groups=True,
+            reports_duplicates=True,
+            native_submit=True,
+        )
         self._connect_timeout = _positive(connect_timeout, "connect_timeout")
         self._management_timeout = _positive(management_timeout, "management_timeout")
         heartbeat = _positive(heartbeat, "heartbeat")
@@ -201,6 +210,7 @@ class ArtemisBackend:
             if ssl_domain is not None:
                 raise ConfigurationError("give ca_file or ssl_domain, not both", field="ca_file")
             self.tls = True
+        custom_tls = ssl_domain is not None
         if self.tls and ssl_domain is None:
             ssl_domain = SSLDomain(SSLDomain.MODE_CLIENT)
             if ca_file is not None and ssl_domain.set_trusted_ca_db(ca_file) != 0:
@@ -217,7 +227,8 @@ class ArtemisBackend:
         self._doubtful_groups: OrderedDict[tuple[str, ...], None] = OrderedDict()
         self._lock = threading.Lock()
         self._closed = False
-        self._loop = ArtemisLoop(
+        self._loop_key, self._loop = _artemis_shared.acquire(
+            ("domain", id(ssl_domain)) if custom_tls else ("tls", self.tls, ca_file),
             host=host,
             port=port,
             user=user,
@@ -241,11 +252,6 @@ class ArtemisBackend:
         scheme = "amqps" if self.tls else "amqp"
         who = f"{self.user}@" if self.user else ""
         return f"ArtemisBackend({scheme}://{who}{self.host}:{self.port})"
-
-    @property
-    def max_in_flight(self) -> int:
-        """How many transfers this backend carries at once (deliveries on one connection)."""
-        return self._max_in_flight
 
     @property
     def broker_version(self) -> str | None:
@@ -388,13 +394,29 @@ class ArtemisBackend:
 
     # -- sending --------------------------------------------------------------------------
 
+    def submit(
+        self, entity: str, messages: Sequence[Message], *, timeout: float, atomic: bool = False
+    ) -> concurrent.futures.Future[list[Ack]]:
+        """Hand one transfer to the event loop; a future its settlement completes.
+
+        No thread waits on it: the loop writes the deliveries on the address's link beside
+        the others in flight and completes the future from the broker's dispositions, or
+        with ``TransientSendError`` (in doubt) / ``NotSentError`` when ``timeout`` passes.
+        ``cancel()`` succeeds until the first delivery is written. A transfer that must
+        first ask the broker (an address not described yet, a resend's check of where it
+        would go) is prepared on the backend's pool instead of the caller's thread."""
+        return self._begin(entity, messages, timeout=timeout, atomic=atomic, at=None)[0]
+
     def send(
         self, entity: str, messages: Sequence[Message], *, timeout: float, atomic: bool = False
     ) -> list[Ack]:
         """Send ``messages`` to an address as one transfer (one delivery each, pipelined;
         with ``atomic`` one AMQP transaction). Every ack is ``accepted``: outside a
         transaction Artemis accepts a duplicate and drops it, like a first send."""
-        return self._transfer(entity, messages, timeout=timeout, atomic=atomic, at=None)
+        future, transfer = self._begin(
+            entity, messages, timeout=timeout, atomic=atomic, at=None, may_block=True
+        )
+        return self._wait(future, transfer, timeout)
 
     def schedule(
         self, entity: str, messages: Sequence[Message], at: datetime, *, timeout: float
@@ -403,9 +425,31 @@ class ArtemisBackend:
         returns no sequence number, so none can be cancelled through sendonce."""
         if not isinstance(at, datetime) or at.tzinfo is None:
             raise ValidationError("at must be a timezone-aware datetime", field="at")
-        return self._transfer(entity, messages, timeout=timeout, atomic=False, at=at)
+        future, transfer = self._begin(
+            entity, messages, timeout=timeout, atomic=False, at=at, may_block=True
+        )
+        return self._wait(future, transfer, timeout)
 
-    def _transfer(
+    def _wait(
+        self,
+        future: concurrent.futures.Future[list[Ack]],
+        transfer: Transfer | None,
+        timeout: float,
+    ) -> list[Ack]:
+        """The future's acks. The loop completes it by ``timeout``; should the loop itself
+        be gone, the transfer is given up here the same way."""
+        try:
+            return future.result(_positive(timeout, "timeout") + _LOOP_GRACE)
+        except TimeoutError:
+            if transfer is None or future.done():
+                raise
+        if self._loop.abandon(transfer):
+            callback, transfer.on_done = transfer.on_done, None
+            if callback is not None:
+                callback()
+        return future.result(_LOOP_GRACE)
+
+    def _begin(
         self,
         entity: str,
         messages: Sequence[Message],
@@ -413,15 +457,32 @@ class ArtemisBackend:
         timeout: float,
         atomic: bool,
         at: datetime | None,
-    ) -> list[Ack]:
+        may_block: bool = False,
+    ) -> tuple[concurrent.futures.Future[list[Ack]], Transfer | None]:
+        """Prepare one transfer and hand it to the loop: its future, and the transfer
+        (None when no transfer went to the loop)."""
         entity = _check_entity(entity)
         timeout = _positive(timeout, "timeout")
         messages = list(messages)
         if not messages:
-            return []
-        profile = self._profile(entity)
-        payloads = [encode(m, at=at) for m in messages]
+            return _done([]), None
         ids = [m.message_id for m in messages]
+        with self._lock:
+            profile = self._profiles.get(entity)
+        if not may_block and (
+            profile is None
+            or (profile.id_cache_size is not None and self._reach.earlier(entity, ids))
+        ):
+            try:
+                pending = self._submit_pool().submit(
+                    self._prepared_and_sent, entity, messages, timeout, atomic, at
+                )
+            except RuntimeError:  # the pool stopped with the backend
+                raise ConfigurationError("the backend is closed", field="backend") from None
+            return pending, None
+        if profile is None:
+            profile = self.describe(entity)
+        payloads = [encode(m, at=at) for m in messages]
         if atomic and len(set(ids)) < len(ids):
             # Artemis commits a transaction that carries one id twice and stores both copies
             # (checked on 2.40: test_local_alignment.py); the local broker's Artemis mode
@@ -433,7 +494,7 @@ class ArtemisBackend:
                 acks.append(Ack("duplicate" if message_id in seen else "ignored"))
                 seen.add(message_id)
             logger.info("a group to %s repeats an id: ignored whole, nothing sent", entity)
-            return acks
+            return _done(acks), None
         capability = "topic" if profile.kind == "topic" else "queue"
         transfer = Transfer(
             entity,
@@ -463,16 +524,55 @@ class ArtemisBackend:
                     partition_key=messages[0].partition_key,
                 )
         transfer.expect = expect
-        try:
-            return self._carry(transfer, messages, ids, timeout=timeout, atomic=atomic)
-        finally:
+        transfer.deadline = time.monotonic() + timeout
+        future: concurrent.futures.Future[list[Ack]] = concurrent.futures.Future()
+        transfer.future = future
+
+        def settle() -> None:
             if transfer.sent_on is not None and attempt.reached is None:
                 attempt.reached = Reached(
                     transfer.sent_on, self._queue_set(entity).generation, profile.persist_id_cache
                 )
+            try:
+                acks: list[Ack] | None = self._outcome(
+                    transfer, messages, ids, timeout=timeout, atomic=atomic
+                )
+                error: Exception | None = None
+            except Exception as exc:
+                acks, error = None, exc
+            # The reach hears of the attempt before the caller does: a retry admitted after
+            # the future completes sees this attempt's written ids (h-artemis's rule).
             self._reach.settle(attempt, _written(transfer))
+            if error is not None:
+                _complete(future, error=error)
+            else:
+                _complete(future, acks)
 
-    def _carry(
+        transfer.on_done = settle
+
+        def cancelled(done: concurrent.futures.Future[list[Ack]]) -> None:
+            if done.cancelled():  # before its first delivery: nothing written, nothing counted
+                self._reach.settle(attempt, _written(transfer))
+
+        future.add_done_callback(cancelled)
+        self._submit(transfer)
+        return future, transfer
+
+    def _prepared_and_sent(
+        self,
+        entity: str,
+        messages: list[Message],
+        timeout: float,
+        atomic: bool,
+        at: datetime | None,
+    ) -> list[Ack]:
+        """A submitted transfer that had to ask the broker first, on the backend's pool."""
+        future, transfer = self._begin(
+            entity, messages, timeout=timeout, atomic=atomic, at=at, may_block=True
+        )
+        return self._wait(future, transfer, timeout)
+
+    def _outcome(
         self,
         transfer: Transfer,
         messages: list[Message],
@@ -481,9 +581,10 @@ class ArtemisBackend:
         timeout: float,
         atomic: bool,
     ) -> list[Ack]:
+        """The acks of a transfer the loop finished, or its error; a transfer not finished
+        was given up at its deadline (in doubt if anything of it was written)."""
         entity = transfer.entity
-        self._submit(transfer)
-        if not transfer.wait(timeout) and self._loop.abandon(transfer):
+        if not transfer.finished:
             with transfer.lock:
                 sent = transfer.sent if not atomic else int(transfer.commit_sent)
             if atomic and transfer.commit_sent:
@@ -619,19 +720,8 @@ class ArtemisBackend:
             if self._closed:
                 return
             self._closed = True
-        self._loop.close(5.0)
-
-    def __enter__(self) -> ArtemisBackend:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> Literal[False]:
-        self.close()
-        return False
+        self._stop_submissions()
+        _artemis_shared.release(self._loop_key, self._loop, 5.0)
 
     def __getstate__(self) -> Any:
         raise TypeError(
@@ -642,8 +732,31 @@ class ArtemisBackend:
     def __del__(self) -> None:
         loop = getattr(self, "_loop", None)
         if loop is not None and not getattr(self, "_closed", True):
+            self._closed = True
             with contextlib.suppress(Exception):  # interpreter shutdown
-                loop.close(0.0)
+                _artemis_shared.release(self._loop_key, loop, 0.0)
+
+
+def _done(acks: list[Ack]) -> concurrent.futures.Future[list[Ack]]:
+    future: concurrent.futures.Future[list[Ack]] = concurrent.futures.Future()
+    future.set_result(acks)
+    return future
+
+
+def _complete(
+    future: concurrent.futures.Future[list[Ack]],
+    acks: list[Ack] | None = None,
+    *,
+    error: BaseException | None = None,
+) -> None:
+    """Complete ``future`` unless its caller cancelled it (before anything was sent)."""
+    if future.cancelled():
+        return
+    with contextlib.suppress(concurrent.futures.InvalidStateError):  # cancelled meanwhile
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(acks if acks is not None else [])
 
 
 def _written(transfer: Transfer) -> int:

@@ -21,8 +21,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
 from azure.core.exceptions import (
     AzureError,
@@ -47,7 +46,7 @@ from ..errors import (
     ValidationError,
     redact,
 )
-from ._base import Ack
+from ._base import Ack, Backend, Capabilities
 from ._servicebus_convert import to_servicebus_message
 from ._servicebus_errors import is_connection_level, is_sdk_error, map_error
 from ._servicebus_lanes import Lane, Lanes
@@ -71,7 +70,7 @@ def _check_entity(entity: object) -> str:
     return entity
 
 
-class AzureServiceBusBackend:
+class AzureServiceBusBackend(Backend):
     """A backend that sends to Azure Service Bus (or its emulator).
 
     Build it from a connection string (:meth:`from_connection_string`, or
@@ -84,9 +83,6 @@ class AzureServiceBusBackend:
     read (the emulator, a send-only key). ``kinds`` maps entity names to
     ``"queue"`` or ``"topic"`` when no profile says which.
     """
-
-    messaging_system = "servicebus"
-    """OpenTelemetry's ``messaging.system`` for what this backend sends to."""
 
     def __init__(
         self,
@@ -133,7 +129,9 @@ class AzureServiceBusBackend:
         self._emulator = settings.emulator
         self._entity_path = settings.entity_path
         self._admin: Any = admin_client
-        self._max_in_flight = settings.max_in_flight
+        self.capabilities = Capabilities(
+            max_in_flight=settings.max_in_flight, messaging_system="servicebus"
+        )
         self._lanes: ByName[Lanes[ServiceBusSender]] = ByName()  # any spelling
         self._lock = threading.RLock()
         self._closed = False
@@ -154,11 +152,6 @@ class AzureServiceBusBackend:
     def namespace(self) -> str:
         """The fully qualified namespace (host, and port for the emulator)."""
         return self._namespace
-
-    @property
-    def max_in_flight(self) -> int:
-        """How many transfers per entity this backend carries at once (one per sender link)."""
-        return self._max_in_flight
 
     # -- entities ---------------------------------------------------------------------
 
@@ -294,7 +287,7 @@ class AzureServiceBusBackend:
                         f"not {entity!r}",
                         field="entity",
                     )
-                lanes = self._lanes[entity] = Lanes(self._max_in_flight)
+                lanes = self._lanes[entity] = Lanes(self.capabilities.max_in_flight)
             return lanes
 
     def _take_lane(
@@ -617,6 +610,7 @@ class AzureServiceBusBackend:
             self._closed = True
             every = list(self._lanes.items())
             self._lanes.clear()
+        self._stop_submissions()
         # Transfers in flight end within their timeouts; wait for them (bounded), then close.
         deadline = time.monotonic() + self._link_timeout
         closing = [
@@ -633,18 +627,6 @@ class AzureServiceBusBackend:
                     closable.close()
                 except Exception as exc:
                     logger.debug("closing the %s failed: %s", name, redact(repr(exc)))
-
-    def __enter__(self) -> AzureServiceBusBackend:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> Literal[False]:
-        self.close()
-        return False
 
     def __getstate__(self) -> Any:
         raise TypeError(

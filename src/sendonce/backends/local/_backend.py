@@ -19,14 +19,13 @@ import sqlite3
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from types import TracebackType
 from typing import Literal
 
 from ..._entity import EntityProfile
 from ..._message import Message, PropertyValue
 from ..._subscription import SubscriptionProfile
 from ...errors import ConfigurationError
-from .._base import Ack
+from .._base import Ack, Backend, Capabilities
 from . import _entities, _inspection, _receiving, _sending, _sessions
 from ._received import ReceivedMessage
 from ._receiving import ReceiveMode, SubQueue
@@ -62,7 +61,7 @@ def _flag(value: object, field: str) -> bool:
     raise ConfigurationError(f"{field} must be true or false, got {value!r}", field=field)
 
 
-class LocalBackend:
+class LocalBackend(Backend):
     """A durable broker in one SQLite file, safe for many processes at once.
 
     It implements the Service Bus duplicate-detection semantics (time window,
@@ -85,10 +84,12 @@ class LocalBackend:
     would write raises :class:`~sendonce.errors.ConfigurationError` naming the file.
     """
 
-    messaging_system = "sendonce_local"
-    reports_duplicates = True
-    """Its acks say which copies it dropped as duplicates (``Ack("duplicate")``)."""
-    """OpenTelemetry's ``messaging.system``: the embedded broker's own value."""
+    capabilities = Capabilities(
+        messaging_system="sendonce_local", atomic_groups=True, reports_duplicates=True
+    )
+    """One transfer at a time (SQLite writes one at a time); OpenTelemetry's
+    ``messaging.system`` is the embedded broker's own value; all-or-nothing groups on
+    entities with an id cache (Artemis semantics); duplicates reported."""
 
     def __init__(
         self,
@@ -159,17 +160,6 @@ class LocalBackend:
         ro = ", read_only=True" if self._read_only else ""
         return f"LocalBackend({self._path!r}, durability={self._durability!r}{ro})"
 
-    def __enter__(self) -> LocalBackend:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
     def close(self) -> None:
         """Release the file. Idempotent.
 
@@ -177,6 +167,7 @@ class LocalBackend:
         to close in the process closes it, and the last in any process records a
         clean close (the next start can skip the full check of a large file).
         """
+        self._stop_submissions()
         db = getattr(self, "_db", None)
         if db is not None:
             db.close()
