@@ -8,10 +8,12 @@ untraced path behind ``if telemetry is None``. Once a tracer or meter provider i
 (``opentelemetry.trace.set_tracer_provider`` / ``metrics.set_meter_provider``, or
 :func:`use` for sendonce alone), the instruments are built once and kept.
 
-What is emitted follows the OpenTelemetry messaging semantic conventions
-(``messaging.system``, ``messaging.operation.type = send``, ``messaging.destination.name``,
-``messaging.message.id``, ``messaging.batch.message_count``, ``error.type``); the rest is
-named ``sendonce.*``. ``docs/observability.md`` lists every span, event, metric and
+What is emitted follows the OpenTelemetry messaging semantic conventions of version
+1.27.0 (``messaging.system``, ``messaging.operation.type = send``,
+``messaging.destination.name``, ``messaging.message.id``, ``messaging.batch.message_count``,
+``server.address``, ``server.port``, ``error.type``); the rest is named ``sendonce.*``.
+A single ``send`` (or ``schedule``) is one PRODUCER span: the call and its transfer are one;
+``send_many`` is a CLIENT span with one PRODUCER child per transfer. ``docs/observability.md`` lists every span, event, metric and
 attribute. A transfer's trace context travels in each of its messages' application
 properties (``traceparent`` and ``Diagnostic-Id``, as the azure-servicebus client writes
 them), set once per transfer so every resend carries the same one.
@@ -30,9 +32,11 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from . import _message
+from ._message import with_properties
 from .errors import (
     InDoubtError,
     LedgerError,
@@ -84,6 +88,8 @@ OPERATION_NAME = "messaging.operation.name"
 BATCH_COUNT = "messaging.batch.message_count"
 MESSAGE_ID = "messaging.message.id"
 ERROR_TYPE = "error.type"
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
 OUTCOME = "sendonce.outcome"
 
 TRACEPARENT = "traceparent"
@@ -130,6 +136,10 @@ _lock = threading.Lock()
 _current_transfer: contextvars.ContextVar[TransferScope | None] = contextvars.ContextVar(
     "sendonce_transfer", default=None
 )
+_current_call: contextvars.ContextVar[CallScope | None] = contextvars.ContextVar(
+    "sendonce_single_call", default=None
+)
+"""The single-message call (``send``, ``schedule``) whose span its one transfer takes over."""
 
 
 def active() -> Telemetry | None:
@@ -239,6 +249,69 @@ def _target(sender: Any) -> tuple[str, str]:
     entity = getattr(profile, "name", None) or getattr(sender, "_entity_arg", None)
     entity = getattr(entity, "name", entity)
     return (system if isinstance(system, str) else "unknown"), str(entity)
+
+
+def server_of(backend: Any) -> tuple[str | None, int | None]:
+    """(``server.address``, ``server.port``) of a backend: its ``server_address`` and
+    ``server_port`` attributes, or those of the backend it wraps (``inner``); (None, None)
+    for a broker that is no server (the local broker's file)."""
+    for _ in range(4):  # a wrapper of a wrapper at most; never a loop
+        if backend is None:
+            break
+        address = getattr(backend, "server_address", None)
+        if isinstance(address, str) and address:
+            port = getattr(backend, "server_port", None)
+            return address, port if isinstance(port, int) and not isinstance(port, bool) else None
+        backend = getattr(backend, "inner", None)
+    return None, None
+
+
+def _attributes(sender: Any, operation: str) -> dict[str, Any]:
+    """What every span and metric point of ``sender``'s ``operation`` carries: worked out on
+    its first call and kept (a sender's backend and entity do not change). Shared: copy it
+    to add to it."""
+    kept: dict[str, dict[str, Any]] | None = getattr(sender, "_otel_attributes", None)
+    if kept is not None:
+        found = kept.get(operation)
+        if found is not None:
+            return found
+    system, entity = _target(sender)
+    attributes: dict[str, Any] = {
+        SYSTEM: system,
+        DESTINATION: entity,
+        OPERATION_TYPE: "send",
+        OPERATION_NAME: operation,
+    }
+    address, port = server_of(getattr(sender, "_backend", None))
+    if address is not None:
+        attributes[SERVER_ADDRESS] = address
+        if port is not None:
+            attributes[SERVER_PORT] = port
+    if getattr(sender, "profile", None) is not None:  # an aio sender knows it once open
+        if kept is None:
+            kept = {}
+            try:
+                sender._otel_attributes = kept
+            except AttributeError:  # pragma: no cover - a sender without a __dict__
+                return attributes
+        kept[operation] = attributes
+    return attributes
+
+
+def _traceparent(span: Span) -> dict[str, str] | None:
+    """The W3C ``traceparent`` (and ``tracestate``) of ``span`` as message properties, as
+    ``TraceContextTextMapPropagator`` writes them, without its per-call set-up."""
+    context = span.get_span_context()
+    if not context.is_valid:
+        return None
+    parent = f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+    headers = {TRACEPARENT: parent, DIAGNOSTIC_ID: parent}
+    trace_state = context.trace_state
+    if trace_state:
+        state = trace_state.to_header()
+        if state and len(state) <= _MAX_TRACESTATE:
+            headers[TRACESTATE] = state
+    return headers
 
 
 # -- the instruments ----------------------------------------------------------------------
@@ -403,33 +476,50 @@ class Telemetry:
 
 
 class CallScope:
-    """One sender call (``send``, ``send_many``, ``schedule``, a transaction's commit)."""
+    """One sender call (``send``, ``send_many``, ``schedule``, a transaction's commit).
 
-    __slots__ = ("attributes", "counted", "single", "span", "telemetry", "token")
+    A single-message call (``send``, ``schedule``) is one PRODUCER span that its transfer
+    takes over (:class:`TransferScope` finds it in ``_current_call``): the call *is* the
+    transfer. A call of several messages is a CLIENT span, each transfer a child of it.
+    """
+
+    __slots__ = ("attributes", "call_token", "claimed", "counted", "sender", "single", "span")
+    __slots__ += ("telemetry", "token")
 
     def __init__(self, telemetry: Telemetry, operation: str, sender: Any, args: Any) -> None:
-        system, entity = _target(sender)
         self.telemetry = telemetry
-        self.attributes: dict[str, Any] = {
-            SYSTEM: system,
-            DESTINATION: entity,
-            OPERATION_TYPE: "send",
-            OPERATION_NAME: operation,
-        }
-        self.single = operation in ("send", "schedule")
-        attributes = dict(self.attributes)
-        message_id = getattr(args[0], "message_id", None) if args else None
-        if self.single and isinstance(message_id, str):
-            attributes[MESSAGE_ID] = message_id
-        self.span = telemetry._span(f"{operation} {entity}", "CLIENT", attributes)
+        self.sender = sender
+        attributes = self.attributes = _attributes(sender, operation)
+        self.single = single = operation in _SINGLE
+        if single and args:
+            message_id = getattr(args[0], "message_id", None)
+            if isinstance(message_id, str):
+                attributes = {**attributes, MESSAGE_ID: message_id}
+        self.span = telemetry._span(
+            f"{operation} {attributes[DESTINATION]}",
+            "PRODUCER" if single else "CLIENT",
+            attributes,
+        )
         self.token: Any = None
+        self.call_token: Any = None
         self.counted = False
+        self.claimed = False
 
     def __enter__(self) -> CallScope:
-        if self.span is not None:
+        span = self.span
+        if span is not None:
             telemetry = self.telemetry
-            self.token = telemetry._context.attach(telemetry._trace.set_span_in_context(self.span))
+            self.token = telemetry._context.attach(telemetry._trace.set_span_in_context(span))
+            if self.single:
+                self.call_token = _current_call.set(self)
         return self
+
+    def claim(self, sender: Any) -> Span | None:
+        """This single call's span, for its one transfer (None once taken or if untraced)."""
+        if self.claimed or self.sender is not sender:
+            return None
+        self.claimed = True
+        return self.span
 
     def done(self, result: Any) -> None:
         """Record what the call returned: a ``SendResult`` or a ``SendReport``."""
@@ -479,6 +569,8 @@ class CallScope:
         span = self.span
         if span is None:
             return
+        if self.call_token is not None:
+            _current_call.reset(self.call_token)
         if exc is not None:
             kind = outcome_of(exc) if isinstance(exc, SendError | ValidationError) else None
             if kind is not None:
@@ -494,13 +586,19 @@ def _fail_span(telemetry: Telemetry, span: Span, exc: BaseException) -> None:
 
 
 class TransferScope:
-    """One transfer with its retries: a PRODUCER span whose context each message carries."""
+    """One transfer with its retries: a PRODUCER span whose context each message carries.
+
+    The transfer of a single-message call takes over the call's span instead of starting
+    one of its own (one span per single send); a transfer of ``send_many`` or a transaction
+    is a child span of its call.
+    """
 
     __slots__ = (
         "attributes",
         "batch",
         "began",
         "headers",
+        "owned",
         "profile",
         "span",
         "telemetry",
@@ -511,49 +609,39 @@ class TransferScope:
     def __init__(
         self, telemetry: Telemetry, sender: Any, batch: Sequence[Message], operation: str
     ) -> None:
-        system, entity = _target(sender)
         self.telemetry = telemetry
         self.batch = batch
         self.profile: EntityProfile | None = getattr(sender, "profile", None)
-        self.attributes: dict[str, Any] = {
-            SYSTEM: system,
-            DESTINATION: entity,
-            OPERATION_TYPE: "send",
-            OPERATION_NAME: operation,
-        }
+        self.attributes = _attributes(sender, operation)
         self.headers: dict[str, str] | None = None
         self.span: Span | None = None
+        self.owned = True
         self.token: Any = None
         self.transfer_token: Any = None
         self.began = 0.0
+        call = _current_call.get()
+        if call is not None:
+            span = call.claim(sender)
+            if span is not None:
+                self.span = span
+                self.owned = False
 
     def __enter__(self) -> TransferScope:
         telemetry = self.telemetry
-        batch = self.batch
-        attributes = dict(self.attributes)
-        if len(batch) == 1:
-            attributes[MESSAGE_ID] = batch[0].message_id
-        else:
-            attributes[BATCH_COUNT] = len(batch)
-        entity = self.attributes[DESTINATION]
-        span = telemetry._span(
-            f"{self.attributes[OPERATION_NAME]} {entity}", "PRODUCER", attributes
-        )
-        self.span = span
+        span = self.span
+        if self.owned:
+            batch = self.batch
+            attributes = dict(self.attributes)
+            if len(batch) == 1:
+                attributes[MESSAGE_ID] = batch[0].message_id
+            else:
+                attributes[BATCH_COUNT] = len(batch)
+            name = f"{attributes[OPERATION_NAME]} {attributes[DESTINATION]}"
+            span = self.span = telemetry._span(name, "PRODUCER", attributes)
+            if span is not None:
+                self.token = telemetry._context.attach(telemetry._trace.set_span_in_context(span))
         if span is not None:
-            trace = telemetry._trace
-            context = trace.set_span_in_context(span)
-            self.token = telemetry._context.attach(context)
-            if span.get_span_context().is_valid:
-                carrier: dict[str, str] = {}
-                telemetry._propagator.inject(carrier, context=context)
-                parent = carrier.get(TRACEPARENT)
-                if parent:
-                    headers = {TRACEPARENT: parent, DIAGNOSTIC_ID: parent}
-                    state = carrier.get(TRACESTATE)
-                    if state and len(state) <= _MAX_TRACESTATE:
-                        headers[TRACESTATE] = state
-                    self.headers = headers
+            self.headers = _traceparent(span)
         self.transfer_token = _current_transfer.set(self)
         telemetry.in_flight(self.key(), 1)
         self.began = time.perf_counter()
@@ -574,7 +662,6 @@ class TransferScope:
         headers = self.headers
         if headers is None:
             return batch
-        from ._message import with_properties
         from ._message_columns import MessageColumns
 
         if isinstance(batch, MessageColumns):
@@ -585,19 +672,24 @@ class TransferScope:
         profile = self.profile
         limit = profile._check_above if profile is not None else None
         grow = sum(len(k) + len(v) for k, v in headers.items())
+        shared = MappingProxyType(headers)  # one mapping for the transfer: encoded once
         wire: list[Message] = []
+        append = wire.append
         for message in batch:
             props = message.application_properties
-            if props and any(name in props for name in PROPAGATION_PROPERTIES):
-                wire.append(message)
+            if props is None:
+                traced = _with_shared(message, shared, grow)
+            elif any(name in props for name in PROPAGATION_PROPERTIES):
+                append(message)
                 continue
-            traced = with_properties(message, headers)
+            else:
+                traced = with_properties(message, headers)
             if limit is not None and profile is not None and message._size + grow > limit:
                 try:
                     profile.check(traced)
                 except ValidationError:
                     traced = message  # the context would make it too large: send it without
-            wire.append(traced)
+            append(traced)
         return wire
 
     def acked(self, attempted: A) -> A:
@@ -648,8 +740,26 @@ class TransferScope:
             if isinstance(attempts, int):
                 span.set_attribute("sendonce.attempts", attempts)
             _fail_span(telemetry, span, exc)
-        telemetry._context.detach(self.token)
-        span.end()
+        if self.owned:  # else the call's span: its scope ends it
+            telemetry._context.detach(self.token)
+            span.end()
+
+
+_COPY = tuple(getattr(_message.Message, name).__get__ for name in _message._FIELDS)
+_PASTE = tuple(getattr(_message.Message, name).__set__ for name in _message._FIELDS)
+_FIELD_PAIRS = tuple(zip(_COPY, _PASTE, strict=True))
+
+
+def _with_shared(message: Message, shared: Mapping[str, str], grow: int) -> Message:
+    """A copy of ``message`` (which has no application properties) carrying ``shared``, the
+    transfer's one trace-properties mapping: the local broker encodes it once per transfer
+    (it keys its encodings on the mapping), and no dict is built per message."""
+    copy: Message = _message._new(_message.Message)
+    for get, put in _FIELD_PAIRS:
+        put(copy, get(message))
+    _message._SET_PROPS(copy, shared)
+    _message._SET_SIZE(copy, message._size + grow)
+    return copy
 
 
 def _why(error: InDoubtError) -> str:
@@ -849,6 +959,9 @@ def relay_backlog(lag_seconds: float, rows_pending: int, *, outbox: str | None =
 
 
 # -- senders ------------------------------------------------------------------------------
+
+_SINGLE = frozenset({"send", "schedule"})
+"""The operations of one message: one span, the call's and its transfer's."""
 
 _TRACED_METHODS = (
     ("send", "send"),
