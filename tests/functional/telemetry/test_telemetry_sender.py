@@ -359,3 +359,60 @@ def test_traced_transfers_are_planned_with_room_for_the_trace_context(
     for wire in seen:  # each transfer as it went, trace properties included, fits
         assert all("traceparent" in (m.application_properties or {}) for m in wire)
         assert sum(m.size + 64 for m in wire) <= small.max_message_size
+
+
+class Served(Recording):
+    """A backend of one's own that names the server it sends to (the documented seam)."""
+
+    server_address = "broker.example.com"
+    server_port = 5671
+
+
+def test_the_backends_server_is_on_every_span_and_on_the_metric_points(
+    otel: Any, broker: LocalBackend
+) -> None:
+    wrapped = FaultyBackend(Served(broker), [])  # read through the wrapper's inner backend
+    with IdempotentSender(wrapped, "orders") as sender:
+        sender.send(msg(1))
+        sender.send_many([msg(2), msg(3, partition_key="other")])
+    assert len(otel.spans) == 4  # the send; the send_many call and its two transfers
+    for span in otel.spans:
+        assert span.attributes["server.address"] == "broker.example.com"
+        assert span.attributes["server.port"] == 5671
+    for metric in ("messaging.client.operation.duration", "sendonce.messages"):
+        points = otel.points(metric)
+        assert points
+        assert {(a["server.address"], a["server.port"]) for a, _ in points} == {
+            ("broker.example.com", 5671)
+        }
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "options", "server"),
+    [
+        ("sb://shop.servicebus.windows.net/", {}, ("shop.servicebus.windows.net", 5671)),
+        (
+            "sb://shop.servicebus.windows.net/",
+            {"transport_type": "websocket"},
+            ("shop.servicebus.windows.net", 443),
+        ),
+        ("sb://localhost;UseDevelopmentEmulator=true", {}, ("localhost", 5672)),
+        ("sb://127.0.0.1:5999;UseDevelopmentEmulator=true", {}, ("127.0.0.1", 5999)),
+    ],
+)
+def test_a_service_bus_backend_names_the_host_and_port_its_client_connects_to(
+    endpoint: str, options: dict[str, Any], server: tuple[str, int]
+) -> None:
+    from azure.servicebus import TransportType
+
+    from sendonce.aio import AzureServiceBusBackend as AsyncBackend
+    from sendonce.backends import AzureServiceBusBackend
+
+    if options.get("transport_type") == "websocket":
+        options = {"transport_type": TransportType.AmqpOverWebsocket}
+    host, _, rest = endpoint.partition(";")
+    conn = f"Endpoint={host};SharedAccessKeyName=k;SharedAccessKey=secret"
+    conn += f";{rest}" if rest else ""
+    for kind in (AzureServiceBusBackend, AsyncBackend):
+        backend = kind.from_connection_string(conn, **options)  # no connection made yet
+        assert (backend.server_address, backend.server_port) == server
