@@ -126,6 +126,10 @@ def _version() -> str:
 
 _SCHEMA_URL = "https://opentelemetry.io/schemas/1.27.0"
 
+_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10)
+"""The semantic conventions' advised boundaries (seconds) for messaging durations: the SDK's
+default ones (0, 5, 10, 25... meant for milliseconds) would put every transfer in one bucket."""
+
 T = TypeVar("T")
 A = TypeVar("A")
 
@@ -357,6 +361,7 @@ class Telemetry:
             "messaging.client.operation.duration",
             unit="s",
             description="Duration of one transfer to the broker, its retries included",
+            explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
         )
         self.retries = meter.create_counter(
             "sendonce.retries",
@@ -377,11 +382,13 @@ class Telemetry:
             "sendonce.lane.wait.duration",
             unit="s",
             description="Time a transfer waited for its key's turn or for a free link",
+            explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
         )
         self.ledger_duration = meter.create_histogram(
             "sendonce.ledger.operation.duration",
             unit="s",
             description="Duration of one ledger write (intent, confirm or release)",
+            explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
         )
         self.relay_lag = meter.create_gauge(
             "sendonce.outbox.lag",
