@@ -106,6 +106,9 @@ _RESERVED_BYTES = 160
 a short ``tracestate``. The sender plans transfers with it while tracing is on."""
 _MAX_TRACESTATE = _RESERVED_BYTES - 2 * 55 - len(TRACEPARENT) - len(DIAGNOSTIC_ID) - len(TRACESTATE)
 
+_PAIR_SIZE = len(TRACEPARENT) + len(DIAGNOSTIC_ID) + 2 * 55
+"""``traceparent`` and ``Diagnostic-Id`` with their 55-character values."""
+
 RESERVE = 0
 """Bytes the sender's planning keeps free per message for the trace properties: 0 unless
 tracing is on."""
@@ -301,6 +304,13 @@ def _attributes(sender: Any, operation: str) -> dict[str, Any]:
                 return attributes
         kept[operation] = attributes
     return attributes
+
+
+def _size_of(headers: Mapping[str, str]) -> int:
+    """What ``headers`` add to a message's size, as ``Message.size`` counts."""
+    if len(headers) == 2:  # traceparent and Diagnostic-Id: always this long
+        return _PAIR_SIZE
+    return sum(len(k) + len(v) for k, v in headers.items())
 
 
 def _traceparent(span: Span) -> dict[str, str] | None:
@@ -679,16 +689,18 @@ class TransferScope:
         headers = self.headers
         if headers is None:
             return batch
-        from ._message_columns import MessageColumns
+        kind = type(batch)
+        if kind is not tuple and kind is not list:
+            from ._message_columns import MessageColumns
 
-        if isinstance(batch, MessageColumns):
-            constant = batch.factory._constant or {}
-            if any(name in constant for name in PROPAGATION_PROPERTIES):
-                return batch
-            return batch.with_properties(headers)
+            if isinstance(batch, MessageColumns):
+                constant = batch.factory._constant or {}
+                if any(name in constant for name in PROPAGATION_PROPERTIES):
+                    return batch
+                return batch.with_properties(headers)
         profile = self.profile
         limit = profile._check_above if profile is not None else None
-        grow = sum(len(k) + len(v) for k, v in headers.items())
+        grow = _size_of(headers)
         shared = MappingProxyType(headers)  # one mapping for the transfer: encoded once
         wire: list[Message] = []
         append = wire.append
