@@ -28,6 +28,7 @@ import importlib
 import importlib.metadata
 import inspect
 import logging
+import operator
 import os
 import sys
 import threading
@@ -317,9 +318,10 @@ def _traceparent(span: Span) -> dict[str, str] | None:
     """The W3C ``traceparent`` (and ``tracestate``) of ``span`` as message properties, as
     ``TraceContextTextMapPropagator`` writes them, without its per-call set-up."""
     context = span.get_span_context()
-    if not context.is_valid:
+    trace_id, span_id = context.trace_id, context.span_id
+    if not trace_id or not span_id:  # an invalid context (a non-recording span's)
         return None
-    parent = f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+    parent = f"00-{trace_id:032x}-{span_id:016x}-{context.trace_flags:02x}"
     headers = {TRACEPARENT: parent, DIAGNOSTIC_ID: parent}
     trace_state = context.trace_state
     if trace_state:
@@ -554,7 +556,7 @@ class CallScope:
         span = self.span
         outcome = getattr(result, "outcome", None)
         if isinstance(outcome, str):  # a SendResult
-            self.telemetry.count(self.attributes, {outcome: 1})
+            self.telemetry.messages.add(1, {**self.attributes, OUTCOME: outcome})
             if span is not None:
                 span.set_attribute(OUTCOME, outcome)
             return
@@ -624,6 +626,7 @@ class TransferScope:
         "attributes",
         "batch",
         "began",
+        "flight",
         "headers",
         "owned",
         "profile",
@@ -643,6 +646,7 @@ class TransferScope:
         self.headers: dict[str, str] | None = None
         self.span: Span | None = None
         self.owned = True
+        self.flight: tuple[str, str, str] = ("", "", "")
         self.token: Any = None
         self.transfer_token: Any = None
         self.began = 0.0
@@ -670,7 +674,8 @@ class TransferScope:
         if span is not None:
             self.headers = _traceparent(span)
         self.transfer_token = _current_transfer.set(self)
-        telemetry.in_flight(self.key(), 1)
+        self.flight = key = self.key()
+        telemetry.in_flight(key, 1)
         self.began = time.perf_counter()
         return self
 
@@ -731,7 +736,11 @@ class TransferScope:
                 # A duplicate ack now is the earlier, in-doubt attempt's copy: ours, sent.
                 span.set_attribute("sendonce.in_doubt_before", True)
             else:
-                duplicates = sum(1 for ack in attempted_.value if ack.outcome == "duplicate")
+                acks = attempted_.value
+                if len(acks) == 1:
+                    duplicates = 1 if acks[0].outcome == "duplicate" else 0
+                else:
+                    duplicates = sum(1 for ack in acks if ack.outcome == "duplicate")
                 if duplicates:
                     span.set_attribute("sendonce.duplicates", duplicates)
         return attempted
@@ -754,7 +763,7 @@ class TransferScope:
         telemetry = self.telemetry
         elapsed = time.perf_counter() - self.began
         _current_transfer.reset(self.transfer_token)
-        telemetry.in_flight(self.key(), -1)
+        telemetry.in_flight(self.flight, -1)
         if exc is None:
             telemetry.duration.record(elapsed, self.attributes)
         else:
@@ -774,9 +783,8 @@ class TransferScope:
             span.end()
 
 
-_COPY = tuple(getattr(_message.Message, name).__get__ for name in _message._FIELDS)
+_COPY = operator.attrgetter(*_message._FIELDS)
 _PASTE = tuple(getattr(_message.Message, name).__set__ for name in _message._FIELDS)
-_FIELD_PAIRS = tuple(zip(_COPY, _PASTE, strict=True))
 
 
 def _with_shared(message: Message, shared: Mapping[str, str], grow: int) -> Message:
@@ -784,8 +792,8 @@ def _with_shared(message: Message, shared: Mapping[str, str], grow: int) -> Mess
     transfer's one trace-properties mapping: the local broker encodes it once per transfer
     (it keys its encodings on the mapping), and no dict is built per message."""
     copy: Message = _message._new(_message.Message)
-    for get, put in _FIELD_PAIRS:
-        put(copy, get(message))
+    for put, value in zip(_PASTE, _COPY(message)):  # noqa: B905 - both from _FIELDS
+        put(copy, value)
     _message._SET_PROPS(copy, shared)
     _message._SET_SIZE(copy, message._size + grow)
     return copy
