@@ -53,7 +53,9 @@ class Backend(Protocol):
 
     A backend may also have a str attribute ``messaging_system``: OpenTelemetry's name for
     the broker it sends to (``"servicebus"``, ``"activemq"``...), put on the sender's spans
-    and metrics (``"unknown"`` without it).
+    and metrics (``"unknown"`` without it); and ``server_address`` (str) and ``server_port``
+    (int), the host and port it connects to, put there as ``server.address`` and
+    ``server.port`` (a wrapper's are read through its ``inner`` backend).
     """
 
     def describe(self, entity: str) -> EntityProfile:

@@ -97,10 +97,11 @@ class _Sendonce(click.Group):
     type=click.Choice(["otlp", "console"], case_sensitive=False),
     default=None,
     metavar="otlp|console",
-    help="Export traces and metrics of what the command does (OpenTelemetry): over OTLP "
-    "(to OTEL_EXPORTER_OTLP_ENDPOINT, by default http://localhost:4318) or to the console "
-    "(stderr). Without it, OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER turn it on. Needs "
-    "the OpenTelemetry SDK and the OTLP exporter (see docs/observability.md).",
+    help="Export traces and metrics of what the command does (OpenTelemetry), one trace per "
+    "command: over OTLP (to OTEL_EXPORTER_OTLP_ENDPOINT, by default http://localhost:4318) or "
+    "to the console (stderr). Without it, OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER turn "
+    "it on, each for its signal (one left unset follows the other). Needs the OpenTelemetry "
+    "SDK, and for OTLP its exporter (see docs/observability.md).",
 )
 def main(log_level: str, otel: str | None) -> None:
     """Idempotent message publishing: every business message exactly once."""
