@@ -18,6 +18,13 @@ A single ``send`` (or ``schedule``) is one PRODUCER span: the call and its trans
 trace context travels in each of its messages' application properties (``traceparent``
 and ``Diagnostic-Id``, as the azure-servicebus client writes them), set once per transfer
 so every resend carries the same one.
+
+Why one long module: it is still the hall every feature's instruments live in (the
+sender's call and transfer scopes, the ledger's writes, the Spark task, the outbox relay),
+besides the switch and the providers they share. The split is planned (issue 35): a
+``sendonce.telemetry`` package whose core knows spans, metrics and propagation and no
+feature, each feature declaring its instruments at its own edge, as the command line's root
+span already does (``sendonce.cli._otel``); this module then re-exports what callers import.
 """
 
 from __future__ import annotations
@@ -993,49 +1000,6 @@ def relay_backlog(lag_seconds: float, rows_pending: int, *, outbox: str | None =
     attributes = {} if outbox is None else {"sendonce.outbox.name": outbox}
     telemetry.relay_lag.set(lag_seconds, attributes)
     telemetry.relay_pending.set(rows_pending, attributes)
-
-
-class CommandSpan:
-    """The root span of a ``sendonce`` command (INTERNAL, ``sendonce {command}``): current
-    while the command runs, so each of its calls (every chunk ``publish`` sends) is in one
-    trace. It carries the CLI conventions' ``process.*`` attributes, never the arguments
-    (a connection string may be one)."""
-
-    __slots__ = ("span", "telemetry", "token")
-
-    def __init__(self, telemetry: Telemetry, command: str) -> None:
-        self.telemetry = telemetry
-        name = f"sendonce {command}".rstrip()
-        attributes: dict[str, Any] = {
-            "process.executable.name": "sendonce",
-            "process.pid": os.getpid(),
-        }
-        if command:
-            attributes["sendonce.command"] = command
-        span: Any = telemetry._span(name, "INTERNAL", attributes)
-        self.span = span
-        self.token = telemetry._context.attach(telemetry._trace.set_span_in_context(span))
-
-    def end(self, exit_code: int) -> None:
-        """The command ended with ``exit_code``: an ERROR status when it is not 0."""
-        span = self.span
-        span.set_attribute("process.exit.code", exit_code)
-        if exit_code:
-            span.set_attribute(ERROR_TYPE, str(exit_code))
-            trace = self.telemetry._trace
-            span.set_status(trace.Status(trace.StatusCode.ERROR, f"exit status {exit_code}"))
-        try:
-            self.telemetry._context.detach(self.token)
-        finally:
-            span.end()
-
-
-def command_span(command: str) -> CommandSpan | None:
-    """Open the root span of a CLI command (None while not traced)."""
-    telemetry = active()
-    if telemetry is None or telemetry.tracer is None:
-        return None
-    return CommandSpan(telemetry, command)
 
 
 # -- senders ------------------------------------------------------------------------------

@@ -125,8 +125,8 @@ _ROOT_SPAN = "sendonce.root_span"
 def _export_telemetry(exporter: str | None) -> None:
     """Set up the OpenTelemetry SDK for this process, flushed when the command ends, and
     open the command's root span: every span of the command is in its trace."""
-    from .. import _telemetry
     from ..telemetry import configure
+    from ._otel import command_span
 
     if exporter is not None:
         source = "--otel"
@@ -142,7 +142,7 @@ def _export_telemetry(exporter: str | None) -> None:
         raise InputError(f"{source}: {cli_text(exc)}") from None
     ctx = click.get_current_context()
     ctx.call_on_close(exporting.shutdown)  # runs after the root span has ended
-    ctx.meta[_ROOT_SPAN] = _telemetry.command_span(ctx.meta.get(_COMMAND) or "")
+    ctx.meta[_ROOT_SPAN] = command_span(ctx.meta.get(_COMMAND) or "")
 
 
 def _missing(name: str, extra: str, exc: ModuleNotFoundError) -> click.Command:
