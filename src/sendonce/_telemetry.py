@@ -31,13 +31,8 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import importlib
-import importlib.metadata
 import inspect
-import logging
 import operator
-import os
-import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -55,10 +50,11 @@ from .errors import (
     SendError,
     ValidationError,
 )
+from .telemetry import _core
+from .telemetry._core import Core, carrier, flush, reset, use, worker_setup
 
 if TYPE_CHECKING:
-    from opentelemetry.metrics import MeterProvider
-    from opentelemetry.trace import Span, TracerProvider
+    from opentelemetry.trace import Span
 
     from ._entity import EntityProfile
     from ._message import Message
@@ -86,7 +82,6 @@ __all__ = [
     "worker_setup",
 ]
 
-logger = logging.getLogger("sendonce.telemetry")
 
 # -- names (docs/observability.md has the table) ------------------------------------------
 
@@ -121,22 +116,6 @@ RESERVE = 0
 """Bytes the sender's planning keeps free per message for the trace properties: 0 unless
 tracing is on."""
 
-SETUP_VARIABLE = "SENDONCE_OTEL_SETUP"
-"""``module:function`` a process without a provider calls once before its first Spark task
-(executors are processes of their own: they need their own provider)."""
-
-_NAME = "sendonce"
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version(_NAME)
-    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - run from a checkout
-        return "unknown"
-
-
-_SCHEMA_URL = "https://opentelemetry.io/schemas/1.27.0"
-
 _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10)
 """The semantic conventions' advised boundaries (seconds) for messaging durations: the SDK's
 default ones (0, 5, 10, 25... meant for milliseconds) would put every transfer in one bucket."""
@@ -144,11 +123,11 @@ default ones (0, 5, 10, 25... meant for milliseconds) would put every transfer i
 T = TypeVar("T")
 A = TypeVar("A")
 
-# -- the switch ---------------------------------------------------------------------------
+# -- the switch (the core's, sendonce.telemetry._core) --------------------------------------
 
 _active: Telemetry | None = None
-_explicit = False  # set by use(): the global providers are not consulted
-_lock = threading.Lock()
+"""The features' instruments on the core in use; None while telemetry is off (the hot
+check of every hook)."""
 _current_transfer: contextvars.ContextVar[TransferScope | None] = contextvars.ContextVar(
     "sendonce_transfer", default=None
 )
@@ -163,54 +142,19 @@ def active() -> Telemetry | None:
     telemetry = _active
     if telemetry is not None:
         return telemetry
-    return _probe()
-
-
-def _probe() -> Telemetry | None:
-    """Whether a global provider has been set since the last look (never imports the API)."""
-    modules = sys.modules
-    trace_api = modules.get("opentelemetry.trace")
-    metrics_api = modules.get("opentelemetry.metrics._internal")
-    traced = trace_api is not None and getattr(trace_api, "_TRACER_PROVIDER", None) is not None
-    metered = metrics_api is not None and getattr(metrics_api, "_METER_PROVIDER", None) is not None
-    if not traced and not metered:
+    core = _core.active()  # looks for a newly set global provider
+    if core is None:
         return None
-    global _active
-    with _lock:
-        if _active is None and not _explicit:
-            _switch(Telemetry(None, None))
+    _on_switch(core)
     return _active
 
 
-def _switch(telemetry: Telemetry | None) -> None:
+def _on_switch(core: Core | None) -> None:
+    """The core changed: build (once per core) or drop the features' instruments."""
     global _active, RESERVE
+    telemetry: Telemetry | None = None if core is None else core.extension(Telemetry, Telemetry)
     _active = telemetry
     RESERVE = _RESERVED_BYTES if telemetry is not None and telemetry.tracer is not None else 0
-
-
-def use(
-    tracer_provider: TracerProvider | None = None, meter_provider: MeterProvider | None = None
-) -> None:
-    """Send sendonce's spans and metrics to these providers, whatever the global ones are.
-
-    ``use()`` with neither turns sendonce's telemetry off; :func:`reset` goes back to the
-    global providers.
-    """
-    global _explicit
-    with _lock:
-        _explicit = True
-        if tracer_provider is None and meter_provider is None:
-            _switch(None)
-        else:
-            _switch(Telemetry(tracer_provider, meter_provider, explicit=True))
-
-
-def reset() -> None:
-    """Forget :func:`use`: follow the global providers again (looked up on the next call)."""
-    global _explicit
-    with _lock:
-        _explicit = False
-        _switch(None)
 
 
 # -- what the sender passes around --------------------------------------------------------
@@ -322,55 +266,37 @@ def _size_of(headers: Mapping[str, str]) -> int:
 
 
 def _traceparent(span: Span) -> dict[str, str] | None:
-    """The W3C ``traceparent`` (and ``tracestate``) of ``span`` as message properties, as
-    ``TraceContextTextMapPropagator`` writes them, without its per-call set-up."""
-    context = span.get_span_context()
-    trace_id, span_id = context.trace_id, context.span_id
-    if not trace_id or not span_id:  # an invalid context (a non-recording span's)
+    """The trace properties a transfer's messages carry: ``traceparent`` and
+    ``Diagnostic-Id`` (the same value), and ``tracestate`` when there is a short one."""
+    found = _core.traceparent(span, _MAX_TRACESTATE)
+    if found is None:
         return None
-    parent = f"00-{trace_id:032x}-{span_id:016x}-{context.trace_flags:02x}"
+    parent, state = found
     headers = {TRACEPARENT: parent, DIAGNOSTIC_ID: parent}
-    trace_state = context.trace_state
-    if trace_state:
-        state = trace_state.to_header()
-        if state and len(state) <= _MAX_TRACESTATE:
-            headers[TRACESTATE] = state
+    if state:
+        headers[TRACESTATE] = state
     return headers
 
 
-# -- the instruments ----------------------------------------------------------------------
-
-
 class Telemetry:
-    """The tracer and the metric instruments, built once when OpenTelemetry turns on."""
+    """The features' metric instruments on a :class:`~sendonce.telemetry._core.Core`, built
+    once per core (when OpenTelemetry turns on or changes providers)."""
 
-    def __init__(
-        self,
-        tracer_provider: TracerProvider | None,
-        meter_provider: MeterProvider | None,
-        *,
-        explicit: bool = False,
-    ) -> None:
-        from opentelemetry import context, metrics, trace
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    @property
+    def tracer_provider(self) -> Any:
+        return self.core.tracer_provider
 
-        self._trace = trace
-        self._context = context
-        self._propagator = TraceContextTextMapPropagator()
-        self.tracer_provider = tracer_provider
-        self.meter_provider = meter_provider
-        self.tracer: Any = None
-        if tracer_provider is not None or (
-            not explicit and getattr(trace, "_TRACER_PROVIDER", None) is not None
-        ):
-            provider = tracer_provider or trace.get_tracer_provider()
-            if not isinstance(provider, trace.NoOpTracerProvider):
-                self.tracer = provider.get_tracer(_NAME, _version(), schema_url=_SCHEMA_URL)
-        if meter_provider is None and explicit:
-            meter_provider = metrics.NoOpMeterProvider()
-        meter = (meter_provider or metrics.get_meter_provider()).get_meter(
-            _NAME, _version(), schema_url=_SCHEMA_URL
-        )
+    @property
+    def meter_provider(self) -> Any:
+        return self.core.meter_provider
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self._trace = core.trace
+        self._context = core.context
+        self._propagator = core.propagator
+        self.tracer: Any = core.tracer
+        meter = core.meter
         self.messages = meter.create_counter(
             "sendonce.messages",
             unit="{message}",
@@ -438,16 +364,7 @@ class Telemetry:
     def _span(
         self, name: str, kind: str, attributes: dict[str, Any], parent: Any = None
     ) -> Span | None:
-        tracer = self.tracer
-        if tracer is None:
-            return None
-        span: Span = tracer.start_span(
-            name,
-            context=parent,
-            kind=getattr(self._trace.SpanKind, kind),
-            attributes=attributes,
-        )
-        return span
+        return self.core.span(name, kind, attributes, parent)
 
     # -- sender calls ---------------------------------------------------------------
 
@@ -947,17 +864,6 @@ def ledger_write(operation: str, entity: str, store: object, **counts: int) -> S
     return scope
 
 
-def carrier() -> dict[str, str] | None:
-    """The current trace context as W3C headers (``traceparent``), to ship to another
-    process (a Spark task); None when not traced."""
-    telemetry = active()
-    if telemetry is None or telemetry.tracer is None:
-        return None
-    headers: dict[str, str] = {}
-    telemetry._propagator.inject(headers)
-    return headers or None
-
-
 def spark_task(
     entity: str, partition: int, attempt: int, parent: Mapping[str, str] | None = None
 ) -> Scope:
@@ -1032,45 +938,5 @@ def instrument(sender: Any) -> None:
             sender.__dict__[name] = telemetry.bind(operation, sender, method)
 
 
-# -- processes of their own (Spark executors) ---------------------------------------------
-
-_setup_done = False
-
-
-def worker_setup() -> None:
-    """Once per process: call ``$SENDONCE_OTEL_SETUP`` (``module:function``) if it is set and
-    no provider is. A failing setup is logged, never raised: telemetry must not fail a send."""
-    global _setup_done
-    if _setup_done:
-        return
-    _setup_done = True
-    spec = os.environ.get(SETUP_VARIABLE, "").strip()
-    if not spec or active() is not None:
-        return
-    module, _, name = spec.partition(":")
-    try:
-        setup = getattr(importlib.import_module(module), name or "configure")
-        setup()
-    except Exception as exc:
-        logger.warning("%s=%r failed, telemetry stays off: %r", SETUP_VARIABLE, spec, exc)
-
-
-def flush(timeout_millis: int = 10_000) -> None:
-    """Export what is buffered (a Spark task's end: its worker may be killed, not exited)."""
-    telemetry = _active
-    if telemetry is None:
-        return
-    providers: list[Any] = [telemetry.tracer_provider, telemetry.meter_provider]
-    if telemetry.tracer_provider is None:
-        providers[0] = telemetry._trace.get_tracer_provider()
-    if telemetry.meter_provider is None:
-        from opentelemetry import metrics
-
-        providers[1] = metrics.get_meter_provider()
-    for provider in providers:
-        force = getattr(provider, "force_flush", None)
-        if callable(force):
-            try:
-                force(timeout_millis)
-            except Exception as exc:  # pragma: no cover - an exporter's own failure
-                logger.warning("telemetry flush failed: %r", exc)
+_core.on_switch(_on_switch)
+_on_switch(_core.current())  # a core set before this module was imported

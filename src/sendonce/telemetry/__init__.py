@@ -10,6 +10,9 @@ here. This module is for processes that have no setup of their own:
   ``SENDONCE_OTEL_SETUP=sendonce.telemetry:configure`` is in its environment.
 - :func:`use` sends sendonce's telemetry to providers of your choosing without touching the
   global ones (tests read spans back this way).
+
+The package's core (``_core``) holds the switch, the providers, spans and propagation, and
+knows no feature: each feature builds its instruments on it.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from . import _telemetry
-from .errors import ConfigurationError
+from ..errors import ConfigurationError
+from . import _core
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -32,7 +35,7 @@ __all__ = ["SETUP_VARIABLE", "Exporting", "configure", "reset", "use"]
 Exporter = Literal["otlp", "console", "none"]
 """One exporter name of ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER`` sendonce sets up."""
 _EXPORTERS = ("otlp", "console", "none")
-SETUP_VARIABLE = _telemetry.SETUP_VARIABLE
+SETUP_VARIABLE = _core.SETUP_VARIABLE
 """The environment variable naming the setup a Spark executor calls (``module:function``)."""
 
 _SDK_HINT = (
@@ -210,9 +213,9 @@ def use(
     ``aio``); ``use()`` with neither turns sendonce's telemetry off; :func:`reset` follows
     the global providers again.
     """
-    _telemetry.use(tracer_provider, meter_provider)
+    _core.use(tracer_provider, meter_provider)
 
 
 def reset() -> None:
     """Undo :func:`use`: follow the global providers again."""
-    _telemetry.reset()
+    _core.reset()
