@@ -1,12 +1,12 @@
-"""OpenTelemetry traces and metrics behind one small seam: what the sender, the ledger,
-the Spark task and the outbox relay call.
+"""The features' OpenTelemetry traces and metrics: what the sender, the ledger, the Spark
+task and the outbox relay call, built on the featureless core (``sendonce.telemetry._core``:
+the switch, the providers, spans and propagation).
 
 Nothing here costs anything unless OpenTelemetry is in use: :func:`active` is one
-module-global check while the ``opentelemetry`` API has not been imported or no
-provider has been set (it never imports the API itself), and every caller keeps its
-untraced path behind ``if telemetry is None``. Once a tracer or meter provider is set
-(``opentelemetry.trace.set_tracer_provider`` / ``metrics.set_meter_provider``, or
-:func:`use` for sendonce alone), the instruments are built once and kept.
+module-global check while no provider has been set (the core never imports the API
+itself), and every caller keeps its untraced path behind ``if telemetry is None``. Once a
+tracer or meter provider is set, the core switches and the instruments here are built
+once for it (:func:`_on_switch`).
 
 What is emitted follows the OpenTelemetry messaging semantic conventions of version
 1.27.0 (``messaging.system``, ``messaging.operation.type = send``,
@@ -20,11 +20,11 @@ and ``Diagnostic-Id``, as the azure-servicebus client writes them), set once per
 so every resend carries the same one.
 
 Why one long module: it is still the hall every feature's instruments live in (the
-sender's call and transfer scopes, the ledger's writes, the Spark task, the outbox relay),
-besides the switch and the providers they share. The split is planned (issue 35): a
-``sendonce.telemetry`` package whose core knows spans, metrics and propagation and no
-feature, each feature declaring its instruments at its own edge, as the command line's root
-span already does (``sendonce.cli._otel``); this module then re-exports what callers import.
+sender's call and transfer scopes, the ledger's writes, the Spark task, the outbox relay).
+The split has started (issue 35): the core is ``sendonce.telemetry._core``, and the command
+line's root span is declared at its own edge (``sendonce.cli._otel``); each feature's
+instruments move next to it the same way, and this module then only re-exports what
+callers import.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """The root span of a ``sendonce`` command: the command line declares its own span at its
-own edge, with the telemetry seam's tracer (``sendonce._telemetry``)."""
+own edge, on the telemetry core (``sendonce.telemetry._core``), which knows no feature."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from .. import _telemetry
+from ..telemetry import _core
 
 __all__ = ["CommandSpan", "command_span"]
 
@@ -17,10 +17,10 @@ class CommandSpan:
     trace. It carries the CLI conventions' ``process.*`` attributes, never the arguments
     (a connection string may be one)."""
 
-    __slots__ = ("span", "telemetry", "token")
+    __slots__ = ("core", "span", "token")
 
-    def __init__(self, telemetry: _telemetry.Telemetry, command: str) -> None:
-        self.telemetry = telemetry
+    def __init__(self, core: _core.Core, command: str) -> None:
+        self.core = core
         name = f"sendonce {command}".rstrip()
         attributes: dict[str, Any] = {
             "process.executable.name": "sendonce",
@@ -28,27 +28,27 @@ class CommandSpan:
         }
         if command:
             attributes["sendonce.command"] = command
-        span: Any = telemetry._span(name, "INTERNAL", attributes)
+        span: Any = core.span(name, "INTERNAL", attributes)
         self.span = span
-        self.token = telemetry._context.attach(telemetry._trace.set_span_in_context(span))
+        self.token = core.context.attach(core.trace.set_span_in_context(span))
 
     def end(self, exit_code: int) -> None:
         """The command ended with ``exit_code``: an ERROR status when it is not 0."""
         span = self.span
         span.set_attribute("process.exit.code", exit_code)
         if exit_code:
-            span.set_attribute(_telemetry.ERROR_TYPE, str(exit_code))
-            trace = self.telemetry._trace
+            span.set_attribute("error.type", str(exit_code))
+            trace = self.core.trace
             span.set_status(trace.Status(trace.StatusCode.ERROR, f"exit status {exit_code}"))
         try:
-            self.telemetry._context.detach(self.token)
+            self.core.context.detach(self.token)
         finally:
             span.end()
 
 
 def command_span(command: str) -> CommandSpan | None:
     """Open the root span of a CLI command (None while not traced)."""
-    telemetry = _telemetry.active()
-    if telemetry is None or telemetry.tracer is None:
+    core = _core.active()
+    if core is None or core.tracer is None:
         return None
-    return CommandSpan(telemetry, command)
+    return CommandSpan(core, command)
