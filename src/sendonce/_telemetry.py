@@ -1,38 +1,46 @@
-"""OpenTelemetry traces and metrics behind one small seam: what the sender, the ledger,
-the Spark task and the outbox relay call.
+"""The features' OpenTelemetry traces and metrics: what the sender, the ledger, the Spark
+task and the outbox relay call, built on the featureless core (``sendonce.telemetry._core``:
+the switch, the providers, spans and propagation).
 
 Nothing here costs anything unless OpenTelemetry is in use: :func:`active` is one
-module-global check while the ``opentelemetry`` API has not been imported or no
-provider has been set (it never imports the API itself), and every caller keeps its
-untraced path behind ``if telemetry is None``. Once a tracer or meter provider is set
-(``opentelemetry.trace.set_tracer_provider`` / ``metrics.set_meter_provider``, or
-:func:`use` for sendonce alone), the instruments are built once and kept.
+module-global check while no provider has been set (the core never imports the API
+itself), and every caller keeps its untraced path behind ``if telemetry is None``. Once a
+tracer or meter provider is set, the core switches and the instruments here are built
+once for it (:func:`_on_switch`).
 
-What is emitted follows the OpenTelemetry messaging semantic conventions
-(``messaging.system``, ``messaging.operation.type = send``, ``messaging.destination.name``,
-``messaging.message.id``, ``messaging.batch.message_count``, ``error.type``); the rest is
-named ``sendonce.*``. ``docs/observability.md`` lists every span, event, metric and
-attribute. A transfer's trace context travels in each of its messages' application
-properties (``traceparent`` and ``Diagnostic-Id``, as the azure-servicebus client writes
-them), set once per transfer so every resend carries the same one.
+What is emitted follows the OpenTelemetry messaging semantic conventions of version
+1.27.0 (``messaging.system``, ``messaging.operation.type = send``,
+``messaging.destination.name``, ``messaging.message.id``, ``messaging.batch.message_count``,
+``server.address``, ``server.port``, ``error.type``); the rest is named ``sendonce.*``.
+A single ``send`` (or ``schedule``) is one PRODUCER span: the call and its transfer are one;
+``send_many`` is a CLIENT span with one PRODUCER child per transfer.
+``docs/observability.md`` lists every span, event, metric and attribute. A transfer's
+trace context travels in each of its messages' application properties (``traceparent``
+and ``Diagnostic-Id``, as the azure-servicebus client writes them), set once per transfer
+so every resend carries the same one.
+
+Why one long module: it is still the hall every feature's instruments live in (the
+sender's call and transfer scopes, the ledger's writes, the Spark task, the outbox relay).
+The split has started (issue 35): the core is ``sendonce.telemetry._core``, and the command
+line's root span is declared at its own edge (``sendonce.cli._otel``); each feature's
+instruments move next to it the same way, and this module then only re-exports what
+callers import.
 """
 
 from __future__ import annotations
 
 import contextvars
 import functools
-import importlib
-import importlib.metadata
 import inspect
-import logging
-import os
-import sys
+import operator
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from . import _message
+from ._message import with_properties
 from .errors import (
     InDoubtError,
     LedgerError,
@@ -42,10 +50,11 @@ from .errors import (
     SendError,
     ValidationError,
 )
+from .telemetry import _core
+from .telemetry._core import Core, carrier, flush, reset, use, worker_setup
 
 if TYPE_CHECKING:
-    from opentelemetry.metrics import MeterProvider
-    from opentelemetry.trace import Span, TracerProvider
+    from opentelemetry.trace import Span
 
     from ._entity import EntityProfile
     from ._message import Message
@@ -73,7 +82,6 @@ __all__ = [
     "worker_setup",
 ]
 
-logger = logging.getLogger("sendonce.telemetry")
 
 # -- names (docs/observability.md has the table) ------------------------------------------
 
@@ -84,6 +92,8 @@ OPERATION_NAME = "messaging.operation.name"
 BATCH_COUNT = "messaging.batch.message_count"
 MESSAGE_ID = "messaging.message.id"
 ERROR_TYPE = "error.type"
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
 OUTCOME = "sendonce.outcome"
 
 TRACEPARENT = "traceparent"
@@ -99,37 +109,32 @@ _RESERVED_BYTES = 160
 a short ``tracestate``. The sender plans transfers with it while tracing is on."""
 _MAX_TRACESTATE = _RESERVED_BYTES - 2 * 55 - len(TRACEPARENT) - len(DIAGNOSTIC_ID) - len(TRACESTATE)
 
+_PAIR_SIZE = len(TRACEPARENT) + len(DIAGNOSTIC_ID) + 2 * 55
+"""``traceparent`` and ``Diagnostic-Id`` with their 55-character values."""
+
 RESERVE = 0
 """Bytes the sender's planning keeps free per message for the trace properties: 0 unless
 tracing is on."""
 
-SETUP_VARIABLE = "SENDONCE_OTEL_SETUP"
-"""``module:function`` a process without a provider calls once before its first Spark task
-(executors are processes of their own: they need their own provider)."""
-
-_NAME = "sendonce"
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version(_NAME)
-    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - run from a checkout
-        return "unknown"
-
-
-_SCHEMA_URL = "https://opentelemetry.io/schemas/1.27.0"
+_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10)
+"""The semantic conventions' advised boundaries (seconds) for messaging durations: the SDK's
+default ones (0, 5, 10, 25... meant for milliseconds) would put every transfer in one bucket."""
 
 T = TypeVar("T")
 A = TypeVar("A")
 
-# -- the switch ---------------------------------------------------------------------------
+# -- the switch (the core's, sendonce.telemetry._core) --------------------------------------
 
 _active: Telemetry | None = None
-_explicit = False  # set by use(): the global providers are not consulted
-_lock = threading.Lock()
+"""The features' instruments on the core in use; None while telemetry is off (the hot
+check of every hook)."""
 _current_transfer: contextvars.ContextVar[TransferScope | None] = contextvars.ContextVar(
     "sendonce_transfer", default=None
 )
+_current_call: contextvars.ContextVar[CallScope | None] = contextvars.ContextVar(
+    "sendonce_single_call", default=None
+)
+"""The single-message call (``send``, ``schedule``) whose span its one transfer takes over."""
 
 
 def active() -> Telemetry | None:
@@ -137,54 +142,19 @@ def active() -> Telemetry | None:
     telemetry = _active
     if telemetry is not None:
         return telemetry
-    return _probe()
-
-
-def _probe() -> Telemetry | None:
-    """Whether a global provider has been set since the last look (never imports the API)."""
-    modules = sys.modules
-    trace_api = modules.get("opentelemetry.trace")
-    metrics_api = modules.get("opentelemetry.metrics._internal")
-    traced = trace_api is not None and getattr(trace_api, "_TRACER_PROVIDER", None) is not None
-    metered = metrics_api is not None and getattr(metrics_api, "_METER_PROVIDER", None) is not None
-    if not traced and not metered:
+    core = _core.active()  # looks for a newly set global provider
+    if core is None:
         return None
-    global _active
-    with _lock:
-        if _active is None and not _explicit:
-            _switch(Telemetry(None, None))
+    _on_switch(core)
     return _active
 
 
-def _switch(telemetry: Telemetry | None) -> None:
+def _on_switch(core: Core | None) -> None:
+    """The core changed: build (once per core) or drop the features' instruments."""
     global _active, RESERVE
+    telemetry: Telemetry | None = None if core is None else core.extension(Telemetry, Telemetry)
     _active = telemetry
     RESERVE = _RESERVED_BYTES if telemetry is not None and telemetry.tracer is not None else 0
-
-
-def use(
-    tracer_provider: TracerProvider | None = None, meter_provider: MeterProvider | None = None
-) -> None:
-    """Send sendonce's spans and metrics to these providers, whatever the global ones are.
-
-    ``use()`` with neither turns sendonce's telemetry off; :func:`reset` goes back to the
-    global providers.
-    """
-    global _explicit
-    with _lock:
-        _explicit = True
-        if tracer_provider is None and meter_provider is None:
-            _switch(None)
-        else:
-            _switch(Telemetry(tracer_provider, meter_provider, explicit=True))
-
-
-def reset() -> None:
-    """Forget :func:`use`: follow the global providers again (looked up on the next call)."""
-    global _explicit
-    with _lock:
-        _explicit = False
-        _switch(None)
 
 
 # -- what the sender passes around --------------------------------------------------------
@@ -241,39 +211,92 @@ def _target(sender: Any) -> tuple[str, str]:
     return (system if isinstance(system, str) else "unknown"), str(entity)
 
 
-# -- the instruments ----------------------------------------------------------------------
+def server_of(backend: Any) -> tuple[str | None, int | None]:
+    """(``server.address``, ``server.port``) of a backend: its ``server_address`` and
+    ``server_port`` attributes, or those of the backend it wraps (``inner``); (None, None)
+    for a broker that is no server (the local broker's file)."""
+    for _ in range(4):  # a wrapper of a wrapper at most; never a loop
+        if backend is None:
+            break
+        address = getattr(backend, "server_address", None)
+        if isinstance(address, str) and address:
+            port = getattr(backend, "server_port", None)
+            return address, port if isinstance(port, int) and not isinstance(port, bool) else None
+        backend = getattr(backend, "inner", None)
+    return None, None
+
+
+def _attributes(sender: Any, operation: str) -> dict[str, Any]:
+    """What every span and metric point of ``sender``'s ``operation`` carries: worked out on
+    its first call and kept (a sender's backend and entity do not change). Shared: copy it
+    to add to it."""
+    kept: dict[str, dict[str, Any]] | None = getattr(sender, "_otel_attributes", None)
+    if kept is not None:
+        found = kept.get(operation)
+        if found is not None:
+            return found
+    system, entity = _target(sender)
+    attributes: dict[str, Any] = {
+        SYSTEM: system,
+        DESTINATION: entity,
+        OPERATION_TYPE: "send",
+        OPERATION_NAME: operation,
+    }
+    address, port = server_of(getattr(sender, "_backend", None))
+    if address is not None:
+        attributes[SERVER_ADDRESS] = address
+        if port is not None:
+            attributes[SERVER_PORT] = port
+    if getattr(sender, "profile", None) is not None:  # an aio sender knows it once open
+        if kept is None:
+            kept = {}
+            try:
+                sender._otel_attributes = kept
+            except AttributeError:  # pragma: no cover - a sender without a __dict__
+                return attributes
+        kept[operation] = attributes
+    return attributes
+
+
+def _size_of(headers: Mapping[str, str]) -> int:
+    """What ``headers`` add to a message's size, as ``Message.size`` counts."""
+    if len(headers) == 2:  # traceparent and Diagnostic-Id: always this long
+        return _PAIR_SIZE
+    return sum(len(k) + len(v) for k, v in headers.items())
+
+
+def _traceparent(span: Span) -> dict[str, str] | None:
+    """The trace properties a transfer's messages carry: ``traceparent`` and
+    ``Diagnostic-Id`` (the same value), and ``tracestate`` when there is a short one."""
+    found = _core.traceparent(span, _MAX_TRACESTATE)
+    if found is None:
+        return None
+    parent, state = found
+    headers = {TRACEPARENT: parent, DIAGNOSTIC_ID: parent}
+    if state:
+        headers[TRACESTATE] = state
+    return headers
 
 
 class Telemetry:
-    """The tracer and the metric instruments, built once when OpenTelemetry turns on."""
+    """The features' metric instruments on a :class:`~sendonce.telemetry._core.Core`, built
+    once per core (when OpenTelemetry turns on or changes providers)."""
 
-    def __init__(
-        self,
-        tracer_provider: TracerProvider | None,
-        meter_provider: MeterProvider | None,
-        *,
-        explicit: bool = False,
-    ) -> None:
-        from opentelemetry import context, metrics, trace
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    @property
+    def tracer_provider(self) -> Any:
+        return self.core.tracer_provider
 
-        self._trace = trace
-        self._context = context
-        self._propagator = TraceContextTextMapPropagator()
-        self.tracer_provider = tracer_provider
-        self.meter_provider = meter_provider
-        self.tracer: Any = None
-        if tracer_provider is not None or (
-            not explicit and getattr(trace, "_TRACER_PROVIDER", None) is not None
-        ):
-            provider = tracer_provider or trace.get_tracer_provider()
-            if not isinstance(provider, trace.NoOpTracerProvider):
-                self.tracer = provider.get_tracer(_NAME, _version(), schema_url=_SCHEMA_URL)
-        if meter_provider is None and explicit:
-            meter_provider = metrics.NoOpMeterProvider()
-        meter = (meter_provider or metrics.get_meter_provider()).get_meter(
-            _NAME, _version(), schema_url=_SCHEMA_URL
-        )
+    @property
+    def meter_provider(self) -> Any:
+        return self.core.meter_provider
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self._trace = core.trace
+        self._context = core.context
+        self._propagator = core.propagator
+        self.tracer: Any = core.tracer
+        meter = core.meter
         self.messages = meter.create_counter(
             "sendonce.messages",
             unit="{message}",
@@ -283,6 +306,7 @@ class Telemetry:
             "messaging.client.operation.duration",
             unit="s",
             description="Duration of one transfer to the broker, its retries included",
+            explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
         )
         self.retries = meter.create_counter(
             "sendonce.retries",
@@ -303,11 +327,13 @@ class Telemetry:
             "sendonce.lane.wait.duration",
             unit="s",
             description="Time a transfer waited for its key's turn or for a free link",
+            explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
         )
         self.ledger_duration = meter.create_histogram(
             "sendonce.ledger.operation.duration",
             unit="s",
             description="Duration of one ledger write (intent, confirm or release)",
+            explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
         )
         self.relay_lag = meter.create_gauge(
             "sendonce.outbox.lag",
@@ -338,16 +364,7 @@ class Telemetry:
     def _span(
         self, name: str, kind: str, attributes: dict[str, Any], parent: Any = None
     ) -> Span | None:
-        tracer = self.tracer
-        if tracer is None:
-            return None
-        span: Span = tracer.start_span(
-            name,
-            context=parent,
-            kind=getattr(self._trace.SpanKind, kind),
-            attributes=attributes,
-        )
-        return span
+        return self.core.span(name, kind, attributes, parent)
 
     # -- sender calls ---------------------------------------------------------------
 
@@ -403,33 +420,59 @@ class Telemetry:
 
 
 class CallScope:
-    """One sender call (``send``, ``send_many``, ``schedule``, a transaction's commit)."""
+    """One sender call (``send``, ``send_many``, ``schedule``, a transaction's commit).
 
-    __slots__ = ("attributes", "counted", "single", "span", "telemetry", "token")
+    A single-message call (``send``, ``schedule``) is one PRODUCER span that its transfer
+    takes over (:class:`TransferScope` finds it in ``_current_call``): the call *is* the
+    transfer. A call of several messages is a CLIENT span, each transfer a child of it.
+    """
+
+    __slots__ = (
+        "attributes",
+        "call_token",
+        "claimed",
+        "counted",
+        "sender",
+        "single",
+        "span",
+        "telemetry",
+        "token",
+    )
 
     def __init__(self, telemetry: Telemetry, operation: str, sender: Any, args: Any) -> None:
-        system, entity = _target(sender)
         self.telemetry = telemetry
-        self.attributes: dict[str, Any] = {
-            SYSTEM: system,
-            DESTINATION: entity,
-            OPERATION_TYPE: "send",
-            OPERATION_NAME: operation,
-        }
-        self.single = operation in ("send", "schedule")
-        attributes = dict(self.attributes)
-        message_id = getattr(args[0], "message_id", None) if args else None
-        if self.single and isinstance(message_id, str):
-            attributes[MESSAGE_ID] = message_id
-        self.span = telemetry._span(f"{operation} {entity}", "CLIENT", attributes)
+        self.sender = sender
+        attributes = self.attributes = _attributes(sender, operation)
+        self.single = single = operation in _SINGLE
+        if single and args:
+            message_id = getattr(args[0], "message_id", None)
+            if isinstance(message_id, str):
+                attributes = {**attributes, MESSAGE_ID: message_id}
+        self.span = telemetry._span(
+            f"{operation} {attributes[DESTINATION]}",
+            "PRODUCER" if single else "CLIENT",
+            attributes,
+        )
         self.token: Any = None
+        self.call_token: Any = None
         self.counted = False
+        self.claimed = False
 
     def __enter__(self) -> CallScope:
-        if self.span is not None:
+        span = self.span
+        if span is not None:
             telemetry = self.telemetry
-            self.token = telemetry._context.attach(telemetry._trace.set_span_in_context(self.span))
+            self.token = telemetry._context.attach(telemetry._trace.set_span_in_context(span))
+            if self.single:
+                self.call_token = _current_call.set(self)
         return self
+
+    def claim(self, sender: Any) -> Span | None:
+        """This single call's span, for its one transfer (None once taken or if untraced)."""
+        if self.claimed or self.sender is not sender:
+            return None
+        self.claimed = True
+        return self.span
 
     def done(self, result: Any) -> None:
         """Record what the call returned: a ``SendResult`` or a ``SendReport``."""
@@ -437,7 +480,7 @@ class CallScope:
         span = self.span
         outcome = getattr(result, "outcome", None)
         if isinstance(outcome, str):  # a SendResult
-            self.telemetry.count(self.attributes, {outcome: 1})
+            self.telemetry.messages.add(1, {**self.attributes, OUTCOME: outcome})
             if span is not None:
                 span.set_attribute(OUTCOME, outcome)
             return
@@ -479,6 +522,8 @@ class CallScope:
         span = self.span
         if span is None:
             return
+        if self.call_token is not None:
+            _current_call.reset(self.call_token)
         if exc is not None:
             kind = outcome_of(exc) if isinstance(exc, SendError | ValidationError) else None
             if kind is not None:
@@ -494,13 +539,20 @@ def _fail_span(telemetry: Telemetry, span: Span, exc: BaseException) -> None:
 
 
 class TransferScope:
-    """One transfer with its retries: a PRODUCER span whose context each message carries."""
+    """One transfer with its retries: a PRODUCER span whose context each message carries.
+
+    The transfer of a single-message call takes over the call's span instead of starting
+    one of its own (one span per single send); a transfer of ``send_many`` or a transaction
+    is a child span of its call.
+    """
 
     __slots__ = (
         "attributes",
         "batch",
         "began",
+        "flight",
         "headers",
+        "owned",
         "profile",
         "span",
         "telemetry",
@@ -511,51 +563,43 @@ class TransferScope:
     def __init__(
         self, telemetry: Telemetry, sender: Any, batch: Sequence[Message], operation: str
     ) -> None:
-        system, entity = _target(sender)
         self.telemetry = telemetry
         self.batch = batch
         self.profile: EntityProfile | None = getattr(sender, "profile", None)
-        self.attributes: dict[str, Any] = {
-            SYSTEM: system,
-            DESTINATION: entity,
-            OPERATION_TYPE: "send",
-            OPERATION_NAME: operation,
-        }
+        self.attributes = _attributes(sender, operation)
         self.headers: dict[str, str] | None = None
         self.span: Span | None = None
+        self.owned = True
+        self.flight: tuple[str, str, str] = ("", "", "")
         self.token: Any = None
         self.transfer_token: Any = None
         self.began = 0.0
+        call = _current_call.get()
+        if call is not None:
+            span = call.claim(sender)
+            if span is not None:
+                self.span = span
+                self.owned = False
 
     def __enter__(self) -> TransferScope:
         telemetry = self.telemetry
-        batch = self.batch
-        attributes = dict(self.attributes)
-        if len(batch) == 1:
-            attributes[MESSAGE_ID] = batch[0].message_id
-        else:
-            attributes[BATCH_COUNT] = len(batch)
-        entity = self.attributes[DESTINATION]
-        span = telemetry._span(
-            f"{self.attributes[OPERATION_NAME]} {entity}", "PRODUCER", attributes
-        )
-        self.span = span
+        span = self.span
+        if self.owned:
+            batch = self.batch
+            attributes = dict(self.attributes)
+            if len(batch) == 1:
+                attributes[MESSAGE_ID] = batch[0].message_id
+            else:
+                attributes[BATCH_COUNT] = len(batch)
+            name = f"{attributes[OPERATION_NAME]} {attributes[DESTINATION]}"
+            span = self.span = telemetry._span(name, "PRODUCER", attributes)
+            if span is not None:
+                self.token = telemetry._context.attach(telemetry._trace.set_span_in_context(span))
         if span is not None:
-            trace = telemetry._trace
-            context = trace.set_span_in_context(span)
-            self.token = telemetry._context.attach(context)
-            if span.get_span_context().is_valid:
-                carrier: dict[str, str] = {}
-                telemetry._propagator.inject(carrier, context=context)
-                parent = carrier.get(TRACEPARENT)
-                if parent:
-                    headers = {TRACEPARENT: parent, DIAGNOSTIC_ID: parent}
-                    state = carrier.get(TRACESTATE)
-                    if state and len(state) <= _MAX_TRACESTATE:
-                        headers[TRACESTATE] = state
-                    self.headers = headers
+            self.headers = _traceparent(span)
         self.transfer_token = _current_transfer.set(self)
-        telemetry.in_flight(self.key(), 1)
+        self.flight = key = self.key()
+        telemetry.in_flight(key, 1)
         self.began = time.perf_counter()
         return self
 
@@ -574,30 +618,36 @@ class TransferScope:
         headers = self.headers
         if headers is None:
             return batch
-        from ._message import with_properties
-        from ._message_columns import MessageColumns
+        kind = type(batch)
+        if kind is not tuple and kind is not list:
+            from ._message_columns import MessageColumns
 
-        if isinstance(batch, MessageColumns):
-            constant = batch.factory._constant or {}
-            if any(name in constant for name in PROPAGATION_PROPERTIES):
-                return batch
-            return batch.with_properties(headers)
+            if isinstance(batch, MessageColumns):
+                constant = batch.factory._constant or {}
+                if any(name in constant for name in PROPAGATION_PROPERTIES):
+                    return batch
+                return batch.with_properties(headers)
         profile = self.profile
         limit = profile._check_above if profile is not None else None
-        grow = sum(len(k) + len(v) for k, v in headers.items())
+        grow = _size_of(headers)
+        shared = MappingProxyType(headers)  # one mapping for the transfer: encoded once
         wire: list[Message] = []
+        append = wire.append
         for message in batch:
             props = message.application_properties
-            if props and any(name in props for name in PROPAGATION_PROPERTIES):
-                wire.append(message)
+            if props is None:
+                traced = _with_shared(message, shared, grow)
+            elif any(name in props for name in PROPAGATION_PROPERTIES):
+                append(message)
                 continue
-            traced = with_properties(message, headers)
+            else:
+                traced = with_properties(message, headers)
             if limit is not None and profile is not None and message._size + grow > limit:
                 try:
                     profile.check(traced)
                 except ValidationError:
                     traced = message  # the context would make it too large: send it without
-            wire.append(traced)
+            append(traced)
         return wire
 
     def acked(self, attempted: A) -> A:
@@ -610,7 +660,11 @@ class TransferScope:
                 # A duplicate ack now is the earlier, in-doubt attempt's copy: ours, sent.
                 span.set_attribute("sendonce.in_doubt_before", True)
             else:
-                duplicates = sum(1 for ack in attempted_.value if ack.outcome == "duplicate")
+                acks = attempted_.value
+                if len(acks) == 1:
+                    duplicates = 1 if acks[0].outcome == "duplicate" else 0
+                else:
+                    duplicates = sum(1 for ack in acks if ack.outcome == "duplicate")
                 if duplicates:
                     span.set_attribute("sendonce.duplicates", duplicates)
         return attempted
@@ -633,7 +687,7 @@ class TransferScope:
         telemetry = self.telemetry
         elapsed = time.perf_counter() - self.began
         _current_transfer.reset(self.transfer_token)
-        telemetry.in_flight(self.key(), -1)
+        telemetry.in_flight(self.flight, -1)
         if exc is None:
             telemetry.duration.record(elapsed, self.attributes)
         else:
@@ -648,8 +702,25 @@ class TransferScope:
             if isinstance(attempts, int):
                 span.set_attribute("sendonce.attempts", attempts)
             _fail_span(telemetry, span, exc)
-        telemetry._context.detach(self.token)
-        span.end()
+        if self.owned:  # else the call's span: its scope ends it
+            telemetry._context.detach(self.token)
+            span.end()
+
+
+_COPY = operator.attrgetter(*_message._FIELDS)
+_PASTE = tuple(getattr(_message.Message, name).__set__ for name in _message._FIELDS)
+
+
+def _with_shared(message: Message, shared: Mapping[str, str], grow: int) -> Message:
+    """A copy of ``message`` (which has no application properties) carrying ``shared``, the
+    transfer's one trace-properties mapping: the local broker encodes it once per transfer
+    (it keys its encodings on the mapping), and no dict is built per message."""
+    copy: Message = _message._new(_message.Message)
+    for put, value in zip(_PASTE, _COPY(message)):  # noqa: B905 - both from _FIELDS
+        put(copy, value)
+    _message._SET_PROPS(copy, shared)
+    _message._SET_SIZE(copy, message._size + grow)
+    return copy
 
 
 def _why(error: InDoubtError) -> str:
@@ -793,17 +864,6 @@ def ledger_write(operation: str, entity: str, store: object, **counts: int) -> S
     return scope
 
 
-def carrier() -> dict[str, str] | None:
-    """The current trace context as W3C headers (``traceparent``), to ship to another
-    process (a Spark task); None when not traced."""
-    telemetry = active()
-    if telemetry is None or telemetry.tracer is None:
-        return None
-    headers: dict[str, str] = {}
-    telemetry._propagator.inject(headers)
-    return headers or None
-
-
 def spark_task(
     entity: str, partition: int, attempt: int, parent: Mapping[str, str] | None = None
 ) -> Scope:
@@ -850,6 +910,9 @@ def relay_backlog(lag_seconds: float, rows_pending: int, *, outbox: str | None =
 
 # -- senders ------------------------------------------------------------------------------
 
+_SINGLE = frozenset({"send", "schedule"})
+"""The operations of one message: one span, the call's and its transfer's."""
+
 _TRACED_METHODS = (
     ("send", "send"),
     ("send_many", "send_many"),
@@ -875,45 +938,5 @@ def instrument(sender: Any) -> None:
             sender.__dict__[name] = telemetry.bind(operation, sender, method)
 
 
-# -- processes of their own (Spark executors) ---------------------------------------------
-
-_setup_done = False
-
-
-def worker_setup() -> None:
-    """Once per process: call ``$SENDONCE_OTEL_SETUP`` (``module:function``) if it is set and
-    no provider is. A failing setup is logged, never raised: telemetry must not fail a send."""
-    global _setup_done
-    if _setup_done:
-        return
-    _setup_done = True
-    spec = os.environ.get(SETUP_VARIABLE, "").strip()
-    if not spec or active() is not None:
-        return
-    module, _, name = spec.partition(":")
-    try:
-        setup = getattr(importlib.import_module(module), name or "configure")
-        setup()
-    except Exception as exc:
-        logger.warning("%s=%r failed, telemetry stays off: %r", SETUP_VARIABLE, spec, exc)
-
-
-def flush(timeout_millis: int = 10_000) -> None:
-    """Export what is buffered (a Spark task's end: its worker may be killed, not exited)."""
-    telemetry = _active
-    if telemetry is None:
-        return
-    providers: list[Any] = [telemetry.tracer_provider, telemetry.meter_provider]
-    if telemetry.tracer_provider is None:
-        providers[0] = telemetry._trace.get_tracer_provider()
-    if telemetry.meter_provider is None:
-        from opentelemetry import metrics
-
-        providers[1] = metrics.get_meter_provider()
-    for provider in providers:
-        force = getattr(provider, "force_flush", None)
-        if callable(force):
-            try:
-                force(timeout_millis)
-            except Exception as exc:  # pragma: no cover - an exporter's own failure
-                logger.warning("telemetry flush failed: %r", exc)
+_core.on_switch(_on_switch)
+_on_switch(_core.current())  # a core set before this module was imported

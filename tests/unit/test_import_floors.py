@@ -26,7 +26,8 @@ FLOORS: list[tuple[str, ...]] = [
     ("_property_quotas",),  # the size quotas of message properties
     ("_entity", "_message_columns"),  # entity rules; messages as columns
     ("_subscription",),  # a subscription's own receive settings
-    ("_telemetry",),  # OpenTelemetry spans and metrics behind one seam
+    ("telemetry",),  # the telemetry core (switch, providers, spans, propagation) and its set-up
+    ("_telemetry",),  # the features' spans and metrics on that core
     # Mechanisms.
     # retry policy; one SQLite connection per file; transfers in flight (one per key at a time)
     ("_retry", "_sqlite_share", "_inflight"),
@@ -36,7 +37,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("_ledger_layer",),  # the ledger around the transfer step: intents, confirmations
     ("_sender_core",),  # what every sender does: validation, batching, memory, accounting
     # The senders and what serves or wraps a backend.
-    ("_sender", "emulator", "testing", "telemetry"),
+    ("_sender", "emulator", "testing"),
     ("aio", "spark", "outbox"),  # the asyncio mirror; Spark publishing; the outbox relay
     # The facade and the command line.
     ("sendonce",),  # sendonce/__init__.py: the public names

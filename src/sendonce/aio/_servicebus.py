@@ -48,7 +48,7 @@ from ..backends._servicebus_convert import to_servicebus_message
 from ..backends._servicebus_errors import is_connection_level, is_sdk_error, map_error
 from ..backends._servicebus_lanes import AsyncLanes, Lane
 from ..backends._servicebus_settings import check_timeout as _check_timeout
-from ..backends._servicebus_settings import settle
+from ..backends._servicebus_settings import server_endpoint, settle
 from ..backends.servicebus import (
     DEFAULT_ADMIN_TIMEOUT,
     DEFAULT_LINK_TIMEOUT,
@@ -126,6 +126,8 @@ class AzureServiceBusBackend(AsyncBackend):
         )
         self._client: ServiceBusClient = settings.client
         self._namespace = settings.namespace
+        # OpenTelemetry's server.address / server.port (sendonce._telemetry reads them).
+        self.server_address, self.server_port = server_endpoint(settings.namespace, self._client)
         self._credential: Any = settings.credential
         self._link_timeout = settings.link_timeout
         self._admin_timeout = settings.admin_timeout

@@ -105,6 +105,10 @@ class Backend(abc.ABC):
     runs ``send`` on a small pool of ``capabilities.max_in_flight`` threads owned by the
     backend (a backend with an event loop overrides it). ``send`` and ``schedule`` must be
     safe to call ``capabilities.max_in_flight`` at a time.
+
+    ``server_address`` (str) and ``server_port`` (int), where a backend has them, are the host
+    and port it connects to, put on spans and metrics as ``server.address`` and
+    ``server.port`` (a wrapper's are read through its ``inner`` backend).
     """
 
     capabilities: Capabilities = Capabilities()

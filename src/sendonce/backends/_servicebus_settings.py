@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from azure.servicebus import parse_connection_string
 
@@ -24,6 +25,7 @@ __all__ = [
     "canonical_connection_string",
     "check_timeout",
     "is_emulator",
+    "server_endpoint",
     "settle",
     "split_max_in_flight",
 ]
@@ -165,6 +167,29 @@ class ServiceBusSettings:
     connection_string: str | None = None
     emulator: bool = False
     entity_path: str | None = None
+
+
+def server_endpoint(namespace: str, client: Any) -> tuple[str, int | None]:
+    """(host, port) the client connects to: OpenTelemetry's ``server.address`` and
+    ``server.port`` on the sender's spans and metrics. The port is the namespace's own
+    (the emulator's ``host:port``), else the client's transport's: 443 over websockets or a
+    custom endpoint, 5672 without TLS (the emulator), 5671 (AMQPS) otherwise."""
+    parts = urlsplit(f"sb://{namespace}")
+    try:
+        host, port = parts.hostname or namespace, parts.port
+    except ValueError:  # not a port: keep the text as the namespace gave it
+        return namespace, None
+    config = getattr(client, "_config", None)
+    custom = getattr(config, "custom_endpoint_hostname", None)
+    if isinstance(custom, str) and custom:
+        configured = getattr(config, "connection_port", None)
+        return custom, configured if isinstance(configured, int) else None
+    if port is not None or config is None:
+        return host, port
+    transport = getattr(getattr(config, "transport_type", None), "name", "")
+    if transport == "AmqpOverWebsocket":
+        return host, 443
+    return host, 5671 if getattr(config, "use_tls", True) else 5672
 
 
 def settle(

@@ -199,6 +199,8 @@ class ArtemisBackend(Backend):
         self._management_timeout = _positive(management_timeout, "management_timeout")
         heartbeat = _positive(heartbeat, "heartbeat")
         self.host, self.port, self.user = host, port, user
+        # OpenTelemetry's server.address / server.port (sendonce._telemetry reads them).
+        self.server_address, self.server_port = host, port
         self.tls = tls or ssl_domain is not None
         self.require_duplicate_detection = require_duplicate_detection
         if ca_file is not None:

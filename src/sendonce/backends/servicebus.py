@@ -51,7 +51,7 @@ from ._servicebus_convert import to_servicebus_message
 from ._servicebus_errors import is_connection_level, is_sdk_error, map_error
 from ._servicebus_lanes import Lane, Lanes
 from ._servicebus_settings import check_timeout as _check_timeout
-from ._servicebus_settings import settle
+from ._servicebus_settings import server_endpoint, settle
 
 __all__ = ["AzureServiceBusBackend"]
 
@@ -119,6 +119,8 @@ class AzureServiceBusBackend(Backend):
         )
         self._client: ServiceBusClient = settings.client
         self._namespace = settings.namespace
+        # OpenTelemetry's server.address / server.port (sendonce._telemetry reads them).
+        self.server_address, self.server_port = server_endpoint(settings.namespace, self._client)
         self._credential: Any = settings.credential
         self._link_timeout = settings.link_timeout
         self._admin_timeout = settings.admin_timeout

@@ -36,15 +36,47 @@ class _Sendonce(click.Group):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         ctx.meta["sendonce.json"] = "--json" in args
-        return super().parse_args(ctx, args)
+        rest = super().parse_args(ctx, args)
+        ctx.meta[_COMMAND] = self._command_name(ctx, [*ctx.protected_args, *ctx.args])
+        return rest
+
+    def _command_name(self, ctx: click.Context, args: list[str]) -> str:
+        """``publish``, ``ledger confirm``: the command the arguments name (for the root
+        span's name; never an argument's value, which may hold a secret)."""
+        words: list[str] = []
+        group: click.Command | None = self
+        for arg in args:
+            if not isinstance(group, click.Group) or arg.startswith("-"):
+                break
+            command = group.get_command(ctx, arg)
+            if command is None:
+                break
+            words.append(arg)
+            group = command
+        return " ".join(words)
 
     def invoke(self, ctx: click.Context) -> object:
+        code = 0
         try:
             return super().invoke(ctx)
         except click.ClickException as exc:
+            code = exc.exit_code
             if ctx.meta.get("sendonce.json") and not reported_as_json(exc):
                 echo_json_error("error", exc.exit_code, exc.format_message())
             raise
+        except click.exceptions.Exit as exc:
+            code = exc.exit_code
+            raise
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+            raise
+        except BaseException:
+            code = 1
+            raise
+        finally:
+            root = ctx.meta.pop(_ROOT_SPAN, None)
+            if root is not None:
+                root.end(code)
 
 
 @click.group(
@@ -65,10 +97,11 @@ class _Sendonce(click.Group):
     type=click.Choice(["otlp", "console"], case_sensitive=False),
     default=None,
     metavar="otlp|console",
-    help="Export traces and metrics of what the command does (OpenTelemetry): over OTLP "
-    "(to OTEL_EXPORTER_OTLP_ENDPOINT, by default http://localhost:4318) or to the console "
-    "(stderr). Without it, OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER turn it on. Needs "
-    "the OpenTelemetry SDK and the OTLP exporter (see docs/observability.md).",
+    help="Export traces and metrics of what the command does (OpenTelemetry), one trace per "
+    "command: over OTLP (to OTEL_EXPORTER_OTLP_ENDPOINT, by default http://localhost:4318) or "
+    "to the console (stderr). Without it, OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER turn "
+    "it on, each for its signal (one left unset follows the other). Needs the OpenTelemetry "
+    "SDK, and for OTLP its exporter (see docs/observability.md).",
 )
 def main(log_level: str, otel: str | None) -> None:
     """Idempotent message publishing: every business message exactly once."""
@@ -80,22 +113,36 @@ def main(log_level: str, otel: str | None) -> None:
     handler._sendonce_cli = True  # type: ignore[attr-defined]
     logger.addHandler(handler)
     logger.setLevel(log_level.upper())
-    if otel is not None or any(os.environ.get(v) for v in _OTEL_VARIABLES):
+    if otel is not None or any(os.environ.get(v, "").strip() for v in _OTEL_VARIABLES):
         _export_telemetry(otel)
 
 
 _OTEL_VARIABLES = ("OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER")
+_COMMAND = "sendonce.command"
+_ROOT_SPAN = "sendonce.root_span"
 
 
 def _export_telemetry(exporter: str | None) -> None:
-    """Set up the OpenTelemetry SDK for this process; flushed when the command ends."""
+    """Set up the OpenTelemetry SDK for this process, flushed when the command ends, and
+    open the command's root span: every span of the command is in its trace."""
     from ..telemetry import configure
+    from ._otel import command_span
 
+    if exporter is not None:
+        source = "--otel"
+    else:  # the variables turned it on: name them, not an option the user did not give
+        source = ", ".join(
+            f"{v}={os.environ[v].strip()}" for v in _OTEL_VARIABLES if os.environ.get(v, "").strip()
+        )
     try:
         exporting = configure(None if exporter is None else exporter.lower())
     except ConfigurationError as exc:
-        raise InputError(f"--otel: {cli_text(exc)}") from None
-    click.get_current_context().call_on_close(exporting.shutdown)
+        if getattr(exc, "field", None) == "exporter":  # it names the value it refuses
+            raise InputError(cli_text(exc)) from None
+        raise InputError(f"{source}: {cli_text(exc)}") from None
+    ctx = click.get_current_context()
+    ctx.call_on_close(exporting.shutdown)  # runs after the root span has ended
+    ctx.meta[_ROOT_SPAN] = command_span(ctx.meta.get(_COMMAND) or "")
 
 
 def _missing(name: str, extra: str, exc: ModuleNotFoundError) -> click.Command:

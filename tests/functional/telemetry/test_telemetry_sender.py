@@ -83,44 +83,45 @@ class Recording:
         pass
 
 
-def test_a_sent_message_gives_a_call_span_a_transfer_span_and_carries_its_context(
+def test_a_sent_message_is_one_producer_span_whose_context_it_carries(
     otel: Any, broker: LocalBackend
 ) -> None:
     with IdempotentSender(broker, "orders") as sender:
         result = sender.send(msg(1))
     assert result.outcome == "sent"
-    [call] = [s for s in otel.named("send orders") if s.kind is SpanKind.CLIENT]
-    [transfer] = [s for s in otel.named("send orders") if s.kind is SpanKind.PRODUCER]
-    assert transfer.parent is not None and transfer.parent.span_id == call.context.span_id
-    for span in (call, transfer):
-        attributes = dict(span.attributes or {})
-        assert attributes["messaging.system"] == "sendonce_local"
-        assert attributes["messaging.destination.name"] == "orders"
-        assert attributes["messaging.operation.type"] == "send"
-        assert attributes["messaging.message.id"] == "order-1"
-        assert "messaging.batch.message_count" not in attributes
-    assert call.attributes["messaging.operation.name"] == "send"
-    assert call.attributes["sendonce.outcome"] == "sent"
-    assert transfer.attributes["sendonce.attempts"] == 1
-    assert call.status.status_code is StatusCode.UNSET
-    # The consumer finds the transfer's context in the message, under both names.
+    # One span: the call is its transfer (issue 35: no second span named the same).
+    [span] = otel.spans
+    assert span.name == "send orders" and span.kind is SpanKind.PRODUCER
+    assert span.parent is None
+    attributes = dict(span.attributes or {})
+    assert attributes["messaging.system"] == "sendonce_local"
+    assert attributes["messaging.destination.name"] == "orders"
+    assert attributes["messaging.operation.type"] == "send"
+    assert attributes["messaging.operation.name"] == "send"
+    assert attributes["messaging.message.id"] == "order-1"
+    assert "messaging.batch.message_count" not in attributes
+    assert "server.address" not in attributes  # the local broker is a file, no server
+    assert attributes["sendonce.outcome"] == "sent"
+    assert attributes["sendonce.attempts"] == 1
+    assert span.status.status_code is StatusCode.UNSET
+    # The consumer finds the span's context in the message, under both names.
     properties = stored(broker)["order-1"]
-    assert properties["traceparent"] == traceparent_of(transfer)
+    assert properties["traceparent"] == traceparent_of(span)
     assert properties["Diagnostic-Id"] == properties["traceparent"]
     assert otel.outcomes(destination="orders") == {"sent": 1}
     (attributes, point), *_ = otel.points("messaging.client.operation.duration")
     assert point.count == 1 and attributes["messaging.system"] == "sendonce_local"
 
 
-def test_a_duplicate_is_counted_and_marked_on_both_spans(otel: Any, broker: LocalBackend) -> None:
+def test_a_duplicate_is_counted_and_marked_on_its_span(otel: Any, broker: LocalBackend) -> None:
     with IdempotentSender(broker, "orders") as first:
         first.send(msg(1))
     with IdempotentSender(broker, "orders") as second:  # a new sender: no memory of it
         assert second.send(msg(1)).outcome == "duplicate"
-    call = [s for s in otel.named("send orders") if s.kind is SpanKind.CLIENT][-1]
-    transfer = [s for s in otel.named("send orders") if s.kind is SpanKind.PRODUCER][-1]
-    assert call.attributes["sendonce.outcome"] == "duplicate"
-    assert transfer.attributes["sendonce.duplicates"] == 1
+    assert [s.name for s in otel.spans] == ["send orders", "send orders"]
+    span = otel.spans[-1]
+    assert span.attributes["sendonce.outcome"] == "duplicate"
+    assert span.attributes["sendonce.duplicates"] == 1
     assert otel.outcomes() == {"sent": 1, "duplicate": 1}
     assert list(stored(broker)) == ["order-1"]
 
@@ -134,7 +135,7 @@ def test_a_retry_is_an_event_with_attempt_condition_and_backoff_and_the_resend_c
     with IdempotentSender(faulty, "orders", retry=policy) as sender:
         result = sender.send(msg(1))
     assert result.outcome == "sent" and result.attempts == 2
-    transfer = next(s for s in otel.named("send orders") if s.kind is SpanKind.PRODUCER)
+    [transfer] = otel.spans
     [(span, event)] = otel.events("sendonce.retry")
     assert span is transfer
     assert event == {
@@ -162,11 +163,11 @@ def test_in_doubt_is_an_error_with_the_broker_condition_and_an_in_doubt_event(
     with IdempotentSender(faulty, "orders", retry=no_wait()) as sender:
         with pytest.raises(InDoubtError):
             sender.send(msg(1))
-    call = next(s for s in otel.named("send orders") if s.kind is SpanKind.CLIENT)
-    transfer = next(s for s in otel.named("send orders") if s.kind is SpanKind.PRODUCER)
-    assert call.status.status_code is StatusCode.ERROR
-    assert call.attributes["error.type"] == "amqp:connection:forced"
-    assert call.attributes["sendonce.outcome"] == "in_doubt"
+    [transfer] = otel.spans
+    assert transfer.kind is SpanKind.PRODUCER
+    assert transfer.status.status_code is StatusCode.ERROR
+    assert transfer.attributes["error.type"] == "amqp:connection:forced"
+    assert transfer.attributes["sendonce.outcome"] == "in_doubt"
     assert transfer.attributes["sendonce.attempts"] == 3
     assert [e["sendonce.attempt"] for _, e in otel.events("sendonce.retry")] == [1, 2]
     [(span, event)] = otel.events("sendonce.in_doubt")
@@ -190,11 +191,13 @@ def test_a_refusal_and_a_payload_conflict_are_outcomes_of_their_own(
         sender.send(msg(2, "first body"))
         with pytest.raises(PayloadConflictError):
             sender.send(msg(2, "another body"))
-    conflict = [s for s in otel.named("send orders") if s.kind is SpanKind.CLIENT][-1]
+    refused, sent, conflict = otel.named("send orders")
+    assert len(otel.spans) == 3  # one per call, each its transfer (if it had one)
     assert conflict.attributes["sendonce.outcome"] == "payload_conflict"
     assert conflict.attributes["error.type"] == "sendonce.errors.PayloadConflictError"
-    assert otel.children(conflict) == []  # refused before any transfer
-    refused = next(s for s in otel.named("send orders") if s.kind is SpanKind.PRODUCER)
+    assert "sendonce.attempts" not in conflict.attributes  # refused before any transfer
+    assert sent.attributes["sendonce.attempts"] == 1
+    assert refused.attributes["sendonce.outcome"] == "refused"
     assert refused.attributes["error.type"] == "amqp:unauthorized-access"
     assert otel.outcomes() == {"refused": 1, "sent": 1, "payload_conflict": 1}
     assert list(stored(broker)) == ["order-2"]
@@ -267,12 +270,17 @@ def test_schedule_and_a_transaction_are_operations_of_their_own(
         with sender.transaction() as tx:
             tx.send(msg(2))
             tx.send(msg(3))
-    schedule = next(s for s in otel.named("schedule orders") if s.kind is SpanKind.CLIENT)
+    schedule = otel.one("schedule orders")  # one span: the call is its transfer
+    assert schedule.kind is SpanKind.PRODUCER
     assert schedule.attributes["sendonce.outcome"] == "scheduled"
-    [transfer] = otel.children(schedule)
-    assert transfer.attributes["messaging.operation.name"] == "schedule"
+    assert schedule.attributes["messaging.operation.name"] == "schedule"
+    assert schedule.attributes["sendonce.attempts"] == 1
     commit = otel.one("transaction orders")
+    assert commit.kind is SpanKind.CLIENT
     assert commit.attributes["sendonce.sent"] == 2
+    [transfer] = otel.children(commit)
+    assert transfer.kind is SpanKind.PRODUCER
+    assert transfer.attributes["messaging.batch.message_count"] == 2
     assert otel.outcomes() == {"scheduled": 1, "sent": 2}
 
 
@@ -289,6 +297,12 @@ def test_ledger_writes_are_spans_of_the_call_and_its_in_doubt_decision_an_event(
             sender.send(msg(1))
         report = sender.send_many([msg(1), msg(2)])
     assert report.in_doubt == ["order-1"] and report.sent == 1
+    # The single send: one span, its ledger writes under it.
+    single = next(s for s in otel.named("send plain") if s.parent is None)
+    assert single.kind is SpanKind.PRODUCER
+    assert single.attributes["sendonce.outcome"] == "in_doubt"
+    assert {s.name for s in otel.children(single)} >= {"ledger intent plain"}
+    assert not [s for s in otel.children(single) if s.name == "send plain"]
     call = otel.one("send_many plain")
     children = otel.children(call)
     assert {s.name for s in children} == {
@@ -345,3 +359,60 @@ def test_traced_transfers_are_planned_with_room_for_the_trace_context(
     for wire in seen:  # each transfer as it went, trace properties included, fits
         assert all("traceparent" in (m.application_properties or {}) for m in wire)
         assert sum(m.size + 64 for m in wire) <= small.max_message_size
+
+
+class Served(Recording):
+    """A backend of one's own that names the server it sends to (the documented seam)."""
+
+    server_address = "broker.example.com"
+    server_port = 5671
+
+
+def test_the_backends_server_is_on_every_span_and_on_the_metric_points(
+    otel: Any, broker: LocalBackend
+) -> None:
+    wrapped = FaultyBackend(Served(broker), [])  # read through the wrapper's inner backend
+    with IdempotentSender(wrapped, "orders") as sender:
+        sender.send(msg(1))
+        sender.send_many([msg(2), msg(3, partition_key="other")])
+    assert len(otel.spans) == 4  # the send; the send_many call and its two transfers
+    for span in otel.spans:
+        assert span.attributes["server.address"] == "broker.example.com"
+        assert span.attributes["server.port"] == 5671
+    for metric in ("messaging.client.operation.duration", "sendonce.messages"):
+        points = otel.points(metric)
+        assert points
+        assert {(a["server.address"], a["server.port"]) for a, _ in points} == {
+            ("broker.example.com", 5671)
+        }
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "options", "server"),
+    [
+        ("sb://shop.servicebus.windows.net/", {}, ("shop.servicebus.windows.net", 5671)),
+        (
+            "sb://shop.servicebus.windows.net/",
+            {"transport_type": "websocket"},
+            ("shop.servicebus.windows.net", 443),
+        ),
+        ("sb://localhost;UseDevelopmentEmulator=true", {}, ("localhost", 5672)),
+        ("sb://127.0.0.1:5999;UseDevelopmentEmulator=true", {}, ("127.0.0.1", 5999)),
+    ],
+)
+def test_a_service_bus_backend_names_the_host_and_port_its_client_connects_to(
+    endpoint: str, options: dict[str, Any], server: tuple[str, int]
+) -> None:
+    from azure.servicebus import TransportType
+
+    from sendonce.aio import AzureServiceBusBackend as AsyncBackend
+    from sendonce.backends import AzureServiceBusBackend
+
+    if options.get("transport_type") == "websocket":
+        options = {"transport_type": TransportType.AmqpOverWebsocket}
+    host, _, rest = endpoint.partition(";")
+    conn = f"Endpoint={host};SharedAccessKeyName=k;SharedAccessKey=secret"
+    conn += f";{rest}" if rest else ""
+    for kind in (AzureServiceBusBackend, AsyncBackend):
+        backend = kind.from_connection_string(conn, **options)  # no connection made yet
+        assert (backend.server_address, backend.server_port) == server

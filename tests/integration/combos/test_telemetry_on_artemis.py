@@ -63,6 +63,13 @@ def test_a_send_through_a_cut_connection_is_traced_and_its_context_reaches_the_c
     assert (report.sent, report.failed) == (12, 0)
 
     assert {s.attributes["messaging.system"] for s in otel.spans} == {"activemq"}
+    # The broker the sender connects to (here the proxy in front of it), on every span
+    # and on the metric points of the semantic conventions.
+    servers = {(s.attributes["server.address"], s.attributes["server.port"]) for s in otel.spans}
+    assert servers == {("127.0.0.1", proxy.port)}
+    for metric in ("messaging.client.operation.duration", "sendonce.messages"):
+        points = otel.points(metric)
+        assert points and {(a["server.address"], a["server.port"]) for a, _ in points} == servers
     transfers = otel.named(f"send {artemis_address}")
     retried = [s for s in transfers if any(e.name == "sendonce.retry" for e in s.events)]
     assert retried, "the cut connection left no retry event"

@@ -120,8 +120,16 @@ def test_a_resend_through_the_emulator_carries_the_same_context_and_lands_once(
         result = sender.send(Message("paid", message_id="order-1"))
     assert result.outcome == "sent" and result.attempts == 2
     capture = otel  # the in-memory capture (tests/otel_capture.py)
-    [transfer] = [s for s in capture.named("send orders") if s.kind is SpanKind.PRODUCER]  # type: ignore[attr-defined]
+    [transfer] = capture.named("send orders")  # type: ignore[attr-defined]
+    assert transfer.kind is SpanKind.PRODUCER
     assert transfer.attributes["messaging.system"] == "servicebus"
+    host, _, port = emulator.connection_string.split("sb://")[1].split(";")[0].partition(":")
+    assert (transfer.attributes["server.address"], transfer.attributes["server.port"]) == (
+        host,
+        int(port),
+    )
+    [(attributes, _)] = capture.points("messaging.client.operation.duration")  # type: ignore[attr-defined]
+    assert (attributes["server.address"], attributes["server.port"]) == (host, int(port))
     [(span, retry)] = capture.events("sendonce.retry")  # type: ignore[attr-defined]
     assert span is transfer and retry["sendonce.attempt"] == 1
     ctx = transfer.context
@@ -151,7 +159,12 @@ def test_nothing_reached_the_broker_is_the_not_stored_outcome(otel: object) -> N
         with pytest.raises(NotStoredError):
             sender.send(Message("paid", message_id="order-1"))
     capture = otel
-    [call] = [s for s in capture.named("send orders") if s.kind is SpanKind.CLIENT]  # type: ignore[attr-defined]
+    [call] = capture.named("send orders")  # type: ignore[attr-defined]
+    assert call.kind is SpanKind.PRODUCER  # one span: the call is its transfer
     assert call.attributes["sendonce.outcome"] == "not_stored"
+    assert (call.attributes["server.address"], call.attributes["server.port"]) == (
+        "127.0.0.1",
+        port,
+    )
     assert capture.outcomes() == {"not_stored": 1}  # type: ignore[attr-defined]
     assert "secret" not in json.dumps([dict(s.attributes) for s in capture.spans])  # type: ignore[attr-defined]

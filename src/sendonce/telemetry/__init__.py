@@ -10,6 +10,9 @@ here. This module is for processes that have no setup of their own:
   ``SENDONCE_OTEL_SETUP=sendonce.telemetry:configure`` is in its environment.
 - :func:`use` sends sendonce's telemetry to providers of your choosing without touching the
   global ones (tests read spans back this way); each signal is named, ``None`` for none.
+
+The package's core (``_core``) holds the switch, the providers, spans and propagation, and
+knows no feature: each feature builds its instruments on it.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ from dataclasses import dataclass, field
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Literal
 
-from . import _telemetry
-from .errors import ConfigurationError
+from ..errors import ConfigurationError
+from . import _core
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -31,8 +34,9 @@ if TYPE_CHECKING:
 __all__ = ["SETUP_VARIABLE", "Exporting", "configure", "reset", "use"]
 
 Exporter = Literal["otlp", "console", "none"]
+"""One exporter name of ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER`` sendonce sets up."""
 _EXPORTERS = ("otlp", "console", "none")
-SETUP_VARIABLE = _telemetry.SETUP_VARIABLE
+SETUP_VARIABLE = _core.SETUP_VARIABLE
 """The environment variable naming the setup a Spark executor calls (``module:function``)."""
 
 _SDK_HINT = (
@@ -61,30 +65,74 @@ class Exporting:
                 provider.shutdown()
 
 
-def _choice(value: str | None, variable: str) -> Exporter:
-    text = (value if value is not None else os.environ.get(variable, "otlp")).strip().lower()
-    if text not in _EXPORTERS:
+TRACES_VARIABLE = "OTEL_TRACES_EXPORTER"
+METRICS_VARIABLE = "OTEL_METRICS_EXPORTER"
+
+
+def _parse(text: str, source: str) -> tuple[Exporter, ...]:
+    """The exporters of a comma-separated list (``console,otlp``); ``none`` stands alone."""
+    names = [part.strip().lower() for part in text.split(",") if part.strip()]
+    for name in names:
+        if name not in _EXPORTERS:
+            raise ConfigurationError(
+                f"{source}={text.strip()!r} is not an exporter sendonce sets up: use one or "
+                f"more of otlp, console (comma-separated), or none",
+                field="exporter",
+            )
+    chosen: tuple[Exporter, ...] = tuple(dict.fromkeys(names))  # type: ignore[arg-type]
+    if "none" in chosen and len(chosen) > 1:
         raise ConfigurationError(
-            f"{variable}={text!r} is not an exporter sendonce sets up: use one of "
-            f"{', '.join(_EXPORTERS)}",
+            f"{source}={text.strip()!r}: none cannot be listed with another exporter",
             field="exporter",
         )
-    return text  # type: ignore[return-value]
+    return () if chosen in ((), ("none",)) else chosen
+
+
+def _exporters(exporter: str | None = None) -> tuple[tuple[Exporter, ...], tuple[Exporter, ...]]:
+    """(traces, metrics) exporters :func:`configure` sets up; empty: that signal is off.
+
+    ``exporter`` applies to both. Else ``OTEL_TRACES_EXPORTER`` chooses for traces and
+    ``OTEL_METRICS_EXPORTER`` for metrics; one left unset follows the other (traces to the
+    console alone print metrics there too, never to an OTLP endpoint nobody named), and
+    both unset mean ``otlp``, the OpenTelemetry default. ``OTEL_SDK_DISABLED=true`` turns
+    both off.
+    """
+    if exporter is not None:
+        both = _parse(exporter, "exporter")
+        return both, both
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return (), ()
+    traces_text = os.environ.get(TRACES_VARIABLE, "").strip()
+    metrics_text = os.environ.get(METRICS_VARIABLE, "").strip()
+    traces = _parse(traces_text, TRACES_VARIABLE) if traces_text else None
+    metrics = _parse(metrics_text, METRICS_VARIABLE) if metrics_text else None
+    if traces is None and metrics is None:
+        return ("otlp",), ("otlp",)
+    if traces is None:
+        traces = metrics
+    if metrics is None:
+        metrics = traces
+    assert traces is not None and metrics is not None
+    return traces, metrics
 
 
 def configure(exporter: str | None = None, *, service_name: str = "sendonce") -> Exporting:
     """Set the OpenTelemetry SDK's global tracer and meter providers, exporting to OTLP or the
     console; returns the :class:`Exporting` to shut down at exit.
 
-    ``exporter`` (``"otlp"``, ``"console"``, ``"none"``) applies to traces and metrics; by
-    default each follows ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER`` (``otlp`` if
-    unset). The OTLP exporters read ``OTEL_EXPORTER_OTLP_ENDPOINT`` and friends themselves
+    ``exporter`` (``"otlp"``, ``"console"``, ``"none"``, or a comma-separated list) applies
+    to traces and metrics. Without it, ``OTEL_TRACES_EXPORTER`` chooses for traces and
+    ``OTEL_METRICS_EXPORTER`` for metrics; one left unset follows the other, both unset mean
+    ``otlp``, and ``OTEL_SDK_DISABLED=true`` sets nothing up. The OTLP exporters read
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` and friends themselves
     (``OTEL_EXPORTER_OTLP_PROTOCOL=grpc`` needs ``opentelemetry-exporter-otlp-proto-grpc``);
     the console goes to stderr. ``OTEL_SERVICE_NAME`` overrides ``service_name``. A missing
     SDK or exporter is a :class:`~sendonce.errors.ConfigurationError` saying what to install.
     """
-    traces = _choice(exporter, "OTEL_TRACES_EXPORTER")
-    metrics_to = _choice(exporter, "OTEL_METRICS_EXPORTER")
+    traces, metrics_to = _exporters(exporter)
+    exporting = Exporting(exporters=(",".join(traces) or "none", ",".join(metrics_to) or "none"))
+    if not traces and not metrics_to:
+        return exporting
     try:
         from opentelemetry import metrics, trace
         from opentelemetry.sdk.metrics import MeterProvider
@@ -94,19 +142,22 @@ def configure(exporter: str | None = None, *, service_name: str = "sendonce") ->
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError as exc:
         raise ConfigurationError(f"{_SDK_HINT} ({exc})", field="otel") from None
+    # Every exporter is built before any provider is set: a missing one sets nothing.
+    span_exporters = [_span_exporter(kind) for kind in traces]
+    metric_exporters = [_metric_exporter(kind) for kind in metrics_to]
     named = os.environ.get("OTEL_SERVICE_NAME") or "service.name=" in os.environ.get(
         "OTEL_RESOURCE_ATTRIBUTES", ""
     )
     resource = Resource.create({} if named else {"service.name": service_name})
-    exporting = Exporting(exporters=(traces, metrics_to))
-    if traces != "none":
+    if span_exporters:
         tracer_provider = TracerProvider(resource=resource)
-        tracer_provider.add_span_processor(BatchSpanProcessor(_span_exporter(traces)))
+        for span_exporter in span_exporters:
+            tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
         trace.set_tracer_provider(tracer_provider)
         exporting.tracer_provider = tracer_provider
-    if metrics_to != "none":
-        reader = PeriodicExportingMetricReader(_metric_exporter(metrics_to))
-        meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
+    if metric_exporters:
+        readers = [PeriodicExportingMetricReader(e) for e in metric_exporters]
+        meter_provider = MeterProvider(resource=resource, metric_readers=readers)
         metrics.set_meter_provider(meter_provider)
         exporting.meter_provider = meter_provider
     return exporting
@@ -119,7 +170,7 @@ def _protocol() -> str:
     return "http/protobuf"
 
 
-def _span_exporter(kind: Exporter) -> Any:
+def _span_exporter(kind: str) -> Any:
     if kind == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
@@ -127,7 +178,7 @@ def _span_exporter(kind: Exporter) -> Any:
     return _otlp("trace_exporter", "OTLPSpanExporter")
 
 
-def _metric_exporter(kind: Exporter) -> Any:
+def _metric_exporter(kind: str) -> Any:
     if kind == "console":
         from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
 
@@ -186,9 +237,9 @@ def use(
         )
     assert not isinstance(tracer_provider, EllipsisType)
     assert not isinstance(meter_provider, EllipsisType)
-    _telemetry.use(tracer_provider, meter_provider)
+    _core.use(tracer_provider, meter_provider)
 
 
 def reset() -> None:
     """Undo :func:`use`: follow the global providers again."""
-    _telemetry.reset()
+    _core.reset()
