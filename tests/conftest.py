@@ -278,15 +278,19 @@ def postgres_database(postgres_server: str) -> Any:
 # Folders whose modules all run on one worker: the Spark suite shares one Spark session (a JVM
 # per worker would starve a 2-core machine).
 _ONE_WORKER = ("tests/integration/spark/",)
+# Long modules with no module-scoped server: each test is a unit of its own (one module would
+# keep one worker busy for minutes while the others have nothing left).
+_PER_TEST = ("tests/functional/test_doc_snippets.py", "tests/unit/test_ids_properties.py")
 
 
 def _unit_of(nodeid: str) -> str:
-    """The scheduling unit of a test: its module, or a whole ``_ONE_WORKER`` folder."""
+    """The scheduling unit of a test: its module, a whole ``_ONE_WORKER`` folder, or the test
+    itself in a ``_PER_TEST`` module."""
     path = nodeid.split("::", 1)[0]
     for folder in _ONE_WORKER:
         if path.startswith(folder):
             return folder
-    return path
+    return nodeid if path in _PER_TEST else path
 
 
 if importlib.util.find_spec("xdist") is not None:

@@ -84,11 +84,15 @@ def test_each_fault_ends_with_every_message_exactly_once(
     emulator: Emulator, store: LocalBackend, fake_time: FakeTime, action: FaultAction
 ) -> None:
     messages = orders(6)
+    withheld = action is FaultAction.WITHHOLD
     retry = RetryPolicy(
         async_sleep=fake_time.async_sleep,
         clock=fake_time.clock,
         jitter=False,
-        attempt_timeout=1.0,  # a withheld disposition costs 1 s
+        # A withheld disposition costs the attempt timeout: 1 s there. Elsewhere a timeout
+        # that no loaded machine's link opening reaches (the verdict must not hang on load).
+        attempt_timeout=1.0 if withheld else 60.0,
+        max_attempts=30,
     )
 
     async def main() -> tuple[SendResult, SendReport]:
@@ -103,7 +107,9 @@ def test_each_fault_ends_with_every_message_exactly_once(
             return single, report
 
     single, report = asyncio.run(main())
-    assert single.outcome == "sent" and single.attempts == 2
+    # the fault costs one attempt; a busy machine may make a 1 s attempt after it time out too
+    assert single.outcome == "sent"
+    assert single.attempts >= 2 if withheld else single.attempts == 2
     assert report.failed == 0 and report.sent + report.duplicates == 5
     assert emulator.faults.pending == 0
     assert store.message_ids("orders") == [m.message_id for m in messages]
