@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, cast
 
+from ._buffer import DEFAULT_MAX_BUFFER_BYTES, Chunks, check_buffer
 from ._entity import EntityProfile
 from ._inflight import KeyGate, Stopped, fly, gate_for, in_flight_limit
 from ._ledger_layer import LEDGER_FAILURES, LedgerRun
@@ -32,6 +33,7 @@ from ._report import (
     SendReport,
     SendResult,
     ack_results,
+    sent_before,
 )
 from ._retry import Attempted, RetryPolicy
 from ._sender_core import (
@@ -81,6 +83,11 @@ class IdempotentSender(SenderCore):
     (default: the backend's ``max_in_flight``, else 1); transfers sharing a partition
     key or session id never overlap and start in input order. Many threads may
     share one sender.
+
+    ``max_buffer_bytes`` bounds what ``send_many`` holds of an input that is not a
+    list, tuple or ``MessageColumns`` (a generator): it reads, validates and sends such
+    an input a chunk at a time, and reads no more while the buffer is full (default
+    32 MiB; each message counts its size plus ~1 KiB of bookkeeping).
     """
 
     def __init__(
@@ -94,8 +101,10 @@ class IdempotentSender(SenderCore):
         max_batch_messages: int = DEFAULT_MAX_BATCH_MESSAGES,
         ledger: Ledger | str | None = None,
         max_in_flight: int | None = None,
+        max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES,
     ) -> None:
         in_flight_limit(None, max_in_flight)  # a bad value fails before anything is opened
+        check_buffer(max_buffer_bytes)
         if isinstance(backend, str):
             from .backends._url import connect
 
@@ -121,6 +130,7 @@ class IdempotentSender(SenderCore):
                     memory_size=memory_size,
                     max_batch_messages=max_batch_messages,
                     ledger=resolved,
+                    max_buffer_bytes=max_buffer_bytes,
                 )
                 self.max_in_flight = in_flight_limit(backend, max_in_flight)
             except BaseException:
@@ -280,15 +290,44 @@ class IdempotentSender(SenderCore):
     ) -> SendReport:
         """Send many messages in as few transfers as the entity's rules allow.
 
-        Every message is validated before any is sent (a bad one raises, naming
-        its index and id). Send failures do not raise: they are in the report,
-        one entry per message, alongside the sent and duplicate results.
+        A list, tuple or ``MessageColumns`` is validated whole before any of it is sent
+        (a bad message raises, naming its index and id). Any other iterable (a
+        generator) is streamed: read, validated and sent a chunk at a time within
+        ``max_buffer_bytes``; a bad message raises before anything of its chunk is sent,
+        the chunks before it having been sent (the error says so; their report is its
+        ``sent_before``). Send failures do not raise: they are in the report, one entry
+        per message in input order, alongside the sent and duplicate results.
         ``first_attempt`` resumes a crashed call with its original deadline (see ``send``).
         """
         self._check_open()
         started = self._started(first_attempt)
-        items = messages if isinstance(messages, list | tuple | MessageColumns) else list(messages)
-        plan = self._plan_remembered(items, what="messages")
+        if isinstance(messages, list | tuple | MessageColumns):
+            return self._send_planned(messages, started)
+        report = SendReport()
+        chunks = Chunks(messages, self.max_buffer_bytes)
+        handled = 0  # messages whose outcome is in the report
+        try:
+            while True:
+                chunks.fill()  # the input waits while the chunk before is sent
+                chunk, base = chunks.take()
+                if chunk:
+                    report._absorb(self._send_planned(chunk, started, base), base)
+                    handled = base + len(chunk)
+                if chunks.exhausted:
+                    break
+        except BaseException as exc:
+            if handled:
+                sent_before(exc, report, handled)
+            raise
+        report._in_input_order()
+        return report
+
+    def _send_planned(
+        self, items: Sequence[Message], started: float | None, base: int = 0
+    ) -> SendReport:
+        """Plan ``items`` (a whole call, or a chunk of a streamed one from input position
+        ``base``), send them, and report with positions from 0."""
+        plan = self._plan_remembered(items, what="messages", base=base)
         report = SendReport()
         failed: dict[object, SendError] = {}
         if self._ledger is not None:

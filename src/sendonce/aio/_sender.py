@@ -19,16 +19,16 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from functools import partial
-from itertools import islice
 from types import TracebackType
 from typing import Any, Literal
 
+from .._buffer import DEFAULT_MAX_BUFFER_BYTES, Chunks, check_buffer
 from .._entity import EntityProfile
 from .._inflight import gate_for, in_flight_limit
 from .._ledger_layer import LEDGER_FAILURES, LedgerLayer, LedgerRun
 from .._message import Message
 from .._message_columns import MessageColumns
-from .._report import Part, ack_results
+from .._report import Part, ack_results, sent_before
 from .._retry import Attempted, RetryPolicy
 from .._sender import SendReport, SendResult, _open_ledger
 from .._sender_core import (
@@ -83,7 +83,8 @@ class IdempotentSender(SenderCore):
     and the backend serialises or multiplexes the transfers. ``max_in_flight`` is
     how many transfers one call keeps outstanding at once (default: the backend's
     ``max_in_flight``, else 1); transfers sharing a partition key or session id never
-    overlap and start in input order.
+    overlap and start in input order. ``max_buffer_bytes`` bounds what ``send_many``
+    holds of a streamed input (a generator), as with the sync sender.
     """
 
     def __init__(
@@ -97,8 +98,10 @@ class IdempotentSender(SenderCore):
         max_batch_messages: int = DEFAULT_MAX_BATCH_MESSAGES,
         ledger: Ledger | str | None = None,
         max_in_flight: int | None = None,
+        max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES,
     ) -> None:
         in_flight_limit(None, max_in_flight)  # a bad value fails before anything is opened
+        check_buffer(max_buffer_bytes)
         if not isinstance(entity, EntityProfile) and not (isinstance(entity, str) and entity):
             raise ConfigurationError(
                 "entity must be an EntityProfile or a non-empty entity name", field="entity"
@@ -113,6 +116,7 @@ class IdempotentSender(SenderCore):
             "memory_size": memory_size,
             "max_batch_messages": max_batch_messages,
             "ledger": resolved,
+            "max_buffer_bytes": max_buffer_bytes,
         }
         self._entity_arg = entity
         self._opened = False
@@ -318,17 +322,52 @@ class IdempotentSender(SenderCore):
     ) -> SendReport:
         """Send many messages in as few transfers as the entity's rules allow.
 
-        Every message is validated before any is sent; send failures are in the
-        report, one entry per message, as with the sync sender. A big input is read
-        and validated a slice at a time, other tasks running between slices.
+        A list, tuple or ``MessageColumns`` is validated whole before any of it is sent;
+        any other iterable (a generator) is streamed a chunk at a time within
+        ``max_buffer_bytes``, as with the sync sender (a bad message raises before
+        anything of its chunk is sent; the error's ``sent_before`` reports the chunks
+        before it). Send failures are in the report, one entry per message in input
+        order. Big inputs are read and validated a slice at a time, other tasks running
+        between slices.
         """
         self._check_open()
         before = cancelling()
         started = self._started(first_attempt)
-        items = messages if isinstance(messages, list | tuple | MessageColumns) else None
-        if items is None:
-            items = await _read(messages)
-        plan = await self._plan_yielding(items)
+        if isinstance(messages, list | tuple | MessageColumns):
+            report = await self._send_planned(messages, started)
+            cancelled_meanwhile(before)
+            return report
+        report = SendReport()
+        chunks = Chunks(messages, self.max_buffer_bytes)
+        handled = 0  # messages whose outcome is in the report
+        try:
+            while True:
+                # The generator's own work (building each message) is done a slice at a
+                # time, other tasks running between slices; the input waits while the
+                # chunk before is sent.
+                while chunks.read(READ_SLICE):
+                    await asyncio.sleep(0)
+                chunk, base = chunks.take()
+                if chunk:
+                    report._absorb(await self._send_planned(chunk, started, base), base)
+                    handled = base + len(chunk)
+                if chunks.exhausted:
+                    break
+                await asyncio.sleep(0)
+            cancelled_meanwhile(before)
+        except BaseException as exc:
+            if handled:
+                sent_before(exc, report, handled)
+            raise
+        report._in_input_order()
+        return report
+
+    async def _send_planned(
+        self, items: Sequence[Message], started: float | None, base: int = 0
+    ) -> SendReport:
+        """Plan ``items`` (a whole call, or a chunk of a streamed one from input position
+        ``base``), send them, and report with positions from 0."""
+        plan = await self._plan_yielding(items, base)
         report = SendReport()
         failed: dict[object, SendError] = {}
         if self._ledger is not None:
@@ -337,17 +376,16 @@ class IdempotentSender(SenderCore):
             )
         else:
             await self._send_transfers(plan.batches, plan.positions, report, failed, started)
-        cancelled_meanwhile(before)
         self._account_repeats(items, plan, report, failed)
         return report
 
-    async def _plan_yielding(self, items: Sequence[Message]) -> _Plan:
+    async def _plan_yielding(self, items: Sequence[Message], base: int = 0) -> _Plan:
         """``_plan_remembered``, a slice at a time for a big input: other tasks run
         between slices (a cancellation too: nothing is sent then), and every message is
         validated before any is sent."""
         if len(items) <= PLAN_SLICE:
-            return self._plan_remembered(items, what="messages")
-        planning = _Planning(self, items, "messages", True)
+            return self._plan_remembered(items, what="messages", base=base)
+        planning = _Planning(self, items, "messages", True, base)
         additions = self._memory.additions
         while True:
             with self._state_lock:
@@ -356,7 +394,7 @@ class IdempotentSender(SenderCore):
                 break
             await asyncio.sleep(0)
         plan = planning.result()
-        self._remember_stepped(plan, items, "messages", additions)
+        self._remember_stepped(plan, items, "messages", additions, base)
         return plan
 
     async def _send_transfers(
@@ -658,20 +696,6 @@ class Transaction:
         batch = list(messages)
         self._sender._plan(batch, what="messages", batch=False)
         self.messages.extend(batch)
-
-
-async def _read(messages: Iterable[Message]) -> list[Message]:
-    """Every message of ``messages`` (a generator, say), ``READ_SLICE`` at a time,
-    letting other tasks run between slices: the generator's own work (building each
-    message) would otherwise hold the event loop for the whole input."""
-    items: list[Message] = []
-    rows = iter(messages)
-    while True:
-        had = len(items)
-        items.extend(islice(rows, READ_SLICE))
-        if len(items) - had < READ_SLICE:
-            return items
-        await asyncio.sleep(0)
 
 
 def _settle(
