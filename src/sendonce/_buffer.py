@@ -36,6 +36,8 @@ of its planning (transfer lists, id memory entry, ledger key, report entry), mea
 with small messages (bench/bench_sender_memory.py)."""
 FIRST_CHUNK = 256
 """Messages of the first chunk (then twice as many each chunk, within the budget)."""
+MAX_CHUNK = 1 << 24
+"""Messages of a chunk at most, whatever the budget (the count doubles only this far)."""
 MIN_BUFFER_BYTES = 64 * 1024
 """The least budget accepted: one message of the largest size Service Bus takes must
 fit, with room for a transfer's worth beside it."""
@@ -106,7 +108,7 @@ class Chunks:
         chunk, base = self.chunk, self.base
         self.chunk, self.bytes = [], 0
         self.base += len(chunk)
-        self.limit *= 2
+        self.limit = min(self.limit * 2, MAX_CHUNK)
         return chunk, base
 
     @property

@@ -14,6 +14,7 @@ from operator import attrgetter
 from typing import Literal, NamedTuple
 
 from ._message import Message
+from ._message_columns import MessageColumns
 from ._retry import Attempted
 from .backends._base import Ack
 from .errors import InDoubtError, SendError
@@ -273,7 +274,7 @@ class _Packed:
         self,
         ids: list[str],
         keys: list[str | None],
-        outcomes: list[Outcome],
+        duplicate: list[bool],
         attempts: list[int],
         numbers: list[int | None],
         at: list[int],
@@ -287,10 +288,8 @@ class _Packed:
         if any(k is not None for k in keys):
             text = "\x00".join([k or "" for k in keys])
             self.keys = text if text.count("\x00") == count - 1 else tuple(keys)
-        self.duplicates = outcomes.count("duplicate")
-        self.outcomes: bytes | None = (
-            bytes(o == "duplicate" for o in outcomes) if self.duplicates else None
-        )
+        self.duplicates = duplicate.count(True)
+        self.outcomes: bytes | None = bytes(duplicate) if self.duplicates else None
         first = attempts[0] if attempts else 0
         self.attempts: int | array[int] = (
             first if attempts.count(first) == count else array("q", attempts)
@@ -336,35 +335,52 @@ class _Packed:
         return list(map(SendResult, ids, keys, outcomes, attempts, numbers))
 
 
+_ID = attrgetter("message_id")
+_KEY = attrgetter("partition_key")
+_NUMBER = attrgetter("sequence_number")
+
+
 def _pack(
     chunks: Sequence[tuple[Sequence[Message], list[Ack], int, bool, int, Sequence[int]]],
     base: int,
 ) -> _Packed:
     """Every acknowledged transfer of a chunk, packed, in input order, positions from
-    ``base``."""
+    ``base`` (what ``ack_results`` would say of each message)."""
     ids: list[str] = []
     keys: list[str | None] = []
-    outcomes: list[Outcome] = []
+    duplicate: list[bool] = []
     attempts: list[int] = []
     numbers: list[int | None] = []
     at: list[int] = []
-    for batch, acks, tried, in_doubt, _, positions in chunks:
-        for result in ack_results(batch, acks, tried, in_doubt):
-            ids.append(result.message_id)
-            keys.append(result.partition_key)
-            outcomes.append(result.outcome)
-            attempts.append(result.attempts)
-            numbers.append(result.sequence_number)
-        at.extend(position + base for position in positions)
+    for batch, acks, tried, in_doubt, dups, positions in chunks:
+        count = len(acks)
+        if isinstance(batch, MessageColumns):
+            ids += batch.message_ids
+            keys += batch.partition_keys or [None] * count
+        else:
+            ids += map(_ID, batch)
+            keys += map(_KEY, batch)
+        attempts += [tried] * count
+        # A duplicate ack is reported duplicate unless an attempt before it was in doubt
+        # (then it is our own copy: sent); either way its number names no message.
+        if dups:
+            duplicate += [ack.outcome == "duplicate" for ack in acks]
+        else:
+            duplicate += [False] * count
+        if dups or in_doubt:
+            numbers += [None if a.outcome == "duplicate" else a.sequence_number for a in acks]
+        else:
+            numbers += map(_NUMBER, acks)
+        at += [position + base for position in positions]
     if _unsorted(at):
         order = sorted(range(len(at)), key=at.__getitem__)
         ids = [ids[i] for i in order]
         keys = [keys[i] for i in order]
-        outcomes = [outcomes[i] for i in order]
+        duplicate = [duplicate[i] for i in order]
         attempts = [attempts[i] for i in order]
         numbers = [numbers[i] for i in order]
         at = [at[i] for i in order]
-    return _Packed(ids, keys, outcomes, attempts, numbers, at)
+    return _Packed(ids, keys, duplicate, attempts, numbers, at)
 
 
 def sent_before(error: BaseException, report: SendReport, sent: int) -> None:

@@ -23,7 +23,7 @@ from typing import Any, cast
 from ._buffer import DEFAULT_MAX_BUFFER_BYTES, Chunks, check_buffer
 from ._entity import EntityProfile
 from ._inflight import KeyGate, Stopped, fly, gate_for, in_flight_limit
-from ._ledger_layer import LEDGER_FAILURES, LedgerRun
+from ._ledger_layer import LEDGER_FAILURES, LedgerRun, WriteAhead
 from ._message import Message
 from ._message_columns import MessageColumns
 from ._report import (
@@ -51,9 +51,8 @@ from .errors import (
     SendError,
     ValidationError,
 )
-from .ledger import Key, Ledger
+from .ledger import Ledger
 from .ledger._ledger import Prepared
-from .ledger._store import Confirmation
 
 __all__ = [
     "DEFAULT_MAX_BATCH_MESSAGES",
@@ -450,72 +449,19 @@ class IdempotentSender(SenderCore):
         stop = threading.Event()
         outcomes: list[list[Part]] = [[] for _ in batches]
         pool = self._ledger_writer()
-        writing: list[Any] = []  # [kind, window, messages, future, carried] in flight
-        landed: dict[int, tuple[list[Message], Prepared]] = {}  # every write that completed
 
-        def write(
-            w: int,
-            messages: list[Message],
-            keys: list[Key],
-            carried: Confirmation | None,
-            staged: bool,
-        ) -> Prepared:
-            prepared = layer.intents(messages, keys, carried, staged)
-            landed[w] = (messages, prepared)
-            return prepared
-
-        def arm(
-            w: int, prepared: Prepared, messages: list[Message], carried: Confirmation | None
-        ) -> Prepared | None:
-            again = layer.arm(prepared, messages, carried)
-            if again is not None:  # decided anew: its owner is the one to release under
-                landed[w] = (messages, again)
-            return again
-
-        room: Future[None] = Future()  # never set: waited for beside the transfers in flight
-
-        def launch() -> bool:
+        def submit(fn: Any, *args: Any) -> Future[Any]:
             # Always in the worker thread, even for one window: Ctrl-C reaches only the
-            # main thread, so a write that completes is recorded in `landed` whatever
-            # the main thread was doing, and can be released on the way out. An arm goes
-            # first: transfers wait for it.
-            run_in = contextvars.copy_context().run  # the write's span: a child of the call's
-            arming = run.next_arm()
-            if arming is not None:
-                w, prepared, messages, carried = arming
-                writing[:] = ["arm", w, messages, None, carried]
-                writing[3] = pool.submit(run_in, arm, w, prepared, messages, carried)
-                return True
-            request = run.next_write()
-            if request is None:
-                return False
-            w, messages, keys, carried, staged = request
-            writing[:] = ["write", w, messages, None, carried]
-            writing[3] = pool.submit(run_in, write, w, messages, keys, carried, staged)
-            return True
+            # main thread, so a write that completes is noted (``landed``) whatever the
+            # main thread was doing, and can be released on the way out. In the caller's
+            # context: the write's span is a child of the call's.
+            return pool.submit(contextvars.copy_context().run, fn, *args)
 
-        def collect(then_next: bool) -> None:
-            kind, w, messages, future, carried = writing
-            writing.clear()
-            try:
-                if kind == "arm":
-                    run.armed(w, future.result())
-                else:
-                    run.written(w, messages, future.result())
-            except LEDGER_FAILURES as exc:
-                run.write_failed(w, exc, carried)
-            if then_next:
-                launch()  # ahead of the transfers, as far as the rule allows
+        # ``room`` is never set: waited for beside the transfers in flight.
+        ahead = WriteAhead(run, submit, Future())
 
         def ready(index: int) -> Future[Any] | None:
-            while not run.ready(index):
-                if writing:
-                    if not writing[3].done():
-                        return cast("Future[Any]", writing[3])
-                    collect(then_next=True)
-                elif not launch():
-                    return room  # a transfer in flight must end (and be confirmed) first
-            return None
+            return cast("Future[Any] | None", ahead.ready(index))
 
         def step(index: int) -> list[Part]:
             sends, start = run.to_send(index)
@@ -529,23 +475,17 @@ class IdempotentSender(SenderCore):
             released, owner = run.done(index, parts)
             if released:
                 layer.release_quietly(released, owner)
-            if run.bounded and not writing:
-                launch()  # its confirmation makes room: arm or write the next window now
+            ahead.after_transfer()  # its confirmation may make room for the next write
 
         try:
-            launch()
+            ahead.launch()
             keys = [transfer_key(batch) for batch in batches]
             fly(keys, self.max_in_flight, step, finish, stop, ready=ready)
         finally:
-            if writing and writing[3] is not None:  # a window written ahead: learn its owner
-                collect(then_next=False)
+            if ahead.in_flight is not None:  # a window written ahead: learn its owner
+                ahead.collect(then_next=False)
             pool.submit(int).result()  # every write queued has ended
-            for w, (messages, prepared) in landed.items():
-                if run.prepared[w] is None:  # written, then the call was interrupted
-                    run.written(w, messages, prepared)
-                elif run.prepared[w] is not prepared:  # decided anew as it was armed
-                    run.prepared[w] = prepared
-            releases, confirmation = run.closing()
+            releases, confirmation = ahead.closing()
             for keys_, owner in releases:
                 layer.release_quietly(keys_, owner)
             if confirmation:

@@ -168,6 +168,7 @@ TEN_MILLION = textwrap.dedent(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_a_ten_million_message_generator_runs_in_bounded_memory() -> None:
     """RSS at the last message minus RSS at the 1,000,000th: the packed report's growth (the
     ids kept for the results) plus slack, not the ~540 bytes a message the call cost when

@@ -20,12 +20,12 @@ from contextlib import asynccontextmanager
 from datetime import datetime
 from functools import partial
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from .._buffer import DEFAULT_MAX_BUFFER_BYTES, Chunks, check_buffer
 from .._entity import EntityProfile
 from .._inflight import gate_for, in_flight_limit
-from .._ledger_layer import LEDGER_FAILURES, LedgerLayer, LedgerRun
+from .._ledger_layer import LEDGER_FAILURES, LedgerLayer, LedgerRun, WriteAhead
 from .._message import Message
 from .._message_columns import MessageColumns
 from .._report import Part, ack_results, sent_before
@@ -492,48 +492,15 @@ class IdempotentSender(SenderCore):
         # partitioned entity with duplicate detection) a worker thread does it.
         run = setup() if len(batches) <= ACCOUNT_SLICE else await asyncio.to_thread(setup)
         outcomes: list[list[Part]] = [[] for _ in batches]
-        writing: list[Any] = []  # [kind, window, messages, future, carried] in flight
-        room: asyncio.Future[None] = asyncio.get_running_loop().create_future()  # never set
 
-        def launch() -> bool:
-            # An arm goes first: transfers wait for it.
-            arming = run.next_arm()
-            if arming is not None:
-                w, prepared, messages, carried = arming
-                job: Any = asyncio.to_thread(layer.arm, prepared, messages, carried)
-                writing[:] = ["arm", w, messages, asyncio.ensure_future(job), carried]
-                return True
-            request = run.next_write()
-            if request is None:
-                return False
-            w, messages, keys, carried, staged = request
-            job = asyncio.to_thread(layer.intents, messages, keys, carried, staged)
-            writing[:] = ["write", w, messages, asyncio.ensure_future(job), carried]
-            return True
+        def submit(fn: Any, *args: Any) -> asyncio.Future[Any]:
+            return asyncio.ensure_future(asyncio.to_thread(fn, *args))
 
-        def collect(then_next: bool) -> None:
-            kind, w, messages, future, carried = writing
-            writing.clear()
-            try:
-                if kind == "arm":
-                    run.armed(w, future.result())
-                else:
-                    run.written(w, messages, future.result())
-            except LEDGER_FAILURES as exc:
-                run.write_failed(w, exc, carried)
-            if then_next:
-                launch()  # ahead of the transfers, as far as the rule allows
+        # ``room`` is never set: waited for beside the transfers in flight.
+        ahead = WriteAhead(run, submit, asyncio.get_running_loop().create_future())
 
         def ready(index: int) -> asyncio.Future[Any] | None:
-            while not run.ready(index):
-                if writing:
-                    future: asyncio.Future[Any] = writing[3]
-                    if not future.done():
-                        return future
-                    collect(then_next=True)
-                elif not launch():
-                    return room  # a transfer in flight must end (and be confirmed) first
-            return None
+            return cast("asyncio.Future[Any] | None", ahead.ready(index))
 
         async def step(index: int) -> list[Part]:
             sends, start = run.to_send(index)
@@ -548,18 +515,18 @@ class IdempotentSender(SenderCore):
         def finish(index: int, parts: list[Part]) -> None:
             outcomes[index] = parts
             run.done(index, parts)
-            if run.bounded and not writing:
-                launch()  # its confirmation makes room: arm or write the next window now
+            ahead.after_transfer()  # its confirmation may make room for the next write
 
         try:
-            launch()
+            ahead.launch()
             keys = [transfer_key(batch) for batch in batches]
             await afly(keys, self.max_in_flight, step, finish, ready=ready)
         finally:
-            if writing:  # a window written ahead: learn its owner, to release it below
-                await asyncio.wait([writing[3]])
-                collect(then_next=False)
-            left, confirmation = run.closing()
+            writing = ahead.in_flight
+            if writing is not None:  # a window written ahead: learn its owner, to release it
+                await asyncio.wait([cast("asyncio.Future[Any]", writing)])
+                ahead.collect(then_next=False)
+            left, confirmation = ahead.closing()
             await asyncio.to_thread(_settle, layer, left, confirmation)
         for index, parts in enumerate(outcomes):
             if parts:
