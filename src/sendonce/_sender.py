@@ -23,7 +23,7 @@ from typing import Any, cast
 from ._buffer import DEFAULT_MAX_BUFFER_BYTES, Chunks, check_buffer
 from ._entity import EntityProfile
 from ._inflight import KeyGate, Stopped, fly, gate_for, in_flight_limit
-from ._ledger_layer import LEDGER_FAILURES, LedgerRun, WriteAhead
+from ._ledger_layer import LEDGER_FAILURES, WriteAhead
 from ._message import Message
 from ._message_columns import MessageColumns
 from ._report import (
@@ -49,7 +49,6 @@ from .errors import (
     MessageSizeError,
     PermanentSendError,
     SendError,
-    ValidationError,
 )
 from .ledger import Ledger
 from .ledger._ledger import Prepared
@@ -209,7 +208,6 @@ class IdempotentSender(SenderCore):
     ) -> Attempted[list[Ack]]:
         entity = self.profile.name
         backend = self._backend
-        first = batch[0]
         attempts = tried if tried is not None else [0]
 
         wire = batch  # what goes to the broker: with its trace context when traced
@@ -218,24 +216,10 @@ class IdempotentSender(SenderCore):
             if stop is not None and stop.is_set():
                 raise Stopped(attempts[0])
             attempts[0] += 1
-            acks = backend.send(entity, wire, timeout=timeout, atomic=atomic)
-            if len(acks) != len(batch):
-                raise PermanentSendError(
-                    f"backend returned {len(acks)} acks for {len(batch)} messages",
-                    message_id=first.message_id,
-                )
-            return acks
-
-        label = first.message_id if len(batch) == 1 else f"{first.message_id} (+{len(batch) - 1})"
+            return self._checked(backend.send(entity, wire, timeout=timeout, atomic=atomic), batch)
 
         def retried() -> Attempted[list[Ack]]:
-            return self.retry.call(
-                attempt,
-                window=self.profile.window,
-                message_id=label,
-                partition_key=first.partition_key,
-                started=started,
-            )
+            return self.retry.call(attempt, **self._retry_terms(batch, started))
 
         telemetry = self._otel
         if telemetry is None:
@@ -435,17 +419,7 @@ class IdempotentSender(SenderCore):
         """
         layer = self._ledger_layer
         assert layer is not None
-        run = LedgerRun(
-            layer,
-            batches,
-            positions,
-            started,
-            self.max_in_flight,
-            report,
-            failed,
-            self._fail,
-            self._key_of,
-        )
+        run = self._ledger_run(batches, positions, report, failed, started)
         stop = threading.Event()
         outcomes: list[list[Part]] = [[] for _ in batches]
         pool = self._ledger_writer()
@@ -506,12 +480,7 @@ class IdempotentSender(SenderCore):
         after an in-doubt attempt the sequence number may be unknown (None).
         """
         self._check_open()
-        if not isinstance(at, datetime) or at.tzinfo is None:
-            raise ValidationError(
-                f"message {getattr(message, 'message_id', None)!r}: schedule time must be a "
-                "timezone-aware datetime",
-                field="at",
-            )
+        self._check_schedule_time(message, at)
         started = self._started(first_attempt)
         self._plan_remembered((message,), what="message", batch=False)
         entity = self.profile.name
@@ -537,13 +506,7 @@ class IdempotentSender(SenderCore):
             return backend.schedule(entity, wire, at, timeout=timeout)
 
         def retried() -> Attempted[list[Ack]]:
-            return self.retry.call(
-                attempt,
-                window=self.profile.window,
-                message_id=message.message_id,
-                partition_key=message.partition_key,
-                started=started,
-            )
+            return self.retry.call(attempt, **self._retry_terms((message,), started))
 
         telemetry = self._otel
         try:
@@ -584,13 +547,7 @@ class IdempotentSender(SenderCore):
         Service Bus has no transactions in the Python client: ``ConfigurationError``.
         """
         self._check_open()
-        self._refuse_with_ledger("transaction")
-        if getattr(self._backend, "supports_atomic", None) is False:
-            raise ConfigurationError(
-                f"backend {type(self._backend).__name__} cannot send all-or-nothing groups "
-                "(Service Bus has no transactions in the Python client)",
-                field="transaction",
-            )
+        self._check_atomic(self._backend)
         started = self._started(first_attempt)
         tx = Transaction(self, started)
         self._transaction = tx

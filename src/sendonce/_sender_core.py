@@ -21,7 +21,7 @@ from typing import Any
 from . import _telemetry
 from ._buffer import DEFAULT_MAX_BUFFER_BYTES, check_buffer
 from ._entity import EntityProfile
-from ._ledger_layer import LedgerLayer
+from ._ledger_layer import LedgerLayer, LedgerRun
 from ._message import Message
 from ._message_columns import MessageColumns
 from ._report import Part, SendFailure, SendReport, SendResult, per_message
@@ -299,6 +299,7 @@ class SenderCore:
     retry: RetryPolicy
     max_batch_messages: int
     max_buffer_bytes: int
+    max_in_flight: int
     _memory: _IdMemory
     _otel: _telemetry.Telemetry | None
     """The sender's telemetry, decided once when it is configured (None: off, free)."""
@@ -567,6 +568,72 @@ class SenderCore:
                 report._add_result(result, index)
         if plan.reordered or plan.repeats:
             report._in_input_order()
+
+    # -- what both shells check and say the same way ---------------------------------
+
+    @staticmethod
+    def _checked(acks: list[Ack], batch: Sequence[Message]) -> list[Ack]:
+        """A backend's acks for ``batch``: one per message, or the transfer is refused."""
+        if len(acks) != len(batch):
+            raise PermanentSendError(
+                f"backend returned {len(acks)} acks for {len(batch)} messages",
+                message_id=batch[0].message_id,
+            )
+        return acks
+
+    def _retry_terms(self, batch: Sequence[Message], started: float | None) -> dict[str, Any]:
+        """What the retry policy needs besides the attempt: the window, the transfer's name
+        in errors (its first id, and how many more), its key, its deadline's start."""
+        first = batch[0]
+        label = first.message_id if len(batch) == 1 else f"{first.message_id} (+{len(batch) - 1})"
+        return {
+            "window": self.profile.window,
+            "message_id": label,
+            "partition_key": first.partition_key,
+            "started": started,
+        }
+
+    @staticmethod
+    def _check_schedule_time(message: Message, at: object) -> None:
+        if not isinstance(at, datetime) or at.tzinfo is None:
+            raise ValidationError(
+                f"message {getattr(message, 'message_id', None)!r}: schedule time must be a "
+                "timezone-aware datetime",
+                field="at",
+            )
+
+    def _check_atomic(self, backend: object) -> None:
+        """An all-or-nothing group needs a backend with transactions and no ledger."""
+        self._refuse_with_ledger("transaction")
+        if getattr(backend, "supports_atomic", None) is False:
+            raise ConfigurationError(
+                f"backend {type(backend).__name__} cannot send all-or-nothing groups "
+                "(Service Bus has no transactions in the Python client)",
+                field="transaction",
+            )
+
+    def _ledger_run(
+        self,
+        batches: Sequence[Sequence[Message]],
+        positions: Sequence[Sequence[int]],
+        report: SendReport,
+        failed: dict[object, SendError],
+        started: float | None,
+    ) -> LedgerRun:
+        """One call's ledger protocol over its planned transfers (``_ledger_layer``)."""
+        layer = self._ledger_layer
+        assert layer is not None
+        return LedgerRun(
+            layer,
+            batches,
+            positions,
+            started,
+            self.max_in_flight,
+            report,
+            failed,
+            self._fail,
+            self._key_of,
+        )
 
     # -- the ledger (shared by the sync and aio senders) ----------------------------
 

@@ -25,7 +25,7 @@ from typing import Any, Literal, cast
 from .._buffer import DEFAULT_MAX_BUFFER_BYTES, Chunks, check_buffer
 from .._entity import EntityProfile
 from .._inflight import gate_for, in_flight_limit
-from .._ledger_layer import LEDGER_FAILURES, LedgerLayer, LedgerRun, WriteAhead
+from .._ledger_layer import LEDGER_FAILURES, LedgerLayer, WriteAhead
 from .._message import Message
 from .._message_columns import MessageColumns
 from .._report import Part, ack_results, sent_before
@@ -46,7 +46,6 @@ from ..errors import (
     MessageSizeError,
     PermanentSendError,
     SendError,
-    ValidationError,
 )
 from ..ledger import Key, Ledger
 from ..ledger._ledger import Prepared
@@ -242,7 +241,6 @@ class IdempotentSender(SenderCore):
     ) -> Attempted[list[Ack]]:
         entity = self.profile.name
         backend = self._backend
-        first = batch[0]
         wire = batch  # what goes to the broker: with its trace context when traced
 
         reports = reports_dispatch(backend)
@@ -260,23 +258,10 @@ class IdempotentSender(SenderCore):
                     finally:
                         if not (reports and call.abandon()):
                             tried[0] += 1
-            if len(acks) != len(batch):
-                raise PermanentSendError(
-                    f"backend returned {len(acks)} acks for {len(batch)} messages",
-                    message_id=first.message_id,
-                )
-            return acks
-
-        label = first.message_id if len(batch) == 1 else f"{first.message_id} (+{len(batch) - 1})"
+            return self._checked(acks, batch)
 
         async def retried() -> Attempted[list[Ack]]:
-            return await self.retry.acall(
-                attempt,
-                window=self.profile.window,
-                message_id=label,
-                partition_key=first.partition_key,
-                started=started,
-            )
+            return await self.retry.acall(attempt, **self._retry_terms(batch, started))
 
         telemetry = self._otel
         if telemetry is None:
@@ -476,20 +461,7 @@ class IdempotentSender(SenderCore):
         """
         layer = self._ledger_layer
         assert layer is not None
-        setup = partial(
-            LedgerRun,
-            layer,
-            batches,
-            positions,
-            started,
-            self.max_in_flight,
-            report,
-            failed,
-            self._fail,
-            self._key_of,
-        )
-        # Its set-up reads every transfer once: for many (one message each, on a
-        # partitioned entity with duplicate detection) a worker thread does it.
+        setup = partial(self._ledger_run, batches, positions, report, failed, started)
         run = setup() if len(batches) <= ACCOUNT_SLICE else await asyncio.to_thread(setup)
         outcomes: list[list[Part]] = [[] for _ in batches]
 
@@ -541,12 +513,7 @@ class IdempotentSender(SenderCore):
     ) -> SendResult:
         """Schedule one message for ``at``; it shares the duplicate-detection id space."""
         self._check_open()
-        if not isinstance(at, datetime) or at.tzinfo is None:
-            raise ValidationError(
-                f"message {getattr(message, 'message_id', None)!r}: schedule time must be a "
-                "timezone-aware datetime",
-                field="at",
-            )
+        self._check_schedule_time(message, at)
         started = self._started(first_attempt)
         self._plan_remembered((message,), what="message", batch=False)
         entity = self.profile.name
@@ -572,13 +539,7 @@ class IdempotentSender(SenderCore):
             return await backend.schedule(entity, wire, at, timeout=timeout)
 
         async def retried() -> Attempted[list[Ack]]:
-            return await self.retry.acall(
-                attempt,
-                window=self.profile.window,
-                message_id=message.message_id,
-                partition_key=message.partition_key,
-                started=started,
-            )
+            return await self.retry.acall(attempt, **self._retry_terms((message,), started))
 
         telemetry = self._otel
         before = cancelling()
@@ -620,13 +581,7 @@ class IdempotentSender(SenderCore):
         Service Bus has no transactions in the Python client: ``ConfigurationError``.
         """
         self._check_open()
-        self._refuse_with_ledger("transaction")
-        if getattr(self._backend, "supports_atomic", None) is False:
-            raise ConfigurationError(
-                f"backend {type(self._backend).__name__} cannot send all-or-nothing groups "
-                "(Service Bus has no transactions in the Python client)",
-                field="transaction",
-            )
+        self._check_atomic(self._backend)
         tx = Transaction(self)
         yield tx  # an exception in the block discards the group: nothing is sent
         tx.report = await self._send_atomic(tx.messages)
