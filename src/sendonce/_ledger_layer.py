@@ -33,7 +33,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import timedelta
-from typing import cast
+from typing import Any, Protocol, cast
 
 from . import _telemetry
 from ._entity import EntityProfile
@@ -45,7 +45,7 @@ from .ledger import Key, Ledger
 from .ledger._ledger import Prepared
 from .ledger._store import Confirmation
 
-__all__ = ["LEDGER_FAILURES", "LedgerLayer", "LedgerRun"]
+__all__ = ["LEDGER_FAILURES", "LedgerLayer", "LedgerRun", "WriteAhead"]
 
 logger = logging.getLogger("sendonce.sender")
 
@@ -553,3 +553,125 @@ class LedgerRun:
             if partial:
                 confirmation = partial.merged(confirmation)
         return releases, confirmation
+
+
+class Pending(Protocol):
+    """A write running in a worker thread: a ``concurrent.futures`` or an asyncio future."""
+
+    def done(self) -> bool: ...
+
+    def result(self) -> Any: ...
+
+
+Submit = Callable[..., Pending]
+"""Runs ``fn(*args)`` in the shell's worker thread: ``submit(fn, *args) -> Pending``."""
+
+
+class WriteAhead:
+    """One call's ledger writes beside its transfers, for the sync and the aio sender alike.
+
+    The shell gives ``submit`` (its worker thread) and ``room`` (a future never set: what
+    a transfer waits on when no write may be made until a transfer in flight ends).
+    ``launch`` starts the next write the ``LedgerRun`` allows (an arm first: transfers
+    wait for it), ``collect`` takes a finished write's answer, ``ready(i)`` says whether
+    transfer ``i`` may start (None) or what to wait for first, and ``closing`` says what
+    to release and confirm on the way out. A write that completed is noted in ``landed``
+    by the worker thread itself, so a call interrupted before it collected the answer
+    still releases what it wrote.
+    """
+
+    __slots__ = ("landed", "layer", "room", "run", "submit", "writing")
+
+    def __init__(self, run: LedgerRun, submit: Submit, room: Pending) -> None:
+        self.run, self.layer, self.submit, self.room = run, run.layer, submit, room
+        self.writing: list[Any] = []
+        """[kind, window, messages, future, carried] of the write in flight, if any."""
+        self.landed: dict[int, tuple[list[Message], Prepared]] = {}
+
+    def _write(
+        self,
+        w: int,
+        messages: list[Message],
+        keys: list[Key],
+        carried: Confirmation | None,
+        staged: bool,
+    ) -> Prepared:
+        prepared = self.layer.intents(messages, keys, carried, staged)
+        self.landed[w] = (messages, prepared)
+        return prepared
+
+    def _arm(
+        self, w: int, prepared: Prepared, messages: list[Message], carried: Confirmation | None
+    ) -> Prepared | None:
+        again = self.layer.arm(prepared, messages, carried)
+        if again is not None:  # decided anew: its owner is the one to release under
+            self.landed[w] = (messages, again)
+        return again
+
+    def launch(self) -> bool:
+        """Start the next write the run allows (an arm first); whether one started."""
+        run, writing = self.run, self.writing
+        arming = run.next_arm()
+        if arming is not None:
+            w, prepared, messages, carried = arming
+            writing[:] = ["arm", w, messages, None, carried]
+            writing[3] = self.submit(self._arm, w, prepared, messages, carried)
+            return True
+        request = run.next_write()
+        if request is None:
+            return False
+        w, messages, keys, carried, staged = request
+        writing[:] = ["write", w, messages, None, carried]
+        writing[3] = self.submit(self._write, w, messages, keys, carried, staged)
+        return True
+
+    def collect(self, then_next: bool) -> None:
+        """Take the finished write's answer (a failure fails its windows, unsent); then,
+        if ``then_next``, start the next write, ahead of the transfers."""
+        kind, w, messages, future, carried = self.writing
+        self.writing.clear()
+        try:
+            if kind == "arm":
+                self.run.armed(w, future.result())
+            else:
+                self.run.written(w, messages, future.result())
+        except LEDGER_FAILURES as exc:
+            self.run.write_failed(w, exc, carried)
+        if then_next:
+            self.launch()
+
+    def ready(self, index: int) -> Pending | None:
+        """None once transfer ``index`` may start, else what to wait for first."""
+        run, writing = self.run, self.writing
+        while not run.ready(index):
+            if writing:
+                future: Pending = writing[3]
+                if not future.done():
+                    return future
+                self.collect(then_next=True)
+            elif not self.launch():
+                return self.room  # a transfer in flight must end (and be confirmed) first
+        return None
+
+    def after_transfer(self) -> None:
+        """A transfer ended (``run.done`` taken): its confirmation may make room for the
+        next write where the run is bounded."""
+        if self.run.bounded and not self.writing:
+            self.launch()
+
+    @property
+    def in_flight(self) -> Pending | None:
+        """The write still running, to wait for on the way out (None: none)."""
+        return self.writing[3] if self.writing and self.writing[3] is not None else None
+
+    def closing(self) -> tuple[list[tuple[list[Key], str]], Confirmation | None]:
+        """On the way out (every write ended and collected if it could be): the intents
+        to release and what to confirm. A write that landed without being collected (the
+        call was interrupted) is taken into account first."""
+        run = self.run
+        for w, (messages, prepared) in self.landed.items():
+            if run.prepared[w] is None:  # written, then the call was interrupted
+                run.written(w, messages, prepared)
+            elif run.prepared[w] is not prepared:  # decided anew as it was armed
+                run.prepared[w] = prepared
+        return run.closing()

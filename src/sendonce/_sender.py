@@ -20,9 +20,10 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, cast
 
+from ._buffer import DEFAULT_MAX_BUFFER_BYTES, Chunks, check_buffer
 from ._entity import EntityProfile
 from ._inflight import KeyGate, Stopped, fly, gate_for, in_flight_limit
-from ._ledger_layer import LEDGER_FAILURES, LedgerRun
+from ._ledger_layer import LEDGER_FAILURES, WriteAhead
 from ._message import Message
 from ._message_columns import MessageColumns
 from ._report import (
@@ -32,6 +33,7 @@ from ._report import (
     SendReport,
     SendResult,
     ack_results,
+    sent_before,
 )
 from ._retry import Attempted, RetryPolicy
 from ._sender_core import (
@@ -47,11 +49,9 @@ from .errors import (
     MessageSizeError,
     PermanentSendError,
     SendError,
-    ValidationError,
 )
-from .ledger import Key, Ledger
+from .ledger import Ledger
 from .ledger._ledger import Prepared
-from .ledger._store import Confirmation
 
 __all__ = [
     "DEFAULT_MAX_BATCH_MESSAGES",
@@ -81,6 +81,11 @@ class IdempotentSender(SenderCore):
     (default: the backend's ``max_in_flight``, else 1); transfers sharing a partition
     key or session id never overlap and start in input order. Many threads may
     share one sender.
+
+    ``max_buffer_bytes`` bounds what ``send_many`` holds of an input that is not a
+    list, tuple or ``MessageColumns`` (a generator): it reads, validates and sends such
+    an input a chunk at a time, and reads no more while the buffer is full (default
+    32 MiB; each message counts its size plus ~1 KiB of bookkeeping).
     """
 
     def __init__(
@@ -94,8 +99,10 @@ class IdempotentSender(SenderCore):
         max_batch_messages: int = DEFAULT_MAX_BATCH_MESSAGES,
         ledger: Ledger | str | None = None,
         max_in_flight: int | None = None,
+        max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES,
     ) -> None:
         in_flight_limit(None, max_in_flight)  # a bad value fails before anything is opened
+        check_buffer(max_buffer_bytes)
         if isinstance(backend, str):
             from .backends._url import connect
 
@@ -121,6 +128,7 @@ class IdempotentSender(SenderCore):
                     memory_size=memory_size,
                     max_batch_messages=max_batch_messages,
                     ledger=resolved,
+                    max_buffer_bytes=max_buffer_bytes,
                 )
                 self.max_in_flight = in_flight_limit(backend, max_in_flight)
             except BaseException:
@@ -200,7 +208,6 @@ class IdempotentSender(SenderCore):
     ) -> Attempted[list[Ack]]:
         entity = self.profile.name
         backend = self._backend
-        first = batch[0]
         attempts = tried if tried is not None else [0]
 
         wire = batch  # what goes to the broker: with its trace context when traced
@@ -209,24 +216,10 @@ class IdempotentSender(SenderCore):
             if stop is not None and stop.is_set():
                 raise Stopped(attempts[0])
             attempts[0] += 1
-            acks = backend.send(entity, wire, timeout=timeout, atomic=atomic)
-            if len(acks) != len(batch):
-                raise PermanentSendError(
-                    f"backend returned {len(acks)} acks for {len(batch)} messages",
-                    message_id=first.message_id,
-                )
-            return acks
-
-        label = first.message_id if len(batch) == 1 else f"{first.message_id} (+{len(batch) - 1})"
+            return self._checked(backend.send(entity, wire, timeout=timeout, atomic=atomic), batch)
 
         def retried() -> Attempted[list[Ack]]:
-            return self.retry.call(
-                attempt,
-                window=self.profile.window,
-                message_id=label,
-                partition_key=first.partition_key,
-                started=started,
-            )
+            return self.retry.call(attempt, **self._retry_terms(batch, started))
 
         telemetry = self._otel
         if telemetry is None:
@@ -280,15 +273,44 @@ class IdempotentSender(SenderCore):
     ) -> SendReport:
         """Send many messages in as few transfers as the entity's rules allow.
 
-        Every message is validated before any is sent (a bad one raises, naming
-        its index and id). Send failures do not raise: they are in the report,
-        one entry per message, alongside the sent and duplicate results.
+        A list, tuple or ``MessageColumns`` is validated whole before any of it is sent
+        (a bad message raises, naming its index and id). Any other iterable (a
+        generator) is streamed: read, validated and sent a chunk at a time within
+        ``max_buffer_bytes``; a bad message raises before anything of its chunk is sent,
+        the chunks before it having been sent (the error says so; their report is its
+        ``sent_before``). Send failures do not raise: they are in the report, one entry
+        per message in input order, alongside the sent and duplicate results.
         ``first_attempt`` resumes a crashed call with its original deadline (see ``send``).
         """
         self._check_open()
         started = self._started(first_attempt)
-        items = messages if isinstance(messages, list | tuple | MessageColumns) else list(messages)
-        plan = self._plan_remembered(items, what="messages")
+        if isinstance(messages, list | tuple | MessageColumns):
+            return self._send_planned(messages, started)
+        report = SendReport()
+        chunks = Chunks(messages, self.max_buffer_bytes)
+        handled = 0  # messages whose outcome is in the report
+        try:
+            while True:
+                chunks.fill()  # the input waits while the chunk before is sent
+                chunk, base = chunks.take()
+                if chunk:
+                    report._absorb(self._send_planned(chunk, started, base), base)
+                    handled = base + len(chunk)
+                if chunks.exhausted:
+                    break
+        except BaseException as exc:
+            if handled:
+                sent_before(exc, report, handled)
+            raise
+        report._in_input_order()
+        return report
+
+    def _send_planned(
+        self, items: Sequence[Message], started: float | None, base: int = 0
+    ) -> SendReport:
+        """Plan ``items`` (a whole call, or a chunk of a streamed one from input position
+        ``base``), send them, and report with positions from 0."""
+        plan = self._plan_remembered(items, what="messages", base=base)
         report = SendReport()
         failed: dict[object, SendError] = {}
         if self._ledger is not None:
@@ -397,86 +419,23 @@ class IdempotentSender(SenderCore):
         """
         layer = self._ledger_layer
         assert layer is not None
-        run = LedgerRun(
-            layer,
-            batches,
-            positions,
-            started,
-            self.max_in_flight,
-            report,
-            failed,
-            self._fail,
-            self._key_of,
-        )
+        run = self._ledger_run(batches, positions, report, failed, started)
         stop = threading.Event()
         outcomes: list[list[Part]] = [[] for _ in batches]
         pool = self._ledger_writer()
-        writing: list[Any] = []  # [kind, window, messages, future, carried] in flight
-        landed: dict[int, tuple[list[Message], Prepared]] = {}  # every write that completed
 
-        def write(
-            w: int,
-            messages: list[Message],
-            keys: list[Key],
-            carried: Confirmation | None,
-            staged: bool,
-        ) -> Prepared:
-            prepared = layer.intents(messages, keys, carried, staged)
-            landed[w] = (messages, prepared)
-            return prepared
-
-        def arm(
-            w: int, prepared: Prepared, messages: list[Message], carried: Confirmation | None
-        ) -> Prepared | None:
-            again = layer.arm(prepared, messages, carried)
-            if again is not None:  # decided anew: its owner is the one to release under
-                landed[w] = (messages, again)
-            return again
-
-        room: Future[None] = Future()  # never set: waited for beside the transfers in flight
-
-        def launch() -> bool:
+        def submit(fn: Any, *args: Any) -> Future[Any]:
             # Always in the worker thread, even for one window: Ctrl-C reaches only the
-            # main thread, so a write that completes is recorded in `landed` whatever
-            # the main thread was doing, and can be released on the way out. An arm goes
-            # first: transfers wait for it.
-            run_in = contextvars.copy_context().run  # the write's span: a child of the call's
-            arming = run.next_arm()
-            if arming is not None:
-                w, prepared, messages, carried = arming
-                writing[:] = ["arm", w, messages, None, carried]
-                writing[3] = pool.submit(run_in, arm, w, prepared, messages, carried)
-                return True
-            request = run.next_write()
-            if request is None:
-                return False
-            w, messages, keys, carried, staged = request
-            writing[:] = ["write", w, messages, None, carried]
-            writing[3] = pool.submit(run_in, write, w, messages, keys, carried, staged)
-            return True
+            # main thread, so a write that completes is noted (``landed``) whatever the
+            # main thread was doing, and can be released on the way out. In the caller's
+            # context: the write's span is a child of the call's.
+            return pool.submit(contextvars.copy_context().run, fn, *args)
 
-        def collect(then_next: bool) -> None:
-            kind, w, messages, future, carried = writing
-            writing.clear()
-            try:
-                if kind == "arm":
-                    run.armed(w, future.result())
-                else:
-                    run.written(w, messages, future.result())
-            except LEDGER_FAILURES as exc:
-                run.write_failed(w, exc, carried)
-            if then_next:
-                launch()  # ahead of the transfers, as far as the rule allows
+        # ``room`` is never set: waited for beside the transfers in flight.
+        ahead = WriteAhead(run, submit, Future())
 
         def ready(index: int) -> Future[Any] | None:
-            while not run.ready(index):
-                if writing:
-                    if not writing[3].done():
-                        return cast("Future[Any]", writing[3])
-                    collect(then_next=True)
-                elif not launch():
-                    return room  # a transfer in flight must end (and be confirmed) first
-            return None
+            return cast("Future[Any] | None", ahead.ready(index))
 
         def step(index: int) -> list[Part]:
             sends, start = run.to_send(index)
@@ -490,23 +449,17 @@ class IdempotentSender(SenderCore):
             released, owner = run.done(index, parts)
             if released:
                 layer.release_quietly(released, owner)
-            if run.bounded and not writing:
-                launch()  # its confirmation makes room: arm or write the next window now
+            ahead.after_transfer()  # its confirmation may make room for the next write
 
         try:
-            launch()
+            ahead.launch()
             keys = [transfer_key(batch) for batch in batches]
             fly(keys, self.max_in_flight, step, finish, stop, ready=ready)
         finally:
-            if writing and writing[3] is not None:  # a window written ahead: learn its owner
-                collect(then_next=False)
+            if ahead.in_flight is not None:  # a window written ahead: learn its owner
+                ahead.collect(then_next=False)
             pool.submit(int).result()  # every write queued has ended
-            for w, (messages, prepared) in landed.items():
-                if run.prepared[w] is None:  # written, then the call was interrupted
-                    run.written(w, messages, prepared)
-                elif run.prepared[w] is not prepared:  # decided anew as it was armed
-                    run.prepared[w] = prepared
-            releases, confirmation = run.closing()
+            releases, confirmation = ahead.closing()
             for keys_, owner in releases:
                 layer.release_quietly(keys_, owner)
             if confirmation:
@@ -527,12 +480,7 @@ class IdempotentSender(SenderCore):
         after an in-doubt attempt the sequence number may be unknown (None).
         """
         self._check_open()
-        if not isinstance(at, datetime) or at.tzinfo is None:
-            raise ValidationError(
-                f"message {getattr(message, 'message_id', None)!r}: schedule time must be a "
-                "timezone-aware datetime",
-                field="at",
-            )
+        self._check_schedule_time(message, at)
         started = self._started(first_attempt)
         self._plan_remembered((message,), what="message", batch=False)
         entity = self.profile.name
@@ -558,13 +506,7 @@ class IdempotentSender(SenderCore):
             return backend.schedule(entity, wire, at, timeout=timeout)
 
         def retried() -> Attempted[list[Ack]]:
-            return self.retry.call(
-                attempt,
-                window=self.profile.window,
-                message_id=message.message_id,
-                partition_key=message.partition_key,
-                started=started,
-            )
+            return self.retry.call(attempt, **self._retry_terms((message,), started))
 
         telemetry = self._otel
         try:
@@ -605,13 +547,7 @@ class IdempotentSender(SenderCore):
         Service Bus has no transactions in the Python client: ``ConfigurationError``.
         """
         self._check_open()
-        self._refuse_with_ledger("transaction")
-        if getattr(self._backend, "supports_atomic", None) is False:
-            raise ConfigurationError(
-                f"backend {type(self._backend).__name__} cannot send all-or-nothing groups "
-                "(Service Bus has no transactions in the Python client)",
-                field="transaction",
-            )
+        self._check_atomic(self._backend)
         started = self._started(first_attempt)
         tx = Transaction(self, started)
         self._transaction = tx

@@ -19,8 +19,9 @@ from operator import attrgetter
 from typing import Any
 
 from . import _telemetry
+from ._buffer import DEFAULT_MAX_BUFFER_BYTES, check_buffer
 from ._entity import EntityProfile
-from ._ledger_layer import LedgerLayer
+from ._ledger_layer import LedgerLayer, LedgerRun
 from ._message import Message
 from ._message_columns import MessageColumns
 from ._report import Part, SendFailure, SendReport, SendResult, per_message
@@ -135,12 +136,31 @@ class _Planning:
     to the first message, message by message (the path that names what is wrong).
     """
 
-    __slots__ = ("batch", "core", "done", "fast", "messages", "open", "plan", "sizes", "what")
+    __slots__ = (
+        "base",
+        "batch",
+        "core",
+        "done",
+        "fast",
+        "messages",
+        "open",
+        "plan",
+        "sizes",
+        "what",
+    )
 
     def __init__(
-        self, core: SenderCore, messages: Sequence[Message], what: str, batch: bool
+        self,
+        core: SenderCore,
+        messages: Sequence[Message],
+        what: str,
+        batch: bool,
+        base: int = 0,
     ) -> None:
         self.core, self.messages, self.what, self.batch = core, messages, what, batch
+        self.base = base
+        """Where ``messages`` start in the call's input (a chunk of a streamed call): the
+        index an error names."""
         profile = core.profile
         self.fast = batch and len(messages) > 64 and not (profile.partitioned or profile.sessions)
         self.done = 0  # messages planned
@@ -215,11 +235,12 @@ class _Planning:
         plan = self.plan
         seen, repeats, batches, positions = plan.seen, plan.repeats, plan.batches, plan.positions
         open_batches = self.open
+        base = self.base
         for index, message in enumerate(self._slice(start, stop), start):
             if message.__class__ is not Message and not isinstance(message, Message):
                 raise ValidationError(
-                    f"{what}[{index}] is a {type(message).__name__}, not a sendonce.Message; "
-                    "nothing was sent",
+                    f"{what}[{index + base}] is a {type(message).__name__}, not a "
+                    f"sendonce.Message; {unsent(base)}",
                     field="message",
                 )
             size = message._size
@@ -228,19 +249,20 @@ class _Planning:
                     profile.check(message)
                 except ValidationError as exc:
                     raise type(exc)(
-                        f"{exc} ({what}[{index}]; nothing of this call was sent)", field=exc.field
+                        f"{exc} ({what}[{index + base}]; {unsent(base)})", field=exc.field
                     ) from None
             key: object = message.message_id if not partitioned else profile.dedup_key(message)
             digest = message._body_hash
             earlier = seen.get(key)
             if earlier is not None:
                 if earlier != digest:
-                    raise _conflict(message, f"{what}[{index}]", "the same call")
+                    raise _conflict(message, f"{what}[{index + base}]", "the same call", base)
                 repeats.append(index)
                 continue
             remembered = memory.get(key)
             if remembered is not None and remembered != digest:
-                raise _conflict(message, f"{what}[{index}]", "an earlier call")
+                before = "an earlier call" if not base else "an earlier chunk of this call or call"
+                raise _conflict(message, f"{what}[{index + base}]", before, base)
             seen[key] = digest
             if not batch:
                 continue
@@ -276,6 +298,8 @@ class SenderCore:
     profile: EntityProfile
     retry: RetryPolicy
     max_batch_messages: int
+    max_buffer_bytes: int
+    max_in_flight: int
     _memory: _IdMemory
     _otel: _telemetry.Telemetry | None
     """The sender's telemetry, decided once when it is configured (None: off, free)."""
@@ -289,7 +313,10 @@ class SenderCore:
         memory_size: int,
         max_batch_messages: int,
         ledger: Ledger | None = None,
+        max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES,
     ) -> None:
+        self.max_buffer_bytes = check_buffer(max_buffer_bytes)
+        """What a streamed ``send_many`` holds of its input at most (see ``_buffer``)."""
         self.profile = profile
         self.retry = retry if retry is not None else RetryPolicy()
         if not isinstance(self.retry, RetryPolicy):
@@ -330,13 +357,16 @@ class SenderCore:
             return message.message_id
         return self.profile.dedup_key(message)
 
-    def _plan(self, messages: Sequence[Message], *, what: str, batch: bool = True) -> _Plan:
+    def _plan(
+        self, messages: Sequence[Message], *, what: str, batch: bool = True, base: int = 0
+    ) -> _Plan:
         """Validate every message and group them into transfers, in one pass.
 
         Raises a ``ValidationError`` or ``PayloadConflictError`` naming the message
-        before any of ``messages`` has been sent.
+        before any of ``messages`` has been sent (``base``: where they start in the
+        call's input, for a chunk of a streamed call).
         """
-        planning = _Planning(self, messages, what, batch)
+        planning = _Planning(self, messages, what, batch, base)
         while planning.step(len(messages)):
             pass
         return planning.result()
@@ -402,16 +432,17 @@ class SenderCore:
         self._memory.add(plan.seen, self.retry.clock())
 
     def _plan_remembered(
-        self, messages: Sequence[Message], *, what: str, batch: bool = True
+        self, messages: Sequence[Message], *, what: str, batch: bool = True, base: int = 0
     ) -> _Plan:
-        """Plan a call and remember its ids as one step, whatever other threads do."""
+        """Plan a call (or a chunk of one, from input position ``base``) and remember
+        its ids as one step, whatever other threads do."""
         with self._state_lock:
-            plan = self._plan(messages, what=what, batch=batch)
+            plan = self._plan(messages, what=what, batch=batch, base=base)
             self._remember(plan)
         return plan
 
     def _remember_stepped(
-        self, plan: _Plan, messages: Sequence[Message], what: str, additions: int
+        self, plan: _Plan, messages: Sequence[Message], what: str, additions: int, base: int = 0
     ) -> None:
         """Remember a call planned in steps (``_Planning``), during which other calls may
         have been remembered (``additions``: the memory's count when it began). An id one
@@ -423,7 +454,7 @@ class SenderCore:
                 for index, message in enumerate(messages):
                     digest = entries.get(self._key_of(message))
                     if digest is not None and digest != message._body_hash:
-                        raise _conflict(message, f"{what}[{index}]", "another call")
+                        raise _conflict(message, f"{what}[{index + base}]", "another call", base)
             self._remember(plan)
 
     def _account_parts(
@@ -538,6 +569,72 @@ class SenderCore:
         if plan.reordered or plan.repeats:
             report._in_input_order()
 
+    # -- what both shells check and say the same way ---------------------------------
+
+    @staticmethod
+    def _checked(acks: list[Ack], batch: Sequence[Message]) -> list[Ack]:
+        """A backend's acks for ``batch``: one per message, or the transfer is refused."""
+        if len(acks) != len(batch):
+            raise PermanentSendError(
+                f"backend returned {len(acks)} acks for {len(batch)} messages",
+                message_id=batch[0].message_id,
+            )
+        return acks
+
+    def _retry_terms(self, batch: Sequence[Message], started: float | None) -> dict[str, Any]:
+        """What the retry policy needs besides the attempt: the window, the transfer's name
+        in errors (its first id, and how many more), its key, its deadline's start."""
+        first = batch[0]
+        label = first.message_id if len(batch) == 1 else f"{first.message_id} (+{len(batch) - 1})"
+        return {
+            "window": self.profile.window,
+            "message_id": label,
+            "partition_key": first.partition_key,
+            "started": started,
+        }
+
+    @staticmethod
+    def _check_schedule_time(message: Message, at: object) -> None:
+        if not isinstance(at, datetime) or at.tzinfo is None:
+            raise ValidationError(
+                f"message {getattr(message, 'message_id', None)!r}: schedule time must be a "
+                "timezone-aware datetime",
+                field="at",
+            )
+
+    def _check_atomic(self, backend: object) -> None:
+        """An all-or-nothing group needs a backend with transactions and no ledger."""
+        self._refuse_with_ledger("transaction")
+        if getattr(backend, "supports_atomic", None) is False:
+            raise ConfigurationError(
+                f"backend {type(backend).__name__} cannot send all-or-nothing groups "
+                "(Service Bus has no transactions in the Python client)",
+                field="transaction",
+            )
+
+    def _ledger_run(
+        self,
+        batches: Sequence[Sequence[Message]],
+        positions: Sequence[Sequence[int]],
+        report: SendReport,
+        failed: dict[object, SendError],
+        started: float | None,
+    ) -> LedgerRun:
+        """One call's ledger protocol over its planned transfers (``_ledger_layer``)."""
+        layer = self._ledger_layer
+        assert layer is not None
+        return LedgerRun(
+            layer,
+            batches,
+            positions,
+            started,
+            self.max_in_flight,
+            report,
+            failed,
+            self._fail,
+            self._key_of,
+        )
+
     # -- the ledger (shared by the sync and aio senders) ----------------------------
 
     def _refuse_with_ledger(self, what: str) -> None:
@@ -556,11 +653,23 @@ def _single_attempt(policy: RetryPolicy) -> RetryPolicy:
     return clone
 
 
-def _conflict(message: Message, where: str, earlier: str) -> PayloadConflictError:
+def unsent(base: int) -> str:
+    """What a call that stopped at a bad message sent: nothing, or (a streamed call's
+    later chunk) the chunks before it."""
+    if not base:
+        return "nothing of this call was sent"
+    return (
+        f"nothing from messages[{base}] on was sent; messages[0:{base}], read before it, "
+        "were (their report: the error's sent_before)"
+    )
+
+
+def _conflict(message: Message, where: str, earlier: str, base: int = 0) -> PayloadConflictError:
+    what = unsent(base)
     return PayloadConflictError(
         f"message {message.message_id!r} ({where}) was already sent by this sender, in "
         f"{earlier}, with a different body; the broker would silently drop this one. Give "
-        "distinct business messages distinct ids. Nothing of this call was sent.",
+        f"distinct business messages distinct ids. {what[0].upper()}{what[1:]}.",
         message_id=message.message_id,
         partition_key=message.partition_key,
     )

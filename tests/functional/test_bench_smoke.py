@@ -38,6 +38,7 @@ RUNS: dict[str, list[tuple[list[str], list[pytest.MarkDecorator]]]] = {
     "bench_ledger.py": [([], [pytest.mark.emulator, pytest.mark.postgres])],
     "bench_outbox.py": [([], [pytest.mark.emulator, pytest.mark.postgres])],
     "bench_sender.py": [([], [])],
+    "bench_sender_memory.py": [([], [])],
     "bench_servicebus.py": [([], [])],
     "bench_spark.py": [([], _SPARK)],
     "bench_spark_rows.py": [([], [])],

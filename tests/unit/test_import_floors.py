@@ -29,8 +29,9 @@ FLOORS: list[tuple[str, ...]] = [
     ("telemetry",),  # the telemetry core (switch, providers, spans, propagation) and its set-up
     ("_telemetry",),  # the features' spans and metrics on that core
     # Mechanisms.
-    # retry policy; one SQLite connection per file; transfers in flight (one per key at a time)
-    ("_retry", "_sqlite_share", "_inflight"),
+    # retry policy; one SQLite connection per file; transfers in flight (one per key at a time);
+    # the bounded buffer a streamed send_many reads its input into
+    ("_retry", "_sqlite_share", "_inflight", "_buffer"),
     ("backends",),  # where messages go
     ("ledger",),  # what was sent, durably (reconcile reads the local broker)
     ("_report",),  # what a send call reports, per message

@@ -19,16 +19,16 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from functools import partial
-from itertools import islice
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
+from .._buffer import DEFAULT_MAX_BUFFER_BYTES, Chunks, check_buffer
 from .._entity import EntityProfile
 from .._inflight import gate_for, in_flight_limit
-from .._ledger_layer import LEDGER_FAILURES, LedgerLayer, LedgerRun
+from .._ledger_layer import LEDGER_FAILURES, LedgerLayer, WriteAhead
 from .._message import Message
 from .._message_columns import MessageColumns
-from .._report import Part, ack_results
+from .._report import Part, ack_results, sent_before
 from .._retry import Attempted, RetryPolicy
 from .._sender import SendReport, SendResult, _open_ledger
 from .._sender_core import (
@@ -46,7 +46,6 @@ from ..errors import (
     MessageSizeError,
     PermanentSendError,
     SendError,
-    ValidationError,
 )
 from ..ledger import Key, Ledger
 from ..ledger._ledger import Prepared
@@ -83,7 +82,8 @@ class IdempotentSender(SenderCore):
     and the backend serialises or multiplexes the transfers. ``max_in_flight`` is
     how many transfers one call keeps outstanding at once (default: the backend's
     ``max_in_flight``, else 1); transfers sharing a partition key or session id never
-    overlap and start in input order.
+    overlap and start in input order. ``max_buffer_bytes`` bounds what ``send_many``
+    holds of a streamed input (a generator), as with the sync sender.
     """
 
     def __init__(
@@ -97,8 +97,10 @@ class IdempotentSender(SenderCore):
         max_batch_messages: int = DEFAULT_MAX_BATCH_MESSAGES,
         ledger: Ledger | str | None = None,
         max_in_flight: int | None = None,
+        max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES,
     ) -> None:
         in_flight_limit(None, max_in_flight)  # a bad value fails before anything is opened
+        check_buffer(max_buffer_bytes)
         if not isinstance(entity, EntityProfile) and not (isinstance(entity, str) and entity):
             raise ConfigurationError(
                 "entity must be an EntityProfile or a non-empty entity name", field="entity"
@@ -113,6 +115,7 @@ class IdempotentSender(SenderCore):
             "memory_size": memory_size,
             "max_batch_messages": max_batch_messages,
             "ledger": resolved,
+            "max_buffer_bytes": max_buffer_bytes,
         }
         self._entity_arg = entity
         self._opened = False
@@ -238,7 +241,6 @@ class IdempotentSender(SenderCore):
     ) -> Attempted[list[Ack]]:
         entity = self.profile.name
         backend = self._backend
-        first = batch[0]
         wire = batch  # what goes to the broker: with its trace context when traced
 
         reports = reports_dispatch(backend)
@@ -256,23 +258,10 @@ class IdempotentSender(SenderCore):
                     finally:
                         if not (reports and call.abandon()):
                             tried[0] += 1
-            if len(acks) != len(batch):
-                raise PermanentSendError(
-                    f"backend returned {len(acks)} acks for {len(batch)} messages",
-                    message_id=first.message_id,
-                )
-            return acks
-
-        label = first.message_id if len(batch) == 1 else f"{first.message_id} (+{len(batch) - 1})"
+            return self._checked(acks, batch)
 
         async def retried() -> Attempted[list[Ack]]:
-            return await self.retry.acall(
-                attempt,
-                window=self.profile.window,
-                message_id=label,
-                partition_key=first.partition_key,
-                started=started,
-            )
+            return await self.retry.acall(attempt, **self._retry_terms(batch, started))
 
         telemetry = self._otel
         if telemetry is None:
@@ -318,17 +307,52 @@ class IdempotentSender(SenderCore):
     ) -> SendReport:
         """Send many messages in as few transfers as the entity's rules allow.
 
-        Every message is validated before any is sent; send failures are in the
-        report, one entry per message, as with the sync sender. A big input is read
-        and validated a slice at a time, other tasks running between slices.
+        A list, tuple or ``MessageColumns`` is validated whole before any of it is sent;
+        any other iterable (a generator) is streamed a chunk at a time within
+        ``max_buffer_bytes``, as with the sync sender (a bad message raises before
+        anything of its chunk is sent; the error's ``sent_before`` reports the chunks
+        before it). Send failures are in the report, one entry per message in input
+        order. Big inputs are read and validated a slice at a time, other tasks running
+        between slices.
         """
         self._check_open()
         before = cancelling()
         started = self._started(first_attempt)
-        items = messages if isinstance(messages, list | tuple | MessageColumns) else None
-        if items is None:
-            items = await _read(messages)
-        plan = await self._plan_yielding(items)
+        if isinstance(messages, list | tuple | MessageColumns):
+            report = await self._send_planned(messages, started)
+            cancelled_meanwhile(before)
+            return report
+        report = SendReport()
+        chunks = Chunks(messages, self.max_buffer_bytes)
+        handled = 0  # messages whose outcome is in the report
+        try:
+            while True:
+                # The generator's own work (building each message) is done a slice at a
+                # time, other tasks running between slices; the input waits while the
+                # chunk before is sent.
+                while chunks.read(READ_SLICE):
+                    await asyncio.sleep(0)
+                chunk, base = chunks.take()
+                if chunk:
+                    report._absorb(await self._send_planned(chunk, started, base), base)
+                    handled = base + len(chunk)
+                if chunks.exhausted:
+                    break
+                await asyncio.sleep(0)
+            cancelled_meanwhile(before)
+        except BaseException as exc:
+            if handled:
+                sent_before(exc, report, handled)
+            raise
+        report._in_input_order()
+        return report
+
+    async def _send_planned(
+        self, items: Sequence[Message], started: float | None, base: int = 0
+    ) -> SendReport:
+        """Plan ``items`` (a whole call, or a chunk of a streamed one from input position
+        ``base``), send them, and report with positions from 0."""
+        plan = await self._plan_yielding(items, base)
         report = SendReport()
         failed: dict[object, SendError] = {}
         if self._ledger is not None:
@@ -337,17 +361,16 @@ class IdempotentSender(SenderCore):
             )
         else:
             await self._send_transfers(plan.batches, plan.positions, report, failed, started)
-        cancelled_meanwhile(before)
         self._account_repeats(items, plan, report, failed)
         return report
 
-    async def _plan_yielding(self, items: Sequence[Message]) -> _Plan:
+    async def _plan_yielding(self, items: Sequence[Message], base: int = 0) -> _Plan:
         """``_plan_remembered``, a slice at a time for a big input: other tasks run
         between slices (a cancellation too: nothing is sent then), and every message is
         validated before any is sent."""
         if len(items) <= PLAN_SLICE:
-            return self._plan_remembered(items, what="messages")
-        planning = _Planning(self, items, "messages", True)
+            return self._plan_remembered(items, what="messages", base=base)
+        planning = _Planning(self, items, "messages", True, base)
         additions = self._memory.additions
         while True:
             with self._state_lock:
@@ -356,7 +379,7 @@ class IdempotentSender(SenderCore):
                 break
             await asyncio.sleep(0)
         plan = planning.result()
-        self._remember_stepped(plan, items, "messages", additions)
+        self._remember_stepped(plan, items, "messages", additions, base)
         return plan
 
     async def _send_transfers(
@@ -438,64 +461,18 @@ class IdempotentSender(SenderCore):
         """
         layer = self._ledger_layer
         assert layer is not None
-        setup = partial(
-            LedgerRun,
-            layer,
-            batches,
-            positions,
-            started,
-            self.max_in_flight,
-            report,
-            failed,
-            self._fail,
-            self._key_of,
-        )
-        # Its set-up reads every transfer once: for many (one message each, on a
-        # partitioned entity with duplicate detection) a worker thread does it.
+        setup = partial(self._ledger_run, batches, positions, report, failed, started)
         run = setup() if len(batches) <= ACCOUNT_SLICE else await asyncio.to_thread(setup)
         outcomes: list[list[Part]] = [[] for _ in batches]
-        writing: list[Any] = []  # [kind, window, messages, future, carried] in flight
-        room: asyncio.Future[None] = asyncio.get_running_loop().create_future()  # never set
 
-        def launch() -> bool:
-            # An arm goes first: transfers wait for it.
-            arming = run.next_arm()
-            if arming is not None:
-                w, prepared, messages, carried = arming
-                job: Any = asyncio.to_thread(layer.arm, prepared, messages, carried)
-                writing[:] = ["arm", w, messages, asyncio.ensure_future(job), carried]
-                return True
-            request = run.next_write()
-            if request is None:
-                return False
-            w, messages, keys, carried, staged = request
-            job = asyncio.to_thread(layer.intents, messages, keys, carried, staged)
-            writing[:] = ["write", w, messages, asyncio.ensure_future(job), carried]
-            return True
+        def submit(fn: Any, *args: Any) -> asyncio.Future[Any]:
+            return asyncio.ensure_future(asyncio.to_thread(fn, *args))
 
-        def collect(then_next: bool) -> None:
-            kind, w, messages, future, carried = writing
-            writing.clear()
-            try:
-                if kind == "arm":
-                    run.armed(w, future.result())
-                else:
-                    run.written(w, messages, future.result())
-            except LEDGER_FAILURES as exc:
-                run.write_failed(w, exc, carried)
-            if then_next:
-                launch()  # ahead of the transfers, as far as the rule allows
+        # ``room`` is never set: waited for beside the transfers in flight.
+        ahead = WriteAhead(run, submit, asyncio.get_running_loop().create_future())
 
         def ready(index: int) -> asyncio.Future[Any] | None:
-            while not run.ready(index):
-                if writing:
-                    future: asyncio.Future[Any] = writing[3]
-                    if not future.done():
-                        return future
-                    collect(then_next=True)
-                elif not launch():
-                    return room  # a transfer in flight must end (and be confirmed) first
-            return None
+            return cast("asyncio.Future[Any] | None", ahead.ready(index))
 
         async def step(index: int) -> list[Part]:
             sends, start = run.to_send(index)
@@ -510,18 +487,18 @@ class IdempotentSender(SenderCore):
         def finish(index: int, parts: list[Part]) -> None:
             outcomes[index] = parts
             run.done(index, parts)
-            if run.bounded and not writing:
-                launch()  # its confirmation makes room: arm or write the next window now
+            ahead.after_transfer()  # its confirmation may make room for the next write
 
         try:
-            launch()
+            ahead.launch()
             keys = [transfer_key(batch) for batch in batches]
             await afly(keys, self.max_in_flight, step, finish, ready=ready)
         finally:
-            if writing:  # a window written ahead: learn its owner, to release it below
-                await asyncio.wait([writing[3]])
-                collect(then_next=False)
-            left, confirmation = run.closing()
+            writing = ahead.in_flight
+            if writing is not None:  # a window written ahead: learn its owner, to release it
+                await asyncio.wait([cast("asyncio.Future[Any]", writing)])
+                ahead.collect(then_next=False)
+            left, confirmation = ahead.closing()
             await asyncio.to_thread(_settle, layer, left, confirmation)
         for index, parts in enumerate(outcomes):
             if parts:
@@ -536,12 +513,7 @@ class IdempotentSender(SenderCore):
     ) -> SendResult:
         """Schedule one message for ``at``; it shares the duplicate-detection id space."""
         self._check_open()
-        if not isinstance(at, datetime) or at.tzinfo is None:
-            raise ValidationError(
-                f"message {getattr(message, 'message_id', None)!r}: schedule time must be a "
-                "timezone-aware datetime",
-                field="at",
-            )
+        self._check_schedule_time(message, at)
         started = self._started(first_attempt)
         self._plan_remembered((message,), what="message", batch=False)
         entity = self.profile.name
@@ -567,13 +539,7 @@ class IdempotentSender(SenderCore):
             return await backend.schedule(entity, wire, at, timeout=timeout)
 
         async def retried() -> Attempted[list[Ack]]:
-            return await self.retry.acall(
-                attempt,
-                window=self.profile.window,
-                message_id=message.message_id,
-                partition_key=message.partition_key,
-                started=started,
-            )
+            return await self.retry.acall(attempt, **self._retry_terms((message,), started))
 
         telemetry = self._otel
         before = cancelling()
@@ -615,13 +581,7 @@ class IdempotentSender(SenderCore):
         Service Bus has no transactions in the Python client: ``ConfigurationError``.
         """
         self._check_open()
-        self._refuse_with_ledger("transaction")
-        if getattr(self._backend, "supports_atomic", None) is False:
-            raise ConfigurationError(
-                f"backend {type(self._backend).__name__} cannot send all-or-nothing groups "
-                "(Service Bus has no transactions in the Python client)",
-                field="transaction",
-            )
+        self._check_atomic(self._backend)
         tx = Transaction(self)
         yield tx  # an exception in the block discards the group: nothing is sent
         tx.report = await self._send_atomic(tx.messages)
@@ -658,20 +618,6 @@ class Transaction:
         batch = list(messages)
         self._sender._plan(batch, what="messages", batch=False)
         self.messages.extend(batch)
-
-
-async def _read(messages: Iterable[Message]) -> list[Message]:
-    """Every message of ``messages`` (a generator, say), ``READ_SLICE`` at a time,
-    letting other tasks run between slices: the generator's own work (building each
-    message) would otherwise hold the event loop for the whole input."""
-    items: list[Message] = []
-    rows = iter(messages)
-    while True:
-        had = len(items)
-        items.extend(islice(rows, READ_SLICE))
-        if len(items) - had < READ_SLICE:
-            return items
-        await asyncio.sleep(0)
 
 
 def _settle(

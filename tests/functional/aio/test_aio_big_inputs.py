@@ -2,7 +2,9 @@
 stalled every other task for seconds while the call read and planned all of it).
 
 The call reads a generator and validates its input a slice at a time, letting other tasks
-run between slices, and still validates every message before it sends any. Shown by
+run between slices. A list is validated whole before anything is sent; a generator is
+streamed a chunk at a time (``sendonce._buffer``), each chunk validated before anything of
+it is sent. Shown by
 behaviour, never by timing: another task runs (and can cancel the call) while the
 generator has yielded a small part of its rows, and while the input is being planned,
 before anything reaches the broker; a cancellation there sends nothing and leaves nothing
@@ -93,10 +95,16 @@ def test_another_task_runs_and_cancels_before_the_input_is_all_planned(
             Watched(LocalBackend(db)) as backend,
             AsyncSender(backend, NO_DEDUP, ledger=url, max_in_flight=16) as sender,
         ):
-            task = asyncio.ensure_future(sender.send_many(rows))
-            while not (rows.exhausted if when == "while planning" else rows.yielded):
-                await asyncio.sleep(0)  # one turn of the loop
+            if when == "while planning":  # a list: planned whole, a slice at a time
+                task = asyncio.ensure_future(sender.send_many(list(rows)))
+                await asyncio.sleep(0)  # one turn of the loop: the call plans its first slice
+                await asyncio.sleep(0)  # and gives the loop a turn before it plans the next
                 seen.append(rows.yielded)
+            else:  # a generator: the first chunk is read a slice at a time
+                task = asyncio.ensure_future(sender.send_many(rows))
+                while not rows.yielded:
+                    await asyncio.sleep(0)  # one turn of the loop
+                    seen.append(rows.yielded)
             assert not task.done() and backend.transfers == 0
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -105,11 +113,9 @@ def test_another_task_runs_and_cancels_before_the_input_is_all_planned(
 
     asyncio.run(cancelled())
     # Before, the first turn came after all 12,000 rows were read and planned.
-    assert 0 < seen[0] <= count // 20
     if when == "while reading":
+        assert 0 < seen[0] <= count // 20
         assert rows.yielded < count  # the rest of the generator is never read
-    else:
-        assert len(seen) >= count // aio_sender.READ_SLICE  # a turn after each slice read
     assert stored(db, "audit") == []
     assert ledger_keys(url, count) == {}  # no intent: nothing in doubt, nothing to release
     with IdempotentSender(f"local:{db}", NO_DEDUP, ledger=url) as again:
@@ -143,7 +149,7 @@ def test_the_loop_turns_while_a_big_input_is_planned_and_every_row_lands_once(
                 backend, profile, max_in_flight=4, require_duplicate_detection=False
             ) as sender,
         ):
-            task = asyncio.ensure_future(sender.send_many(rows))
+            task = asyncio.ensure_future(sender.send_many(list(rows)))  # planned whole
             while not task.done():
                 await asyncio.sleep(0)
                 planning_turns += rows.exhausted and not backend.transfers
@@ -168,14 +174,14 @@ def _late_mistakes() -> list[tuple[str, dict[int, Any], type[SendError]]]:
     ("bad", "error"),
     [pytest.param(bad, error, id=name) for name, bad, error in _late_mistakes()],
 )
-def test_a_mistake_late_in_a_big_generator_is_the_sync_senders_error_and_nothing_is_sent(
+def test_a_mistake_late_in_a_big_list_is_the_sync_senders_error_and_nothing_is_sent(
     tmp_path: Path, bad: dict[int, Any], error: type[SendError]
 ) -> None:
-    """Planned a slice at a time, the input is still all validated before anything is
+    """Planned a slice at a time, a list is still all validated before anything is
     sent: the same error (type, field, words) as the sync sender's, for the same input."""
     db, profile = tmp_path / "broker.db", EntityProfile("orders")
     with IdempotentSender(f"local:{db}", profile) as sync, pytest.raises(error) as expected:
-        sync.send_many(Rows(5000, bad))
+        sync.send_many(list(Rows(5000, bad)))
     turns = 0
 
     async def send() -> None:
@@ -184,7 +190,7 @@ def test_a_mistake_late_in_a_big_generator_is_the_sync_senders_error_and_nothing
             Watched(LocalBackend(db)) as backend,
             AsyncSender(backend, profile) as sender,
         ):
-            task = asyncio.ensure_future(sender.send_many(Rows(5000, bad)))
+            task = asyncio.ensure_future(sender.send_many(list(Rows(5000, bad))))
             while not task.done():
                 await asyncio.sleep(0)
                 turns += 1
@@ -199,8 +205,43 @@ def test_a_mistake_late_in_a_big_generator_is_the_sync_senders_error_and_nothing
     field = getattr(expected.value, "field", None)  # a ValidationError names the field
     assert (str(got.value), getattr(got.value, "field", None)) == (str(expected.value), field)
     assert f"messages[{next(iter(bad))}]" in str(got.value)  # names the late index
-    assert turns > 5000 // aio_sender.READ_SLICE  # other tasks ran meanwhile
+    assert turns > 5000 // aio_sender.PLAN_SLICE  # other tasks ran meanwhile
     assert stored(db, "orders") == []
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [pytest.param(bad, error, id=name) for name, bad, error in _late_mistakes()],
+)
+def test_a_mistake_late_in_a_big_generator_stops_the_call_at_its_chunk(
+    tmp_path: Path, bad: dict[int, Any], error: type[SendError]
+) -> None:
+    """A generator is streamed a chunk at a time: a mistake raises the sync sender's
+    error before anything of its chunk is sent; the chunks before it were sent, each row
+    once, and the error says so (its ``sent_before`` is their report, in input order)."""
+    db, profile = tmp_path / "broker.db", EntityProfile("orders")
+    with IdempotentSender(f"local:{db}", profile) as sync, pytest.raises(error) as expected:
+        sync.send_many(Rows(5000, bad))
+    sent = expected.value.sent_before  # type: ignore[attr-defined]
+    first = stored(db, "orders")
+    index = next(iter(bad))
+    assert sent.total == len(first) < index and sent.failed == 0
+    assert [r.message_id for r in sent.results] == [f"row-{i}" for i in range(sent.total)]
+    assert sorted(first) == sorted(f"row-{i}" for i in range(sent.total))
+    assert f"messages[{index}]" in str(expected.value)
+    assert f"messages[0:{sent.total}]" in str(expected.value)
+
+    async def send() -> None:
+        async with AsyncSender(ThreadedBackend(LocalBackend(db)), profile) as sender:
+            await sender.send_many(Rows(5000, bad))
+
+    with pytest.raises(error) as got:
+        asyncio.run(send())
+    assert type(got.value) is type(expected.value)
+    assert str(got.value) == str(expected.value)  # the second run's are the broker's duplicates
+    again = got.value.sent_before  # type: ignore[attr-defined]
+    assert again.total == sent.total and again.duplicates + again.sent == sent.total
+    assert sorted(stored(db, "orders")) == sorted(first)  # each row once: the broker's window
 
 
 def test_an_id_sent_with_another_body_while_a_big_call_is_planned_is_a_conflict(
@@ -218,9 +259,9 @@ def test_an_id_sent_with_another_body_while_a_big_call_is_planned_is_a_conflict(
             ThreadedBackend(LocalBackend(db)) as backend,
             AsyncSender(backend, EntityProfile("orders")) as sender,
         ):
-            task = asyncio.ensure_future(sender.send_many(rows))
-            while not rows.exhausted:  # A has read it all and plans now
-                await asyncio.sleep(0)
+            task = asyncio.ensure_future(sender.send_many(list(rows)))  # planned whole
+            await asyncio.sleep(0)  # A plans its first slice (row-0 checked), then B runs
+            assert not task.done()
             assert (await sender.send(rival)).outcome == "sent"
             with pytest.raises(PayloadConflictError, match=r"row-0.*messages\[0\].*another call"):
                 await task
@@ -338,14 +379,15 @@ def test_planning_in_steps_gives_the_plan_and_the_error_of_planning_in_one_go(
 @pytest.mark.slow
 def test_a_200k_row_generator_lets_other_tasks_run_from_its_first_slice(tmp_path: Path) -> None:
     """200,000 rows, the same entity and ledger: the test's task runs after the first
-    slice, keeps running while the rest is read and planned, and every row lands once."""
+    slice, keeps running while the rest is read, planned and sent a chunk at a time (the
+    first transfers leave long before the generator is over), and every row lands once."""
     db, url, count = tmp_path / "broker.db", f"sqlite://{tmp_path / 'ledger.db'}", 200_000
     rows = Rows(count)
     seen: list[int] = []
-    planning_turns = 0
+    early = 0  # turns with transfers made while most of the input was still unread
 
     async def send() -> Any:
-        nonlocal planning_turns
+        nonlocal early
         async with (
             Watched(LocalBackend(db)) as backend,
             AsyncSender(backend, NO_DEDUP, ledger=url, max_in_flight=16) as sender,
@@ -354,11 +396,11 @@ def test_a_200k_row_generator_lets_other_tasks_run_from_its_first_slice(tmp_path
             while not task.done():
                 await asyncio.sleep(0)
                 seen.append(rows.yielded)
-                planning_turns += rows.exhausted and not backend.transfers
+                early += backend.transfers > 0 and rows.yielded < count // 2
             return await task
 
     report = asyncio.run(send())
-    assert seen[0] <= aio_sender.READ_SLICE and planning_turns >= count // aio_sender.PLAN_SLICE
+    assert seen[0] <= aio_sender.READ_SLICE and early > 0
     assert (report.sent, report.failed) == (count, 0)
     assert len(set(stored(db, "audit"))) == len(stored(db, "audit")) == count
     assert not [k for k, row in ledger_keys(url, count).items() if row.confirmed_at is None]
