@@ -91,7 +91,25 @@ def _has_required(cls: type) -> bool:
 _pool_lock = threading.Lock()
 
 
-class Backend(abc.ABC):
+class _Capable:
+    """What :class:`Backend` and :class:`AsyncBackend` share: the ``capabilities`` value, and
+    the two attributes older code reads, derived from it (written once for both worlds)."""
+
+    capabilities: Capabilities = Capabilities()
+    """What this backend can do (a class default; a backend may set its own per instance)."""
+
+    @property
+    def max_in_flight(self) -> int:
+        """``capabilities.max_in_flight``, for code that reads the attribute."""
+        return self.capabilities.max_in_flight
+
+    @property
+    def messaging_system(self) -> str:
+        """``capabilities.messaging_system``, for code that reads the attribute."""
+        return self.capabilities.messaging_system
+
+
+class Backend(_Capable, abc.ABC):
     """A transport to one broker (the sync world).
 
     ``send`` and ``schedule`` return one :class:`Ack` per message, in order, or raise
@@ -111,24 +129,11 @@ class Backend(abc.ABC):
     ``server.port`` (a wrapper's are read through its ``inner`` backend).
     """
 
-    capabilities: Capabilities = Capabilities()
-    """What this backend can do (a class default; a backend may set its own per instance)."""
-
     @classmethod
     def __subclasshook__(cls, other: type) -> bool | Any:
         if cls is Backend and _has_required(other):
             return True
         return NotImplemented
-
-    @property
-    def max_in_flight(self) -> int:
-        """``capabilities.max_in_flight``, for code that reads the attribute."""
-        return self.capabilities.max_in_flight
-
-    @property
-    def messaging_system(self) -> str:
-        """``capabilities.messaging_system``, for code that reads the attribute."""
-        return self.capabilities.messaging_system
 
     @abc.abstractmethod
     def describe(self, entity: str) -> EntityProfile:
@@ -216,31 +221,18 @@ class _Submission(asyncio.Future[list[Ack]]):
         return super().cancel(msg)
 
 
-class AsyncBackend(abc.ABC):
+class AsyncBackend(_Capable, abc.ABC):
     """A transport to one broker, for event loops: :class:`Backend`'s operations, awaited.
 
     ``submit`` (called on the loop's thread) returns an ``asyncio.Future`` at once; here it
     runs ``send`` as a task. Its ``cancel()`` succeeds only before ``send`` starts.
     """
 
-    capabilities: Capabilities = Capabilities()
-    """What this backend can do (a class default; a backend may set its own per instance)."""
-
     @classmethod
     def __subclasshook__(cls, other: type) -> bool | Any:
         if cls is AsyncBackend and _has_required(other) and hasattr(other, "__aenter__"):
             return True
         return NotImplemented
-
-    @property
-    def max_in_flight(self) -> int:
-        """``capabilities.max_in_flight``, for code that reads the attribute."""
-        return self.capabilities.max_in_flight
-
-    @property
-    def messaging_system(self) -> str:
-        """``capabilities.messaging_system``, for code that reads the attribute."""
-        return self.capabilities.messaging_system
 
     @abc.abstractmethod
     async def describe(self, entity: str) -> EntityProfile:
