@@ -73,8 +73,6 @@ __all__ = [
     "lane_wait",
     "ledger_write",
     "outcome_of",
-    "relay_backlog",
-    "relay_batch",
     "reset",
     "retried",
     "spark_task",
@@ -334,16 +332,6 @@ class Telemetry:
             unit="s",
             description="Duration of one ledger write (intent, confirm or release)",
             explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
-        )
-        self.relay_lag = meter.create_gauge(
-            "sendonce.outbox.lag",
-            unit="s",
-            description="Age of the oldest outbox row not yet published",
-        )
-        self.relay_pending = meter.create_gauge(
-            "sendonce.outbox.rows_pending",
-            unit="{row}",
-            description="Outbox rows not yet published",
         )
 
     def in_flight(self, key: tuple[str, str, str], change: int) -> None:
@@ -881,31 +869,6 @@ def spark_task(
     }
     context = telemetry._propagator.extract(parent) if parent else None
     return _Timed(telemetry, f"publish {entity}", "INTERNAL", attributes, parent=context)
-
-
-def relay_batch(entity: str | None, rows: int, *, system: str | None = None) -> Scope:
-    """One outbox relay batch of ``rows`` claimed rows (counts set at the end)."""
-    telemetry = active()
-    if telemetry is None:
-        return OFF
-    attributes: dict[str, Any] = {OPERATION_TYPE: "send", OPERATION_NAME: "relay"}
-    if entity is not None:
-        attributes[DESTINATION] = entity
-    if system is not None:
-        attributes[SYSTEM] = system
-    scope = _Timed(telemetry, f"relay {entity or 'outbox'}", "INTERNAL", attributes)
-    scope.set(rows=rows)
-    return scope
-
-
-def relay_backlog(lag_seconds: float, rows_pending: int, *, outbox: str | None = None) -> None:
-    """The outbox's backlog: the oldest unpublished row's age and how many rows wait."""
-    telemetry = active()
-    if telemetry is None:
-        return
-    attributes = {} if outbox is None else {"sendonce.outbox.name": outbox}
-    telemetry.relay_lag.set(lag_seconds, attributes)
-    telemetry.relay_pending.set(rows_pending, attributes)
 
 
 # -- senders ------------------------------------------------------------------------------

@@ -5,6 +5,10 @@ statements on the connection it is given and never commits, begins or rolls back
 a psycopg 3 connection, or a SQLAlchemy ``Session`` / ``Connection`` (its DB-API connection
 is used, inside the transaction SQLAlchemy has begun).
 
+The trace context of the span current at the call (when telemetry is on) is stored with
+the rows in their own column (``trace_context``), not in the messages: what is written is the
+message as given, checked against the entity as given.
+
 One round trip per call: the per-key counters (``sendonce_outbox_keys``), the rows and the
 ``NOTIFY`` that wakes the relays are one statement. The counter rows stay locked until the
 caller's transaction ends, which is what makes a key's sequence numbers follow commit order
@@ -25,6 +29,7 @@ from .._names import name_key
 from ..errors import ConfigurationError, ValidationError
 from ._codec import COLUMNS, order_key, row_values
 from ._schema import check_version, read_version
+from ._telemetry import captured
 
 __all__ = ["CHANNEL", "aenqueue", "dbapi_connection", "enqueue"]
 
@@ -53,8 +58,9 @@ WITH counters AS (
     ON CONFLICT (entity, okey) DO UPDATE SET last_seq = k.last_seq + excluded.last_seq
     RETURNING k.okey, k.last_seq
 ), written AS (
-    INSERT INTO sendonce_outbox (entity, okey, seq, {", ".join(COLUMNS)})
-    SELECT %(entity)s, u.okey, c.last_seq - u.back, {", ".join("u." + c for c in COLUMNS)}
+    INSERT INTO sendonce_outbox (entity, okey, seq, {", ".join(COLUMNS)}, trace_context)
+    SELECT %(entity)s, u.okey, c.last_seq - u.back, {", ".join("u." + c for c in COLUMNS)},
+        %(trace_context)s::text
     FROM unnest(%(okeys)s::text[], %(backs)s::bigint[], {_UNNEST})
         WITH ORDINALITY AS u(okey, back, {", ".join(COLUMNS)}, ord)
     LEFT JOIN counters AS c ON c.okey = u.okey
@@ -220,6 +226,8 @@ def _parameters(entity: str, items: list[Message]) -> dict[str, Any]:
         "counter_adds": list(counts.values()),
         "okeys": okeys,
         "backs": backs,
+        # The span current now (the web request's): every row of the call shares it.
+        "trace_context": captured(),
     }
     for name, values in zip(COLUMNS, columns, strict=True):
         params[name] = list(values)

@@ -10,6 +10,9 @@
   rolled back, undoing its increment). Numbers per key therefore follow commit order.
 - ``sendonce_outbox_dead``: rows that can never be sent (too large, refused by the broker,
   in doubt past the broker's window), moved aside with their reason so they block nothing.
+- ``trace_context`` (both tables): the enqueuing transaction's W3C trace context, in a column
+  of its own so the message (body, properties, size) is stored exactly as given; the relay
+  decides whether it fits on the message when it sends it.
 - ``sendonce_outbox_meta``: the schema version row. Every open reads it; only a database
   without it runs DDL (under an advisory lock, so many relays starting at once agree).
 """
@@ -22,7 +25,7 @@ from ..errors import ConfigurationError
 
 __all__ = ["SCHEMA_VERSION", "check_version", "ensure_schema", "read_version"]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """The outbox schema this sendonce reads and writes. An older database is migrated on open
 (``_MIGRATIONS``); a newer one is refused with a ``ConfigurationError``. Version 2 added
 ``claimed_through`` (a claimed head names the last row of its key claimed with it, so only
@@ -30,7 +33,10 @@ heads are written at claim time) and a fill factor that leaves room for HOT leas
 Version 3 indexes the pending rows without a key on their own (the claim walks keyed rows
 through the heads index), in place of an index of every pending row. Version 4 indexes the
 published rows by (entity, message id): a relay looks up the row it published under a
-pending row's id, to move a second body for that id aside as a payload conflict."""
+pending row's id, to move a second body for that id aside as a payload conflict. Version 5
+adds ``trace_context`` to the outbox and its dead rows: the W3C trace context of the span
+current when the row was enqueued (NULL when telemetry was off, and for rows enqueued
+before version 5), which the relay links to and forwards in the message it sends."""
 
 _CREATE = """
 CREATE TABLE IF NOT EXISTS sendonce_outbox (
@@ -58,6 +64,7 @@ CREATE TABLE IF NOT EXISTS sendonce_outbox (
     outcome text,
     sequence_number bigint,
     claimed_through bigint,
+    trace_context text,
     CHECK ((okey IS NULL) = (seq IS NULL))
 ) WITH (fillfactor = 70);
 CREATE INDEX IF NOT EXISTS sendonce_outbox_unordered
@@ -94,7 +101,8 @@ CREATE TABLE IF NOT EXISTS sendonce_outbox_dead (
     attempts integer NOT NULL,
     reason text NOT NULL,
     error text NOT NULL,
-    dead_at timestamptz NOT NULL DEFAULT clock_timestamp()
+    dead_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    trace_context text
 );
 CREATE TABLE IF NOT EXISTS sendonce_outbox_meta (key text PRIMARY KEY, value text NOT NULL);
 """
@@ -115,6 +123,12 @@ _MIGRATIONS: dict[int, str] = {
     3: """
     CREATE INDEX IF NOT EXISTS sendonce_outbox_published_ids
         ON sendonce_outbox (entity, message_id) WHERE published_at IS NOT NULL;
+    """,
+    # A nullable column without a default: a change of the catalog only, whatever the
+    # table holds (no rewrite, no scan); the rows already there read NULL (no context).
+    4: """
+    ALTER TABLE sendonce_outbox ADD COLUMN IF NOT EXISTS trace_context text;
+    ALTER TABLE sendonce_outbox_dead ADD COLUMN IF NOT EXISTS trace_context text;
     """,
 }
 """From version N to N+1: the DDL to run."""

@@ -38,8 +38,10 @@ __all__ = ["ClaimedRow", "DeadRow", "EntityStats", "RelayStore", "Settled", "che
 T = TypeVar("T")
 logger = logging.getLogger("sendonce.outbox")
 
-_ROW = "o.id, o.entity, o.okey, o.seq, o.first_attempt, o.attempts, " + ", ".join(
-    "o." + c for c in COLUMNS
+_ROW = (
+    "o.id, o.entity, o.okey, o.seq, o.first_attempt, o.attempts, "
+    + ", ".join("o." + c for c in COLUMNS)
+    + ", o.trace_context"
 )
 # One statement claims a round: up to ``limit`` heads (and unordered rows) locked with SKIP
 # LOCKED, the rows following each head in sequence order (not written: nobody else claims a
@@ -162,7 +164,7 @@ RETURNING id
 _DEAD_COLUMNS = (
     "id, entity, okey, seq, "
     + ", ".join(COLUMNS)
-    + ", enqueued_at, first_attempt, attempts, reason, error"
+    + ", enqueued_at, first_attempt, attempts, reason, error, trace_context"
 )
 # One statement settles a round: published rows marked (or deleted with no retention), rows
 # that can never be sent moved to sendonce_outbox_dead, the rest released for a later round
@@ -181,11 +183,12 @@ WITH published AS (
     DELETE FROM sendonce_outbox WHERE %(delete_published)s AND id = ANY(%(published)s::bigint[])
 ), moved AS (
     DELETE FROM sendonce_outbox WHERE id = ANY(%(dead)s::bigint[])
-    RETURNING id, entity, okey, seq, {", ".join(COLUMNS)}, enqueued_at, first_attempt, attempts
+    RETURNING id, entity, okey, seq, {", ".join(COLUMNS)}, enqueued_at, first_attempt, attempts,
+        trace_context
 ), buried AS (
     INSERT INTO sendonce_outbox_dead ({_DEAD_COLUMNS})
     SELECT m.id, m.entity, m.okey, m.seq, {", ".join("m." + c for c in COLUMNS)},
-        m.enqueued_at, m.first_attempt, m.attempts, u.reason, u.error
+        m.enqueued_at, m.first_attempt, m.attempts, u.reason, u.error, m.trace_context
     FROM moved AS m
     JOIN unnest(%(dead)s::bigint[], %(reasons)s::text[], %(errors)s::text[])
         AS u(id, reason, error) ON u.id = m.id
@@ -264,8 +267,9 @@ WITH chosen AS (
         count(*) OVER (PARTITION BY c.okey) AS n
     FROM chosen AS c
 ), written AS (
-    INSERT INTO sendonce_outbox (entity, okey, seq, {", ".join(COLUMNS)})
-    SELECT %(entity)s, m.okey, k.last_seq - m.n + m.rank, {", ".join("m." + c for c in COLUMNS)}
+    INSERT INTO sendonce_outbox (entity, okey, seq, {", ".join(COLUMNS)}, trace_context)
+    SELECT %(entity)s, m.okey, k.last_seq - m.n + m.rank, {", ".join("m." + c for c in COLUMNS)},
+        m.trace_context
     FROM numbered AS m LEFT JOIN counters AS k ON k.okey = m.okey
     ORDER BY m.id
     RETURNING message_id
@@ -307,6 +311,8 @@ class ClaimedRow(NamedTuple):
     conflict_at: datetime | None = None
     """When a row with this id and another body was published (kept for the retention);
     None: no such row is kept."""
+    trace_context: str | None = None
+    """The producer's trace context stored at enqueue (``_telemetry.captured``); None: none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,7 +355,7 @@ class DeadRow:
     attempts: int
 
 
-_WIDTH = 6 + len(COLUMNS)
+_WIDTH = 7 + len(COLUMNS)  # the row's own columns, its message's and its trace context
 
 
 def claimed_rows(rows: Sequence[tuple[Any, ...]], decode: MessageDecoder) -> list[ClaimedRow]:
@@ -370,10 +376,11 @@ def claimed_rows(rows: Sequence[tuple[Any, ...]], decode: MessageDecoder) -> lis
                 seq,
                 first,
                 attempts,
-                decode(*row[6:width]),
+                decode(*row[6 : width - 1]),
                 head,
                 through_before,
                 conflict_at,
+                row[width - 1],
             )
         )
     return out
