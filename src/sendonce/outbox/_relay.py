@@ -7,11 +7,13 @@ key's outcomes are settled (one statement per ``send_many`` call, in the relay's
 thread) as soon as the key has nothing left to send in the round, while the next transfers
 are in flight. Any number of relays may run on one table.
 
-Order per key inside a round: a key's claimed rows go out in **waves**, one transfer per
-key per wave (as many of its rows as the sender puts in one transfer), so a transfer that
-fails is never followed by a later row of its key: the key's remaining rows are released
-and wait for the next round. Rows first tried in an earlier round keep that first attempt
-(``send_many(first_attempt=...)``), so a resend never outlives the broker's window.
+This module is the relay's life and its rounds: claiming (and claiming ahead), the lease
+heartbeat, settling, pruning and backing off. Its parts live beside it, one concept each:
+the waves that keep a key's order (``_waves``), what a failure means for a row
+(``_verdict``), a round's outcomes and the totals (``_round``), the ``LISTEN`` wake-up
+(``_listener``), and the relay's span and gauges (``_telemetry``). Rows first tried in an
+earlier round keep that first attempt (``send_many(first_attempt=...)``), so a resend never
+outlives the broker's window.
 
 Wake-up: ``LISTEN``; with nothing to do a relay waits for a notification, and claims again
 at the latest after ``poll_interval`` (leases of a dead relay expire; a producer may enqueue
