@@ -369,7 +369,7 @@ class Relay:
                     sender.profile.name,
                     len(entity_rows),
                     system=system,
-                    contexts=[row.trace_context for row in entity_rows],
+                    contexts=(row.trace_context for row in entity_rows),  # read if traced
                 ) as scope:
                     self._publisher.publish(sender, entity_rows, now, done)
                     scope.set(

@@ -93,6 +93,32 @@ def test_the_web_requests_context_is_stored_forwarded_and_linked(
     assert [c.name for c in otel.children(relay_span)] == ["send_many orders"]
 
 
+def test_aenqueue_stores_the_context_current_in_its_task(outbox_url: str, otel: Any) -> None:
+    """asyncio: the span current in the task (a contextvar) is the one stored."""
+    import asyncio
+
+    from sendonce.outbox import aenqueue
+
+    install(outbox_url)
+    web = otel.tracer_provider.get_tracer("web")
+
+    async def handler(n: int) -> str:
+        with web.start_as_current_span(f"POST /orders/{n}") as request:
+            await asyncio.sleep(0)  # the other handler runs meanwhile, in its own span
+            async with await psycopg.AsyncConnection.connect(outbox_url) as conn:
+                await aenqueue(conn, [Message("o", message_id=f"o-{n}")], entity="orders")
+                await conn.commit()
+        return traceparent_of(request)
+
+    async def both() -> list[str]:
+        return list(await asyncio.gather(handler(1), handler(2)))
+
+    first, second = asyncio.run(both())
+    stored = stored_contexts(outbox_url)
+    assert json.loads(stored["o-1"] or "") == {"traceparent": first}
+    assert json.loads(stored["o-2"] or "") == {"traceparent": second}
+
+
 def test_with_telemetry_off_nothing_is_stored_nor_added(
     outbox_url: str, broker: LocalBackend
 ) -> None:
@@ -252,3 +278,31 @@ def test_schema_4_is_migrated_to_5_in_place_with_nothing_lost(
     assert "traceparent" in dict(got["r-1"].application_properties or {})
     relay_span = otel.named("relay orders")[-1]
     assert len(relay_span.links) == 1  # the old rows link nothing
+
+
+def test_a_batch_of_more_producers_than_the_link_limit_links_the_first_and_counts_the_rest(
+    outbox_url: str, broker: LocalBackend, otel: Any
+) -> None:
+    from sendonce.outbox._telemetry import MAX_LINKS
+
+    install(outbox_url)
+    web = otel.tracer_provider.get_tracer("web")
+    requests = MAX_LINKS + 3
+    with psycopg.connect(outbox_url) as conn:
+        for n in range(requests):  # each its own request, committed in one transaction
+            with web.start_as_current_span(f"POST /orders/{n}"):
+                enqueue(conn, [Message("o", message_id=f"o-{n}")], entity="orders")
+        with web.start_as_current_span("POST /orders/again"):  # one request, two rows
+            enqueue(
+                conn, [Message("o", message_id=f"again-{n}") for n in range(2)], entity="orders"
+            )
+        conn.commit()
+    with Relay(
+        outbox_url, broker, [EntityProfile("orders")], batch_size=2000
+    ) as relay:  # one round: its first claim takes a tenth, 200 rows
+        assert relay.drain().published == requests + 2
+    [relay_span] = otel.named("relay orders")
+    assert relay_span.attributes["sendonce.rows"] == requests + 2
+    assert len(relay_span.links) == MAX_LINKS
+    assert relay_span.attributes["sendonce.links_dropped"] == requests + 1 - MAX_LINKS
+    assert len({link.context.span_id for link in relay_span.links}) == MAX_LINKS
