@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from .._message import with_properties
 from .._telemetry import PROPAGATION_PROPERTIES, error_type
 from ..errors import ValidationError
 from ..telemetry import _core
@@ -88,22 +89,29 @@ def trace_headers(stored: str | None) -> dict[str, str] | None:
     return headers
 
 
-def forwarded(message: Message, stored: str | None, profile: EntityProfile) -> Message | None:
+def forwarded(
+    message: Message,
+    stored: str | None,
+    profile: EntityProfile,
+    seen: dict[str, dict[str, str] | None] | None = None,
+) -> Message | None:
     """``message`` carrying the producer's context as its trace properties; ``message``
     itself when there is none or it carries trace properties of its own (they are kept);
     None when the properties would push it over the entity's limits (size, property
-    quotas): the caller sends it as it was enqueued."""
-    headers = trace_headers(stored)
-    if headers is None:
+    quotas): the caller sends it as it was enqueued. ``seen``: the properties of each
+    stored context decoded so far (a request's rows share one: decoded once)."""
+    if stored is None:
+        return message
+    wire = seen.get(stored, _UNSEEN) if seen is not None else _UNSEEN
+    if wire is _UNSEEN:
+        wire = _wire(stored)
+        if seen is not None:
+            seen[stored] = wire
+    if wire is None:
         return message
     props = message.application_properties
     if props is not None and any(name in props for name in PROPAGATION_PROPERTIES):
         return message
-    from .._message import with_properties
-
-    wire = {TRACEPARENT: headers[TRACEPARENT], DIAGNOSTIC_ID: headers[TRACEPARENT]}
-    if TRACESTATE in headers:
-        wire[TRACESTATE] = headers[TRACESTATE]
     traced = with_properties(message, wire)
     if traced.size > profile._check_above:
         try:
@@ -111,6 +119,20 @@ def forwarded(message: Message, stored: str | None, profile: EntityProfile) -> M
         except ValidationError:
             return None
     return traced
+
+
+_UNSEEN: dict[str, str] = {}
+
+
+def _wire(stored: str) -> dict[str, str] | None:
+    """The trace properties a stored context puts on a message, as the sender names them."""
+    headers = trace_headers(stored)
+    if headers is None:
+        return None
+    wire = {TRACEPARENT: headers[TRACEPARENT], DIAGNOSTIC_ID: headers[TRACEPARENT]}
+    if TRACESTATE in headers:
+        wire[TRACESTATE] = headers[TRACESTATE]
+    return wire
 
 
 # -- the relay's batch span -------------------------------------------------------------------

@@ -62,6 +62,7 @@ class Publisher:
         keyed: dict[str, deque[ClaimedRow]] = {}
         unordered: list[ClaimedRow] = []
         valid: list[ClaimedRow] = []
+        seen: dict[str, dict[str, str] | None] = {}  # each stored context, decoded once
         for row in rows:
             try:
                 profile.check(row.message)
@@ -69,7 +70,7 @@ class Publisher:
                 done.dead.append((row.id, "invalid", text(exc)))
                 continue
             if row.trace_context is not None:  # the producer's context, on the message
-                traced = forwarded(row.message, row.trace_context, profile)
+                traced = forwarded(row.message, row.trace_context, profile, seen)
                 if traced is None:
                     done.untraced += 1  # it would not fit: sent as it was enqueued
                 elif traced is not row.message:
