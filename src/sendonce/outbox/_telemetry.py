@@ -22,6 +22,7 @@ relay's batch span and the backlog gauges. docs/observability.md lists what is e
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,7 @@ __all__ = [
 ]
 
 TRACEPARENT, DIAGNOSTIC_ID, TRACESTATE = PROPAGATION_PROPERTIES
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 
 MAX_LINKS = 128
 """Links a relay batch span carries at most: OpenTelemetry's default span link limit
@@ -80,7 +82,9 @@ def trace_headers(stored: str | None) -> dict[str, str] | None:
     if not isinstance(found, dict):
         return None
     parent = found.get(TRACEPARENT)
-    if not isinstance(parent, str) or not parent:
+    if not isinstance(parent, str) or not _TRACEPARENT.fullmatch(parent):
+        return None
+    if parent[3:35] == "0" * 32 or parent[36:52] == "0" * 16:  # W3C: invalid ids
         return None
     headers = {TRACEPARENT: parent}
     state = found.get(TRACESTATE)

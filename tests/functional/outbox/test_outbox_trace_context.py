@@ -306,3 +306,29 @@ def test_a_batch_of_more_producers_than_the_link_limit_links_the_first_and_count
     assert len(relay_span.links) == MAX_LINKS
     assert relay_span.attributes["sendonce.links_dropped"] == requests + 1 - MAX_LINKS
     assert len({link.context.span_id for link in relay_span.links}) == MAX_LINKS
+
+
+def test_a_context_sendonce_did_not_write_is_ignored_never_fatal(
+    outbox_url: str, broker: LocalBackend, otel: Any
+) -> None:
+    """A ``trace_context`` someone else wrote (not the propagator's JSON, or an invalid
+    traceparent): the row is published as enqueued; nothing is linked from it."""
+    install(outbox_url)
+    with psycopg.connect(outbox_url) as conn:
+        enqueue(conn, [Message(f"o{n}", message_id=f"o-{n}") for n in range(3)], entity="orders")
+        conn.execute(
+            "UPDATE sendonce_outbox SET trace_context = (ARRAY['not json', '[1, 2]', "
+            """'{"traceparent": "00-zz-yy-01"}'])[id]"""
+        )
+        conn.commit()
+    with Relay(outbox_url, broker, [EntityProfile("orders")]) as relay:
+        assert relay.drain().published == 3
+    got = broker.receive("orders", max_messages=5, mode="receive_and_delete")
+    [transfer] = otel.named("send orders")
+    assert sorted(m.message_id for m in got) == ["o-0", "o-1", "o-2"]
+    for message in got:  # the sender's own context, as on any send
+        assert dict(message.application_properties or {}) == {
+            "traceparent": traceparent_of(transfer),
+            "Diagnostic-Id": traceparent_of(transfer),
+        }
+    assert otel.one("relay orders").links == ()
