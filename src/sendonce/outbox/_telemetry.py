@@ -28,7 +28,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from .._message import with_properties
-from .._telemetry import PROPAGATION_PROPERTIES, error_type
+from .._telemetry import PROPAGATION_PROPERTIES
 from ..errors import ValidationError
 from ..telemetry import _core
 
@@ -171,8 +171,9 @@ class RelayBatch:
         tb: TracebackType | None,
     ) -> None:
         span, trace = self.span, self.core.trace
-        if exc is not None:
-            span.set_attribute("error.type", error_type(exc))
+        if exc is not None:  # the relay's own failure (its database, an interrupt): no
+            kind = type(exc)  # broker condition, so error.type is the exception's full name
+            span.set_attribute("error.type", f"{kind.__module__}.{kind.__qualname__}")
             span.set_status(trace.Status(trace.StatusCode.ERROR, type(exc).__name__))
         self.core.context.detach(self.token)
         span.end()
