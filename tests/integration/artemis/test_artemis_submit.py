@@ -24,7 +24,7 @@ from artemis.raw import drain, message_count
 from sendonce import EntityProfile, Message
 from sendonce.aio import connect as aio_connect
 from sendonce.backends import ArtemisBackend, capabilities_of, connect, submit_of
-from sendonce.backends._artemis_shared import shared_loops
+from sendonce.backends.artemis._shared import shared_loops
 from sendonce.errors import ConfigurationError, NotSentError, TransientSendError
 
 Future = concurrent.futures.Future

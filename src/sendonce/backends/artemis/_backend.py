@@ -4,30 +4,30 @@ Duplicate detection on Artemis is the ``_AMQ_DUPL_ID`` message property, remembe
 count-bounded ring per address (``id-cache-size``). This backend:
 
 - sets ``_AMQ_DUPL_ID`` (a string) and the AMQP ``message-id`` to the business id
-  (``_artemis_convert``);
+  (``_convert``);
 - learns each message's fate from its delivery's disposition: Accepted is stored (a
   duplicate outside a transaction is Accepted too: Artemis drops it silently, as Service
   Bus does); Rejected / Released / Modified is a specific error, nothing stored; a
   connection or link lost before the disposition is *in doubt* and retried with the same
-  id (``_artemis_errors``);
+  id (``_errors``);
 - keeps many transfers in flight on one connection and one link per address (unsettled
   deliveries, as many as the broker's credit allows); ``max_in_flight`` is how many
   transfers the sender hands it at once, and the sender keeps order per key
-  (``_artemis_loop``);
+  (``_loop``);
 - makes the count-bounded window real: a resend reaching further back than a safe part of
-  the address's id cache is reported in doubt instead of sent (``_artemis_reach``);
+  the address's id cache is reported in doubt instead of sent (``_reach``);
 - sends ``sender.transaction()`` groups as one AMQP transaction: all or nothing, and a
   duplicate member rolls the whole group back;
 - refuses a peer that is not Artemis, or an acceptor with ``amqpDuplicateDetection=false``,
   before anything is sent.
 
-How it is built (one concept per module): ``_artemis_url`` parses ``amqp://`` urls;
-``_artemis_convert`` encodes a message; ``_artemis_requests`` holds the work callers hand the
-event loop and wait for, ``_artemis_doorbell`` how they hand it over; ``_artemis_loop`` is
+How it is built (one concept per module): ``_url`` parses ``amqp://`` urls;
+``_convert`` encodes a message; ``_requests`` holds the work callers hand the
+event loop and wait for, ``_doorbell`` how they hand it over; ``_loop`` is
 that loop (one thread owning every proton object: the connection, sender links,
-transactions); ``_artemis_management`` asks the broker's management address;
-``_artemis_errors`` maps outcomes and conditions to errors; ``_artemis_reach`` bounds resends
-by the id cache and ``_artemis_cache`` says which cache a resend would reach. This module ties
+transactions); ``_management`` asks the broker's management address;
+``_errors`` maps outcomes and conditions to errors; ``_reach`` bounds resends
+by the id cache and ``_cache`` says which cache a resend would reach. This module ties
 them to the ``Backend`` protocol. Tests: ``tests/integration/artemis`` against the real
 broker (``tests/artemis/broker.py`` runs it, ``tests/artemis/faultproxy.py`` cuts
 connections, ``tests/artemis/raw.py`` is an independent proton client).
@@ -54,9 +54,9 @@ from typing import Any
 
 from proton import SSLDomain
 
-from .._entity import DEFAULT_ID_CACHE_SIZE, EntityKind, EntityProfile
-from .._message import Message
-from ..errors import (
+from ..._entity import DEFAULT_ID_CACHE_SIZE, EntityKind, EntityProfile
+from ..._message import Message
+from ...errors import (
     ConfigurationError,
     InDoubtError,
     NotSentError,
@@ -66,15 +66,15 @@ from ..errors import (
     ValidationError,
     redact,
 )
-from . import _artemis_shared
-from ._artemis_cache import QueueSet, Reached, different_cache, queue_filter, queue_ids
-from ._artemis_convert import encode
-from ._artemis_errors import TLS_FAILED
-from ._artemis_management import ManagementCall, ManagementRefused
-from ._artemis_reach import Attempt, ResendReach
-from ._artemis_requests import Connect, Transfer
-from ._base import Ack, Backend, Capabilities
-from ._servicebus_lanes import check_max_in_flight
+from .._base import Ack, Backend, Capabilities
+from .._servicebus_lanes import check_max_in_flight
+from . import _shared
+from ._cache import QueueSet, Reached, different_cache, queue_filter, queue_ids
+from ._convert import encode
+from ._errors import TLS_FAILED
+from ._management import ManagementCall, ManagementRefused
+from ._reach import Attempt, ResendReach
+from ._requests import Connect, Transfer
 
 __all__ = ["ArtemisBackend"]
 
@@ -127,7 +127,7 @@ class ArtemisBackend(Backend):
     - ``max_in_flight``: transfers carried at once (default 16);
     - ``resend_reach``: the fraction of an address's id cache a resend may reach back
       over, counted in the distinct ids this backend wrote to the address (default 0.5;
-      see ``_artemis_reach``);
+      see ``_reach``);
     - ``require_duplicate_detection``: refuse a peer that is not Artemis or an acceptor
       with duplicate detection off (default True);
     - ``connect_timeout``, ``management_timeout``: seconds; ``heartbeat``: the AMQP idle
@@ -229,7 +229,7 @@ class ArtemisBackend(Backend):
         self._doubtful_groups: OrderedDict[tuple[str, ...], None] = OrderedDict()
         self._lock = threading.Lock()
         self._closed = False
-        self._loop_key, self._loop = _artemis_shared.acquire(
+        self._loop_key, self._loop = _shared.acquire(
             ("domain", id(ssl_domain)) if custom_tls else ("tls", self.tls, ca_file),
             host=host,
             port=port,
@@ -245,7 +245,7 @@ class ArtemisBackend(Backend):
     @classmethod
     def from_url(cls, url: str, **options: Any) -> ArtemisBackend:
         """A backend for ``amqp://user:password@host:port`` (``amqps://`` for TLS)."""
-        from ._artemis_url import parse_amqp_url
+        from ._url import parse_amqp_url
 
         parsed = parse_amqp_url(url)
         return cls(**{**parsed, **options})
@@ -630,7 +630,7 @@ class ArtemisBackend(Backend):
         first_message: Message,
     ) -> int | None:
         """Before a resend: where would it go now? ``InDoubtError`` when that is not the
-        cache the first attempt reached (``_artemis_cache``); else the connection the resend
+        cache the first attempt reached (``_cache``); else the connection the resend
         must go on (None: not connected now, the transfer's own attempt fails and retries)."""
         connect = Connect()
         self._submit(connect)
@@ -723,7 +723,7 @@ class ArtemisBackend(Backend):
                 return
             self._closed = True
         self._stop_submissions()
-        _artemis_shared.release(self._loop_key, self._loop, 5.0)
+        _shared.release(self._loop_key, self._loop, 5.0)
 
     def __getstate__(self) -> Any:
         raise TypeError(
@@ -736,7 +736,7 @@ class ArtemisBackend(Backend):
         if loop is not None and not getattr(self, "_closed", True):
             self._closed = True
             with contextlib.suppress(Exception):  # interpreter shutdown
-                _artemis_shared.release(self._loop_key, loop, 0.0)
+                _shared.release(self._loop_key, loop, 0.0)
 
 
 def _done(acks: list[Ack]) -> concurrent.futures.Future[list[Ack]]:

@@ -22,8 +22,8 @@ from datetime import datetime
 from proton import Message as ProtonMessage
 from proton import symbol
 
-from .._message import Message
-from ..errors import ValidationError
+from ..._message import Message
+from ...errors import ValidationError
 
 __all__ = ["DUPLICATE_ID_PROPERTY", "encode"]
 

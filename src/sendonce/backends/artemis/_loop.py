@@ -2,9 +2,9 @@
 
 proton-python is single-threaded: its ``Container`` runs in one thread per backend, and
 callers hand it work through a ``Doorbell`` (a pipe the loop selects on:
-``_artemis_doorbell``) as ``Request`` objects whose results they wait for
-(``_artemis_requests``). Nothing outside this thread touches a proton object. Broker
-management calls go through ``_artemis_management`` on the same connection.
+``_doorbell``) as ``Request`` objects whose results they wait for
+(``_requests``). Nothing outside this thread touches a proton object. Broker
+management calls go through ``_management`` on the same connection.
 
 One AMQP connection carries everything: a sender link per (address, routing capability),
 each with as many unsettled deliveries as the broker's credit allows (Artemis grants
@@ -53,10 +53,10 @@ from proton.handlers import (
 )
 from proton.reactor import Container, LinkOption
 
-from ..errors import ConfigurationError, NotSentError, SendError, TransientSendError, redact
-from ._artemis_cache import Incarnation, queue_filter
-from ._artemis_doorbell import Doorbell
-from ._artemis_errors import (
+from ...errors import ConfigurationError, NotSentError, SendError, TransientSendError, redact
+from ._cache import Incarnation, queue_filter
+from ._doorbell import Doorbell
+from ._errors import (
     attach_error,
     connection_error,
     culprit_of,
@@ -65,14 +65,14 @@ from ._artemis_errors import (
     outcome_name,
     peer_error,
 )
-from ._artemis_management import (
+from ._management import (
     ManagementCall,
     ManagementChannel,
     ManagementRefused,
     flag,
     our_acceptor,
 )
-from ._artemis_requests import Connect, Request, Transfer
+from ._requests import Connect, Request, Transfer
 
 __all__ = ["ArtemisLoop"]
 
@@ -433,7 +433,7 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
         sl.attached = True
         if self._check_acceptor and sl.address not in self.queue_snapshots:
             # The queues the address has now (an anycast attach creates its queue): the
-            # first reading a resend check compares with (_artemis_cache).
+            # first reading a resend check compares with (_cache).
             snapshot = ManagementCall("broker", "listQueues", [queue_filter(sl.address), 1, 1000])
             self.queue_snapshots[sl.address] = snapshot
             self._manage(snapshot)

@@ -1,8 +1,8 @@
-"""What a caller hands the Artemis event loop and waits for (``_artemis_loop``).
+"""What a caller hands the Artemis event loop and waits for (``_loop``).
 
 A request is finished (a value or an error) or abandoned (its caller stopped waiting)
 exactly once, whichever comes first: the loop thread finishes, caller threads wait.
-A management operation is a request too (``_artemis_management.ManagementCall``).
+A management operation is a request too (``_management.ManagementCall``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._artemis_cache import Incarnation
+from ._cache import Incarnation
 
 __all__ = ["Connect", "Request", "Transfer"]
 
