@@ -24,10 +24,11 @@ count-bounded ring per address (``id-cache-size``). This backend:
 How it is built (one concept per module): ``_url`` parses ``amqp://`` urls;
 ``_convert`` encodes a message; ``_requests`` holds the work callers hand the
 event loop and wait for, ``_doorbell`` how they hand it over; ``_loop`` is
-that loop (one thread owning every proton object: the connection, sender links,
-transactions); ``_management`` asks the broker's management address;
-``_errors`` maps outcomes and conditions to errors; ``_reach`` bounds resends
-by the id cache and ``_cache`` says which cache a resend would reach. This module ties
+that loop (one thread owning every proton object: the connection), with its sender links
+(``_links``) and transactions (``_transactions``); ``_shared`` shares one loop per broker
+and credential; ``_management`` asks the broker's management address; ``_errors`` maps
+outcomes and conditions to errors; ``_reach`` bounds resends by the id cache, ``_cache``
+says which cache a resend would reach and ``_resend`` checks it before a resend. This module ties
 them to the ``Backend`` protocol. Tests: ``tests/integration/artemis`` against the real
 broker (``tests/artemis/broker.py`` runs it, ``tests/artemis/faultproxy.py`` cuts
 connections, ``tests/artemis/raw.py`` is an independent proton client).
@@ -69,12 +70,13 @@ from ...errors import (
 from .._base import Ack, Backend, Capabilities
 from .._servicebus_lanes import check_max_in_flight
 from . import _shared
-from ._cache import QueueSet, Reached, different_cache, queue_filter, queue_ids
+from ._cache import Reached
 from ._convert import encode
 from ._errors import TLS_FAILED
 from ._management import ManagementCall, ManagementRefused
 from ._reach import Attempt, ResendReach
 from ._requests import Connect, Transfer
+from ._resend import ResendChecks
 
 __all__ = ["ArtemisBackend"]
 
@@ -225,7 +227,7 @@ class ArtemisBackend(Backend):
         for name, profile in (profiles or {}).items():
             self._profiles[name] = self._checked_profile(profile)
         self._reach = ResendReach(float(resend_reach))
-        self._queue_sets: dict[str, QueueSet] = {}
+        self._resends = ResendChecks(self)
         self._doubtful_groups: OrderedDict[tuple[str, ...], None] = OrderedDict()
         self._lock = threading.Lock()
         self._closed = False
@@ -510,7 +512,7 @@ class ArtemisBackend(Backend):
         if profile.id_cache_size is not None:
             earlier = self._reach.earlier(entity, ids)
             if earlier:
-                expect = self._check_resend(entity, profile, earlier, messages[0])
+                expect = self._resends.check(entity, profile, earlier, messages[0])
             beyond = self._reach.admit(entity, ids, profile.id_cache_size, attempt)
             if beyond:
                 first = beyond[0]
@@ -533,7 +535,7 @@ class ArtemisBackend(Backend):
         def settle() -> None:
             if transfer.sent_on is not None and attempt.reached is None:
                 attempt.reached = Reached(
-                    transfer.sent_on, self._queue_set(entity).generation, profile.persist_id_cache
+                    transfer.sent_on, self._resends.generation(entity), profile.persist_id_cache
                 )
             try:
                 acks: list[Ack] | None = self._outcome(
@@ -612,85 +614,6 @@ class ArtemisBackend(Backend):
             return self._group_acks(ids, value[1])
         logger.debug("sent %d message(s) to %s", len(messages), entity)
         return [Ack("accepted") for _ in messages]
-
-    # -- where a resend goes ----------------------------------------------------------------
-
-    def _queue_set(self, entity: str) -> QueueSet:
-        with self._lock:
-            found = self._queue_sets.get(entity)
-            if found is None:
-                found = self._queue_sets[entity] = QueueSet()
-            return found
-
-    def _check_resend(
-        self,
-        entity: str,
-        profile: EntityProfile,
-        earlier: list[tuple[str, Any]],
-        first_message: Message,
-    ) -> int | None:
-        """Before a resend: where would it go now? ``InDoubtError`` when that is not the
-        cache the first attempt reached (``_cache``); else the connection the resend
-        must go on (None: not connected now, the transfer's own attempt fails and retries)."""
-        connect = Connect()
-        self._submit(connect)
-        if not connect.wait(self._connect_timeout) or connect.error is not None:
-            self._loop.abandon(connect)
-            return None
-        incarnation = self._loop.incarnation
-        if incarnation is None:
-            return None
-        uptime = self._loop.uptime_call
-        if uptime is not None:
-            uptime.wait(self._management_timeout)  # the broker's start, read or not
-        queues = self._queue_set(entity)
-        if self.require_duplicate_detection:
-            self._reread_queues(entity, queues)
-        now = Reached(incarnation, queues.generation, profile.persist_id_cache)
-        for message_id, first in earlier:
-            why = different_cache(first, now)
-            if why is not None:
-                raise InDoubtError(
-                    f"message {message_id!r} is in doubt and is not resent to address "
-                    f"{entity!r}: {why}, so a resend could store it twice. Check the address "
-                    "(browse it for the id), or let a ledger decide.",
-                    message_id=message_id,
-                    partition_key=first_message.partition_key,
-                )
-        return incarnation.connection
-
-    def _reread_queues(self, entity: str, queues: QueueSet) -> None:
-        """Compare the address's queues now with the last reading: none of them left means
-        its id cache may have been dropped in between (a new generation)."""
-        if queues.ids is None:
-            snapshot = self._loop.queue_snapshots.get(entity)
-            if (
-                snapshot is not None
-                and snapshot.wait(self._management_timeout)
-                and snapshot.error is None
-            ):
-                queues.ids = queue_ids(snapshot.value, entity)
-        try:
-            answer = self._manage("broker", "listQueues", [queue_filter(entity), 1, 1000])
-        except (ManagementRefused, TransientSendError) as exc:
-            logger.info(
-                "cannot read the queues of %s (%s): not checked before the resend", entity, exc
-            )
-            return
-        current = queue_ids(answer, entity)
-        if current is None:
-            return
-        with self._lock:
-            if queues.ids and current.isdisjoint(queues.ids):
-                queues.generation += 1
-                logger.warning(
-                    "address %r: none of its queues %s is left (now %s): its id cache was "
-                    "dropped with them; messages first sent before are in doubt",
-                    entity,
-                    sorted(queues.ids),
-                    sorted(current),
-                )
-            queues.ids = current
 
     def _remember_doubtful(self, ids: list[str]) -> None:
         with self._lock:

@@ -14,7 +14,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ...errors import TransientSendError
 from ._cache import Incarnation
+from ._errors import outcome_error
 
 __all__ = ["Connect", "Request", "Transfer"]
 
@@ -118,6 +120,35 @@ class Transfer(Request):
                 return None
             self.sent += 1
             return self.sent - 1
+
+    def conclude(self) -> None:
+        """Every delivery of a plain transfer is settled: finish with the acks, or with its
+        first refusal (in doubt when some of it was accepted)."""
+        outcomes = self.outcomes
+        refused = [(i, o) for i, o in enumerate(outcomes) if o is not None and o[0] != "accepted"]
+        if not refused:
+            self.finish(["accepted"] * len(outcomes))
+            return
+        index, (outcome, condition, description) = refused[0]
+        message_id, partition_key = self.ids[index]
+        error = outcome_error(
+            outcome,
+            condition,
+            description,
+            entity=self.entity,
+            message_id=message_id,
+            partition_key=partition_key,
+        )
+        if len(refused) < len(outcomes):
+            # Some of the transfer were stored, some refused: the transfer as a whole is
+            # reported in doubt (retried: the stored ones are dropped as duplicates).
+            error = TransientSendError(
+                f"{len(outcomes) - len(refused)} of {len(outcomes)} messages to "
+                f"{self.entity!r} were accepted, the others refused (first: {error}); the "
+                "transfer is retried whole (the accepted ones are dropped as duplicates)",
+                condition=getattr(error, "condition", None),
+            )
+        self.finish(error=error)
 
     @property
     def in_doubt(self) -> bool:
