@@ -473,10 +473,12 @@ class ArtemisBackend(Backend):
         ids = [m.message_id for m in messages]
         with self._lock:
             profile = self._profiles.get(entity)
-        if not may_block and (
-            profile is None
-            or (profile.id_cache_size is not None and self._reach.earlier(entity, ids))
-        ):
+        earlier = (
+            None
+            if profile is None or profile.id_cache_size is None
+            else self._reach.earlier(entity, ids)
+        )
+        if not may_block and (profile is None or earlier):
             try:
                 pending = self._submit_pool().submit(
                     self._prepared_and_sent, entity, messages, timeout, atomic, at
@@ -510,7 +512,8 @@ class ArtemisBackend(Backend):
         attempt = Attempt()
         expect: int | None = None
         if profile.id_cache_size is not None:
-            earlier = self._reach.earlier(entity, ids)
+            if earlier is None:  # (described just now)
+                earlier = self._reach.earlier(entity, ids)
             if earlier:
                 expect = self._resends.check(entity, profile, earlier, messages[0])
             beyond = self._reach.admit(entity, ids, profile.id_cache_size, attempt)

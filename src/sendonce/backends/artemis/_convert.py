@@ -12,7 +12,10 @@
 - a scheduled time is the ``x-opt-delivery-time`` annotation (milliseconds since the epoch).
 
 Messages are encoded in the caller's thread, before anything is handed to the event loop:
-a message proton cannot encode is refused with nothing sent.
+a message proton cannot encode is refused with nothing sent. The common message (a ``str`` or
+``bytes`` body, string application properties, nothing else) is written here directly, the
+same bytes proton writes (a unit test compares them), at a tenth of the cost of building a
+proton ``Message`` per delivery; any other goes through proton.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ _DELIVERY_TIME = symbol("x-opt-delivery-time")
 
 def encode(message: Message, *, at: datetime | None = None) -> bytes:
     """The wire bytes of ``message`` (``at`` overrides its scheduled time)."""
+    if at is None:
+        plain = _plain(message)
+        if plain is not None:
+            return plain
     props: dict[str, object] = {}
     if message.application_properties:
         props.update(message.application_properties)
@@ -73,3 +80,87 @@ def encode(message: Message, *, at: datetime | None = None) -> bytes:
             f"message {message.message_id!r} cannot be encoded as AMQP: {exc}; nothing was sent",
             field="message",
         ) from None
+
+
+# AMQP 1.0 sections as proton writes them: a durable header; properties with the message id;
+# application properties as a map32; the body as an AmqpValue string or one Data section.
+_HEADER_PROPERTIES = b"\x00Sp\xc0\x02\x01A\x00Ss"
+_APPLICATION_PROPERTIES = b"\x00St\xd1"
+_DUPLICATE_KEY = b"\xa1\x0c_AMQ_DUPL_ID"
+_AMQP_VALUE = b"\x00Sw"
+_DATA = b"\x00Su"
+
+
+def _plain(message: Message) -> bytes | None:
+    """``message``'s bytes when it has only an id, a ``str``/``bytes`` body and string
+    application properties; None for anything else (proton encodes it)."""
+    if (
+        message.session_id is not None
+        or message.scheduled_enqueue_time is not None
+        or message.subject is not None
+        or message.content_type is not None
+        or message.correlation_id is not None
+        or message.time_to_live is not None
+    ):
+        return None
+    body = message.body
+    kind = type(body)
+    if kind is not str and kind is not bytes:
+        return None
+    message_id = message.message_id
+    if type(message_id) is not str:
+        return None
+    wire_id = _string(message_id.encode())
+    entries = [_DUPLICATE_KEY + wire_id]
+    given = message.application_properties
+    if given:
+        entries = []
+        placed = False
+        for key, value in given.items():
+            if type(key) is not str or type(value) is not str:
+                return None
+            if key == DUPLICATE_ID_PROPERTY:
+                if value != message_id:
+                    return None  # refused by the general path, with its message
+                entries.append(_DUPLICATE_KEY + wire_id)
+                placed = True
+            else:
+                entries.append(_string(key.encode()) + _string(value.encode()))
+        if not placed:
+            entries.append(_DUPLICATE_KEY + wire_id)
+    count = len(entries) * 2
+    application = b"".join(entries)
+    if kind is str:
+        section = _AMQP_VALUE + _string(body.encode())  # type: ignore[union-attr]
+    else:
+        size = len(body)
+        section = _DATA + (
+            b"\xa0" + bytes((size,)) if size < 256 else b"\xb0" + size.to_bytes(4, "big")
+        )
+        section += body  # type: ignore[operator]
+    return b"".join(
+        (
+            _HEADER_PROPERTIES,
+            _list_of_one(wire_id),
+            _APPLICATION_PROPERTIES,
+            (len(application) + 4).to_bytes(4, "big"),
+            count.to_bytes(4, "big"),
+            application,
+            section,
+        )
+    )
+
+
+def _string(data: bytes) -> bytes:
+    """An AMQP string (str8, or str32 past 255 bytes) of UTF-8 ``data``."""
+    size = len(data)
+    if size < 256:
+        return b"\xa1" + bytes((size,)) + data
+    return b"\xb1" + size.to_bytes(4, "big") + data
+
+
+def _list_of_one(element: bytes) -> bytes:
+    """An AMQP list holding ``element`` (list8, or list32 when it does not fit)."""
+    if len(element) < 255:
+        return b"\xc0" + bytes((len(element) + 1, 1)) + element
+    return b"\xd0" + (len(element) + 4).to_bytes(4, "big") + b"\x00\x00\x00\x01" + element

@@ -28,7 +28,10 @@ class Request:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self._done = threading.Event()
+        self._done = False
+        # Made by the first ``wait`` only: a submitted transfer is waited on through its
+        # future, so most requests never need one (a Condition and two locks each).
+        self._event: threading.Event | None = None
         self.value: Any = None
         self.error: BaseException | None = None
         self.abandoned = False
@@ -38,10 +41,13 @@ class Request:
 
     def finish(self, value: Any = None, error: BaseException | None = None) -> None:
         with self.lock:
-            if self._done.is_set() or self.abandoned:
+            if self._done or self.abandoned:
                 return
             self.value, self.error = value, error
-            self._done.set()
+            self._done = True
+            event = self._event
+        if event is not None:
+            event.set()
         self._call_back()
 
     def expire(self) -> bool:
@@ -62,15 +68,21 @@ class Request:
 
     @property
     def finished(self) -> bool:
-        return self._done.is_set()
+        return self._done
 
     def wait(self, timeout: float) -> bool:
-        return self._done.wait(max(timeout, 0.0))
+        with self.lock:
+            if self._done:
+                return True
+            event = self._event
+            if event is None:
+                event = self._event = threading.Event()
+        return event.wait(max(timeout, 0.0))
 
     def abandon(self) -> bool:
         """Stop waiting; False when it had finished already (its result stands)."""
         with self.lock:
-            if self._done.is_set():
+            if self._done:
                 return False
             self.abandoned = True
             return True
@@ -107,7 +119,7 @@ class Transfer(Request):
         """The index of the next message to send, or None once abandoned, cancelled (its
         future, before the first delivery) or all sent."""
         with self.lock:
-            if self.abandoned or self._done.is_set() or self.sent >= len(self.payloads):
+            if self.abandoned or self._done or self.sent >= len(self.payloads):
                 return None
             # From the first delivery the transfer may be on the wire: its future can no
             # longer be cancelled. Cancelled before: nothing is sent, ever.
