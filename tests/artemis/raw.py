@@ -51,16 +51,24 @@ def raw_send(
 
 
 def drain(url: str, address: str, *, capability: str = "queue", idle: float = 0.5) -> list[Message]:
-    """Receive and accept what the queue holds until it stays empty for ``idle`` seconds."""
+    """Receive and accept what the queue holds until it stays empty for ``idle`` seconds
+    and, for a queue, the broker counts no deliverable message left in it (a broker paused
+    longer than ``idle`` on a loaded machine must not end the drain early; a scheduled
+    message not due yet is not waited for)."""
     connection = BlockingConnection(url, timeout=30)
     try:
         receiver = connection.create_receiver(address, credit=100, options=Routing(capability))
         got = []
+        deadline = time.monotonic() + 120
         while True:
             try:
                 got.append(receiver.receive(timeout=idle))
-            except Exception:  # proton.Timeout: nothing more arrived
-                return got
+            except Exception:  # proton.Timeout: nothing arrived for ``idle`` seconds
+                if capability != "queue" or time.monotonic() > deadline:
+                    return got
+                if _deliverable(url, address) == 0:
+                    return got
+                continue
             receiver.accept()
     finally:
         connection.close()
@@ -70,6 +78,15 @@ def message_count(url: str, queue: str) -> int:
     """How many messages ``queue`` holds (0 when it does not exist)."""
     try:
         return int(manage(url, f"queue.{queue}", "getMessageCount"))
+    except RuntimeError:
+        return 0
+
+
+def _deliverable(url: str, queue: str) -> int:
+    """Messages ``queue`` holds that are not scheduled for later (0 when it does not exist)."""
+    try:
+        held = int(manage(url, f"queue.{queue}", "getMessageCount"))
+        return held - int(manage(url, f"queue.{queue}", "getScheduledCount"))
     except RuntimeError:
         return 0
 

@@ -1,4 +1,4 @@
-"""Which id cache a resend would reach (``_artemis_cache``): the rule, without a broker.
+"""Which id cache a resend would reach (``artemis._cache``): the rule, without a broker.
 
 The real faults (a broker restart, a deleted address) are in tests/integration/artemis; a
 two-node cluster is not started there, so the node rule is pinned here.
@@ -6,7 +6,7 @@ two-node cluster is not started there, so the node rule is pinned here.
 
 from __future__ import annotations
 
-from sendonce.backends._artemis_cache import (
+from sendonce.backends.artemis._cache import (
     Incarnation,
     Reached,
     different_cache,

@@ -1,4 +1,4 @@
-"""How caller threads hand work to the Artemis event loop (``_artemis_doorbell``): many
+"""How caller threads hand work to the Artemis event loop (``artemis._doorbell``): many
 commands, one wake-up; nothing after the last call. The loop itself runs against the real
 broker in tests/integration/artemis; here its side is played by hand (a real pipe)."""
 
@@ -9,7 +9,7 @@ import select
 import threading
 from types import SimpleNamespace
 
-from sendonce.backends._artemis_doorbell import Doorbell
+from sendonce.backends.artemis._doorbell import Doorbell
 
 
 class _Selectable:

@@ -1,4 +1,4 @@
-"""What counts towards an Artemis resend's reach (``_artemis_reach``), without a broker.
+"""What counts towards an Artemis resend's reach (``artemis._reach``), without a broker.
 
 Only distinct ids that went on the wire evict ids from the broker's ring, so only they count.
 The same rules against the real broker (a restart mid-send, a connection that cannot be
@@ -7,7 +7,7 @@ opened, resends the broker drops): tests/integration/artemis.
 
 from __future__ import annotations
 
-from sendonce.backends._artemis_reach import Attempt, ResendReach
+from sendonce.backends.artemis._reach import Attempt, ResendReach
 
 CACHE = 10  # limit: int(10 * 0.5) - 1 = 4
 

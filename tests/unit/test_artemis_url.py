@@ -42,7 +42,7 @@ def test_a_bad_url_is_refused_naming_what_is_wrong(url: str, says: str) -> None:
 
 
 def test_a_good_url_gives_its_parts_and_percent_decodes_the_credentials() -> None:
-    from sendonce.backends._artemis_url import parse_amqp_url
+    from sendonce.backends.artemis._url import parse_amqp_url
 
     assert parse_amqp_url("amqps://app%40corp:p%2Fss%40w@broker.example?max_in_flight=32") == {
         "host": "broker.example",

@@ -11,8 +11,8 @@ from urllib.parse import unquote, urlsplit
 
 from .._extras import requires_extra
 from ..errors import ConfigurationError, redact
-from ._artemis_url import is_amqp_url
 from ._base import Backend
+from .artemis._url import is_amqp_url
 
 if TYPE_CHECKING:
     from .local import LocalBackend

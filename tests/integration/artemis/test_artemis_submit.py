@@ -24,7 +24,7 @@ from artemis.raw import drain, message_count
 from sendonce import EntityProfile, Message
 from sendonce.aio import connect as aio_connect
 from sendonce.backends import ArtemisBackend, capabilities_of, connect, submit_of
-from sendonce.backends._artemis_shared import shared_loops
+from sendonce.backends.artemis._shared import shared_loops
 from sendonce.errors import ConfigurationError, NotSentError, TransientSendError
 
 Future = concurrent.futures.Future
@@ -209,6 +209,79 @@ def test_the_connection_cut_with_16_links_in_flight_each_transfer_keeps_its_own_
     for address in addresses:
         got = Counter(m.id for m in drain(direct, address))
         wanted = [f"warm-{address}", *(m.message_id for a, m in work if a == address)]
+        assert got == Counter(wanted), address
+
+
+class _Both:
+    """Two backends behind one ``submit``: each address goes to the backend that owns it."""
+
+    def __init__(self, owners: dict[str, ArtemisBackend]) -> None:
+        self.owners = owners
+
+    def submit(self, address: str, messages: list[Message], *, timeout: float) -> Future[list]:
+        return self.owners[address].submit(address, messages, timeout=timeout)
+
+
+def test_the_shared_connection_cut_mid_flight_fails_each_backends_transfers_on_their_own(
+    artemis_broker, artemis_address
+):
+    """Two backends for one broker (a Spark task's sender and an outbox relay in one
+    process) share one connection; both have transfers in flight, on their own addresses,
+    when the connection is cut. Every transfer of both ends on its own (accepted, or in
+    doubt / not sent and resent with its id through its own backend), both go on over the
+    one new connection, and the broker holds each id once."""
+    direct = artemis_broker.url()
+    mine = [f"{artemis_address}-a{i}" for i in range(4)]
+    theirs = [f"{artemis_address}-b{i}" for i in range(4)]
+    profiles = {a: profile(a) for a in mine + theirs}
+    work = [
+        ((mine if i % 2 else theirs)[(i // 2) % 4], m)
+        for i, m in enumerate(business(800, "shared"))
+    ]
+    with FaultProxy("127.0.0.1", artemis_broker.port) as proxy:
+        url = artemis_broker.url(port=proxy.port)
+        with (
+            ArtemisBackend.from_url(url, profiles=profiles) as a,
+            connect(url, profiles=profiles) as b,
+        ):
+            assert a._loop is b._loop  # one connection for both
+            owners = {**dict.fromkeys(mine, a), **dict.fromkeys(theirs, b)}
+            for address, backend in owners.items():
+                backend.send(address, [Message("warm", message_id=f"warm-{address}")], timeout=30)
+            connections = a._loop._connections
+            proxy.cut_after(b"body shared 300", settle=None)
+            cut = threading.Event()
+
+            def cut_once_stored() -> None:
+                if proxy.fired.is_set() and not cut.is_set():
+                    held = sum(message_count(direct, x) for x in owners)
+                    if held >= 8 + 301:
+                        cut.set()
+                        proxy.cut()
+
+            outcomes = pipeline(
+                _Both(owners),  # type: ignore[arg-type]
+                work,
+                window=64,
+                timeout=60,
+                during=cut_once_stored,
+            )
+            assert cut.is_set()
+            failed = {getattr(e, "condition", None) for e in outcomes.values() if e}
+            assert failed - {"amqp:timeout"}, failed  # failed by the cut, not a clock
+            kinds = {}
+            for backend, addresses in ((a, mine), (b, theirs)):
+                own = [(x, m) for x, m in work if x in addresses]
+                kinds[backend] = resend_until_stored(
+                    backend, own, {m.message_id: outcomes[m.message_id] for _, m in own}
+                )
+            assert a._loop._connections == b._loop._connections > connections  # reopened
+    for backend in (a, b):  # each backend's transfers were failed by the cut, on their own
+        assert kinds[backend]["in doubt"] + kinds[backend]["not sent"] >= 1, kinds
+    assert sum(k["accepted"] for k in kinds.values()) >= 1, kinds
+    for address in owners:
+        got = Counter(m.id for m in drain(direct, address))
+        wanted = [f"warm-{address}", *(m.message_id for x, m in work if x == address)]
         assert got == Counter(wanted), address
 
 

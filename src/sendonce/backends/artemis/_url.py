@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from ..errors import ConfigurationError, redact
+from ...errors import ConfigurationError, redact
 
 __all__ = ["AMQP_SCHEMES", "is_amqp_url", "parse_amqp_url"]
 

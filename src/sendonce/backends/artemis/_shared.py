@@ -1,7 +1,7 @@
 """One connection per broker per process: ``ArtemisBackend`` objects share event loops.
 
 Every backend made for the same broker, user, password and TLS settings in one process
-uses one :class:`~sendonce.backends._artemis_loop.ArtemisLoop` (one AMQP connection, one
+uses one :class:`~sendonce.backends.artemis._loop.ArtemisLoop` (one AMQP connection, one
 thread), counted by reference: the last ``close`` closes it. A Spark task, a web worker's
 request handlers, a relay and a sender each opening ``connect(url)`` thus hold one
 connection between them, and transfers from all of them are deliveries on its links. What
@@ -19,7 +19,7 @@ import os
 import threading
 from typing import Any
 
-from ._artemis_loop import ArtemisLoop
+from ._loop import ArtemisLoop
 
 __all__ = ["acquire", "release", "shared_loops"]
 

@@ -28,7 +28,7 @@ only makes the bound safer):
   as a first send (counted again), which it almost certainly is.
 
 Beside its position, each id keeps the :class:`Attempt` of its first transfer that put
-anything on the wire: where that went (``_artemis_cache``), so a resend can be kept from
+anything on the wire: where that went (``_cache``), so a resend can be kept from
 reaching another cache than the first attempt did.
 """
 
@@ -86,7 +86,7 @@ class ResendReach:
 
     def earlier(self, address: str, ids: Sequence[str]) -> list[tuple[str, Any]]:
         """The ids attempted before whose first attempt reached the broker, with where it
-        went (an ``_artemis_cache.Reached``)."""
+        went (an ``_cache.Reached``)."""
         with self._lock:
             state = self._addresses.get(address)
             if state is None:

@@ -20,7 +20,7 @@ import re
 
 from proton import Delivery
 
-from ..errors import (
+from ...errors import (
     ConfigurationError,
     MessageSizeError,
     NotSentError,

@@ -1,8 +1,8 @@
-"""What a caller hands the Artemis event loop and waits for (``_artemis_loop``).
+"""What a caller hands the Artemis event loop and waits for (``_loop``).
 
 A request is finished (a value or an error) or abandoned (its caller stopped waiting)
 exactly once, whichever comes first: the loop thread finishes, caller threads wait.
-A management operation is a request too (``_artemis_management.ManagementCall``).
+A management operation is a request too (``_management.ManagementCall``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._artemis_cache import Incarnation
+from ...errors import TransientSendError
+from ._cache import Incarnation
+from ._errors import outcome_error
 
 __all__ = ["Connect", "Request", "Transfer"]
 
@@ -26,7 +28,10 @@ class Request:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self._done = threading.Event()
+        self._done = False
+        # Made by the first ``wait`` only: a submitted transfer is waited on through its
+        # future, so most requests never need one (a Condition and two locks each).
+        self._event: threading.Event | None = None
         self.value: Any = None
         self.error: BaseException | None = None
         self.abandoned = False
@@ -36,10 +41,13 @@ class Request:
 
     def finish(self, value: Any = None, error: BaseException | None = None) -> None:
         with self.lock:
-            if self._done.is_set() or self.abandoned:
+            if self._done or self.abandoned:
                 return
             self.value, self.error = value, error
-            self._done.set()
+            self._done = True
+            event = self._event
+        if event is not None:
+            event.set()
         self._call_back()
 
     def expire(self) -> bool:
@@ -60,15 +68,21 @@ class Request:
 
     @property
     def finished(self) -> bool:
-        return self._done.is_set()
+        return self._done
 
     def wait(self, timeout: float) -> bool:
-        return self._done.wait(max(timeout, 0.0))
+        with self.lock:
+            if self._done:
+                return True
+            event = self._event
+            if event is None:
+                event = self._event = threading.Event()
+        return event.wait(max(timeout, 0.0))
 
     def abandon(self) -> bool:
         """Stop waiting; False when it had finished already (its result stands)."""
         with self.lock:
-            if self._done.is_set():
+            if self._done:
                 return False
             self.abandoned = True
             return True
@@ -105,7 +119,7 @@ class Transfer(Request):
         """The index of the next message to send, or None once abandoned, cancelled (its
         future, before the first delivery) or all sent."""
         with self.lock:
-            if self.abandoned or self._done.is_set() or self.sent >= len(self.payloads):
+            if self.abandoned or self._done or self.sent >= len(self.payloads):
                 return None
             # From the first delivery the transfer may be on the wire: its future can no
             # longer be cancelled. Cancelled before: nothing is sent, ever.
@@ -118,6 +132,35 @@ class Transfer(Request):
                 return None
             self.sent += 1
             return self.sent - 1
+
+    def conclude(self) -> None:
+        """Every delivery of a plain transfer is settled: finish with the acks, or with its
+        first refusal (in doubt when some of it was accepted)."""
+        outcomes = self.outcomes
+        refused = [(i, o) for i, o in enumerate(outcomes) if o is not None and o[0] != "accepted"]
+        if not refused:
+            self.finish(["accepted"] * len(outcomes))
+            return
+        index, (outcome, condition, description) = refused[0]
+        message_id, partition_key = self.ids[index]
+        error = outcome_error(
+            outcome,
+            condition,
+            description,
+            entity=self.entity,
+            message_id=message_id,
+            partition_key=partition_key,
+        )
+        if len(refused) < len(outcomes):
+            # Some of the transfer were stored, some refused: the transfer as a whole is
+            # reported in doubt (retried: the stored ones are dropped as duplicates).
+            error = TransientSendError(
+                f"{len(outcomes) - len(refused)} of {len(outcomes)} messages to "
+                f"{self.entity!r} were accepted, the others refused (first: {error}); the "
+                "transfer is retried whole (the accepted ones are dropped as duplicates)",
+                condition=getattr(error, "condition", None),
+            )
+        self.finish(error=error)
 
     @property
     def in_doubt(self) -> bool:

@@ -2,15 +2,16 @@
 
 proton-python is single-threaded: its ``Container`` runs in one thread per backend, and
 callers hand it work through a ``Doorbell`` (a pipe the loop selects on:
-``_artemis_doorbell``) as ``Request`` objects whose results they wait for
-(``_artemis_requests``). Nothing outside this thread touches a proton object. Broker
-management calls go through ``_artemis_management`` on the same connection.
+``_doorbell``) as ``Request`` objects whose results they wait for
+(``_requests``). Nothing outside this thread touches a proton object. Broker
+management calls go through ``_management`` on the same connection.
 
-One AMQP connection carries everything: a sender link per (address, routing capability),
-each with as many unsettled deliveries as the broker's credit allows (Artemis grants
-1,000 by default), so many transfers are in flight at once on one link; the sender keeps
-order per key by never having two transfers of a key outstanding. A transactional
-transfer declares its own AMQP transaction on the connection (one at a time).
+One AMQP connection carries everything: a sender link per (address, routing capability)
+(``_links``), each with as many unsettled deliveries as the broker's credit allows (Artemis
+grants 1,000 by default), so many transfers are in flight at once on one link; the sender
+keeps order per key by never having two transfers of a key outstanding. A transactional
+transfer declares its own AMQP transaction on the connection, one at a time
+(``_transactions``).
 
 The connection is opened on first use and verified before any transfer goes out: the
 peer must say it is Artemis (``product`` in its open frame) and, where management may be
@@ -30,9 +31,7 @@ import os
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 from proton import (
@@ -40,39 +39,36 @@ from proton import (
     Delivery,
     Endpoint,
     Handler,
-    Link,
     ProtonException,
     SSLDomain,
-    symbol,
 )
 from proton.handlers import (
     IOHandler,
     MessagingHandler,
     OutgoingMessageHandler,
-    TransactionHandler,
 )
-from proton.reactor import Container, LinkOption
+from proton.reactor import Container
 
-from ..errors import ConfigurationError, NotSentError, SendError, TransientSendError, redact
-from ._artemis_cache import Incarnation, queue_filter
-from ._artemis_doorbell import Doorbell
-from ._artemis_errors import (
+from ...errors import ConfigurationError, NotSentError, SendError, redact
+from ._cache import Incarnation, queue_filter
+from ._doorbell import Doorbell
+from ._errors import (
     attach_error,
     connection_error,
-    culprit_of,
     lost_error,
-    outcome_error,
     outcome_name,
     peer_error,
 )
-from ._artemis_management import (
+from ._links import Capability, SenderLink
+from ._management import (
     ManagementCall,
     ManagementChannel,
     ManagementRefused,
     flag,
     our_acceptor,
 )
-from ._artemis_requests import Connect, Request, Transfer
+from ._requests import Connect, Request, Transfer
+from ._transactions import Transactions
 
 __all__ = ["ArtemisLoop"]
 
@@ -81,29 +77,6 @@ logger = logging.getLogger("sendonce.artemis")
 ARTEMIS_PRODUCT = "apache-activemq-artemis"
 _TRANSACTIONAL_STATE = 0x34
 _BOTH_ACTIVE = Endpoint.LOCAL_ACTIVE | Endpoint.REMOTE_ACTIVE
-
-
-@dataclass(eq=False)
-class _SenderLink:
-    link: Any
-    address: str
-    capability: str | None
-    attached: bool = False
-    queue: deque[Transfer] = field(default_factory=deque)  # waiting for credit
-    waiting: list[Transfer] = field(default_factory=list)  # waiting for the attach
-    transfers: set[Transfer] = field(default_factory=set)  # with a delivery on this link
-
-
-class _Capability(LinkOption):
-    """The target capability that picks the routing type: ``queue`` anycast, ``topic``
-    multicast (what Artemis reads on an AMQP sender link)."""
-
-    def __init__(self, capability: str | None) -> None:
-        self.capability = capability
-
-    def apply(self, link: Link) -> None:
-        if self.capability is not None:
-            link.target.capabilities.put_object(symbol(self.capability))
 
 
 class _Deadlines(Handler):
@@ -126,7 +99,7 @@ class _Stop(Handler):
         self.container.stop()
 
 
-class ArtemisLoop(MessagingHandler, TransactionHandler):
+class ArtemisLoop(MessagingHandler):
     """The event loop thread and everything it owns (see the module docstring)."""
 
     def __init__(
@@ -162,12 +135,11 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
         self._conn: Any = None
         self._ready = False
         self._waiting: list[Request] = []  # until the connection is ready
-        self._links: dict[tuple[str, str | None], _SenderLink] = {}
+        self._links: dict[tuple[str, str | None], SenderLink] = {}
         self._transfers: set[Transfer] = set()
         self._management: ManagementChannel | None = None  # opened with the first call
         self._verify_call: ManagementCall | None = None
-        self._txn_queue: deque[Transfer] = deque()
-        self._txn_active: Transfer | None = None
+        self._transactions = Transactions(self)
         self._deadlines: list[tuple[float, int, Request]] = []  # a heap; finished ones linger
         self._deadline_order = itertools.count()
         self._timer_at = math.inf  # the earliest deadline timer scheduled
@@ -203,6 +175,16 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
             raise ConfigurationError("the Artemis backend is closed", field="backend")
         if not self._doorbell.ring(command):
             raise ConfigurationError("the Artemis backend is closed", field="backend")
+
+    @property
+    def container(self) -> Container:
+        """The proton container (loop thread only)."""
+        return self._container
+
+    @property
+    def connection(self) -> Any:
+        """The current AMQP connection, or None (loop thread only)."""
+        return self._conn
 
     @property
     def alive(self) -> bool:
@@ -286,10 +268,9 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
                 return
             self._transfers.add(request)
             if request.atomic:
-                self._txn_queue.append(request)
-                self._next_transaction()
+                self._transactions.add(request)
             else:
-                self._route(request)
+                self.route(request)
 
     def _watch(self, request: Request, deadline: float) -> None:
         """Expire ``request`` at ``deadline`` unless it finished by then: one timer for the
@@ -341,7 +322,7 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
     def on_connection_opened(self, event: Any) -> None:
         if event.connection != self._conn:
             return
-        self._heard()
+        self.heard()
         props = event.connection.remote_properties or {}
         self.peer = {str(k): v for k, v in props.items()}
         product = self.peer.get("product")
@@ -397,7 +378,7 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
 
     # -- sender links and deliveries ------------------------------------------------------
 
-    def _link_for(self, transfer: Transfer) -> _SenderLink:
+    def _link_for(self, transfer: Transfer) -> SenderLink:
         key = (transfer.entity, transfer.capability)
         found = self._links.get(key)
         if found is None:
@@ -405,14 +386,14 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
                 self._conn,
                 target=transfer.entity,
                 name=f"sendonce-{uuid.uuid4().hex[:12]}",
-                options=_Capability(transfer.capability),
+                options=Capability(transfer.capability),
             )
-            found = _SenderLink(link, transfer.entity, transfer.capability)
+            found = SenderLink(link, transfer.entity, transfer.capability)
             link.sendonce_link = found
             self._links[key] = found
         return found
 
-    def _route(self, transfer: Transfer) -> None:
+    def route(self, transfer: Transfer) -> None:
         sl = self._link_for(transfer)
         if not sl.attached:
             sl.waiting.append(transfer)
@@ -421,9 +402,9 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
         self._pump(sl)
 
     def on_link_opened(self, event: Any) -> None:
-        self._heard()
+        self.heard()
         link = event.link
-        sl: _SenderLink | None = getattr(link, "sendonce_link", None) if link.is_sender else None
+        sl: SenderLink | None = getattr(link, "sendonce_link", None) if link.is_sender else None
         if sl is None:
             if self._management is not None:
                 self._management.link_opened(link)
@@ -433,7 +414,7 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
         sl.attached = True
         if self._check_acceptor and sl.address not in self.queue_snapshots:
             # The queues the address has now (an anycast attach creates its queue): the
-            # first reading a resend check compares with (_artemis_cache).
+            # first reading a resend check compares with (_cache).
             snapshot = ManagementCall("broker", "listQueues", [queue_filter(sl.address), 1, 1000])
             self.queue_snapshots[sl.address] = snapshot
             self._manage(snapshot)
@@ -448,7 +429,7 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
         if sl is not None and link.state & _BOTH_ACTIVE == _BOTH_ACTIVE:
             self._pump(sl)
 
-    def _pump(self, sl: _SenderLink) -> None:
+    def _pump(self, sl: SenderLink) -> None:
         link = sl.link
         queue = sl.queue
         while queue and link.credit > 0:
@@ -457,7 +438,7 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
             if index is None:
                 queue.popleft()
                 if transfer.atomic and not transfer.abandoned and not transfer.commit_sent:
-                    self._commit(transfer)
+                    self._transactions.commit(transfer)
                 elif transfer.sent == 0 and transfer.abandoned:
                     self._cancelled(transfer)
                 continue
@@ -475,15 +456,14 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
         if queue and queue[0].atomic and queue[0].sent >= len(queue[0].payloads):
             transfer = queue.popleft()
             if not transfer.abandoned and not transfer.commit_sent:
-                self._commit(transfer)
+                self._transactions.commit(transfer)
 
     def _cancelled(self, transfer: Transfer) -> None:
         """A transfer cancelled before its first delivery: nothing sent; forget it (and end
         its transaction, so the next one can start)."""
         self._transfers.discard(transfer)
-        if transfer.atomic and self._txn_active is transfer and transfer.txn is not None:
-            transfer.txn.abort()
-            self._txn_done(transfer)
+        if transfer.atomic:
+            self._transactions.cancelled(transfer)
 
     def on_delivery(self, event: Any) -> None:
         """A sender delivery's disposition came: what proton's ``OutgoingMessageHandler``
@@ -495,12 +475,12 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
 
     def _settled(self, delivery: Any) -> None:
         if self._management is not None and self._management.settled(delivery):
-            self._heard()
+            self.heard()
             return
         slot = getattr(delivery, "sendonce_slot", None)
         if slot is None:
             return
-        self._heard()
+        self.heard()
         transfer, index = slot
         delivery.sendonce_slot = None
         transfer.settled += 1
@@ -517,126 +497,16 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
         if transfer.settled >= len(transfer.payloads) and not transfer.atomic:
             self._complete(transfer)
 
+    def untrack(self, transfer: Transfer) -> None:
+        """``transfer`` has its outcome (or was forgotten): the connection no longer holds it."""
+        self._transfers.discard(transfer)
+        for sl in self._links.values():
+            sl.transfers.discard(transfer)
+
     def _complete(self, transfer: Transfer) -> None:
-        """Every delivery of a plain transfer is settled: the acks, or its first refusal."""
-        self._transfers.discard(transfer)
-        for sl in self._links.values():
-            sl.transfers.discard(transfer)
-        outcomes = transfer.outcomes
-        refused = [(i, o) for i, o in enumerate(outcomes) if o is not None and o[0] != "accepted"]
-        if not refused:
-            transfer.finish(["accepted"] * len(outcomes))
-            return
-        index, (outcome, condition, description) = refused[0]
-        message_id, partition_key = transfer.ids[index]
-        error = outcome_error(
-            outcome,
-            condition,
-            description,
-            entity=transfer.entity,
-            message_id=message_id,
-            partition_key=partition_key,
-        )
-        if len(refused) < len(outcomes):
-            # Some of the transfer were stored, some refused: the transfer as a whole is
-            # reported in doubt (retried: the stored ones are dropped as duplicates).
-            error = TransientSendError(
-                f"{len(outcomes) - len(refused)} of {len(outcomes)} messages to "
-                f"{transfer.entity!r} were accepted, the others refused (first: {error}); the "
-                "transfer is retried whole (the accepted ones are dropped as duplicates)",
-                condition=getattr(error, "condition", None),
-            )
-        transfer.finish(error=error)
-
-    # -- transactions -----------------------------------------------------------------------
-
-    def _next_transaction(self) -> None:
-        while self._txn_active is None and self._txn_queue:
-            transfer = self._txn_queue.popleft()
-            if transfer.abandoned:
-                continue
-            self._txn_active = transfer
-            transfer.txn = self._container.declare_transaction(self._conn, handler=self)
-
-    def _active(self, event: Any) -> Transfer | None:
-        transfer = self._txn_active
-        if transfer is None or event.transaction is not transfer.txn:
-            return None
-        return transfer
-
-    def on_transaction_declared(self, event: Any) -> None:
-        self._heard()
-        transfer = self._active(event)
-        if transfer is None:
-            return
-        if transfer.abandoned:
-            transfer.txn.abort()
-            self._txn_done(transfer)
-            return
-        self._route(transfer)
-
-    def on_transaction_declare_failed(self, event: Any) -> None:
-        transfer = self._active(event)
-        if transfer is None:
-            return
-        condition = event.delivery.remote.condition
-        transfer.finish(
-            error=attach_error(
-                None if condition is None else str(condition.name),
-                None if condition is None else condition.description,
-                entity=transfer.entity,
-                host=self.where,
-            )
-        )
-        self._txn_done(transfer)
-
-    def _commit(self, transfer: Transfer) -> None:
-        transfer.commit_sent = True
-        transfer.txn.commit()
-
-    def on_transaction_committed(self, event: Any) -> None:
-        self._heard()
-        transfer = self._active(event)
-        if transfer is None:
-            return
-        transfer.finish(["accepted"] * len(transfer.payloads))
-        self._txn_done(transfer)
-
-    def on_transaction_commit_failed(self, event: Any) -> None:
-        self._heard()
-        transfer = self._active(event)
-        if transfer is None:
-            return
-        condition = event.delivery.remote.condition
-        name = None if condition is None else str(condition.name)
-        description = None if condition is None else condition.description
-        culprit = culprit_of(description)
-        if name in ("failed", "amqp:transaction:rollback") and culprit is not None:
-            # Rolled back for a duplicate: Artemis names the last one it met.
-            transfer.finish(("duplicate-group", culprit))
-        else:
-            transfer.finish(
-                error=outcome_error(
-                    "rejected",
-                    name or "amqp:transaction:rollback",
-                    description,
-                    entity=transfer.entity,
-                    message_id=transfer.ids[0][0],
-                )
-            )
-        self._txn_done(transfer)
-
-    def on_transaction_aborted(self, event: Any) -> None:
-        transfer = self._active(event)
-        if transfer is not None:
-            self._txn_done(transfer)
-
-    def _txn_done(self, transfer: Transfer) -> None:
-        self._transfers.discard(transfer)
-        for sl in self._links.values():
-            sl.transfers.discard(transfer)
-        self._txn_active = None
-        self._next_transaction()
+        """Every delivery of a plain transfer is settled: its acks, or its first refusal."""
+        self.untrack(transfer)
+        transfer.conclude()
 
     # -- management -------------------------------------------------------------------------
 
@@ -650,13 +520,13 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
             self._verified(call)
 
     def on_message(self, event: Any) -> None:
-        self._heard()
+        self.heard()
         if self._management is not None:
             self._management.message(event.link, event.message)
 
     # -- failures -------------------------------------------------------------------------
 
-    def _heard(self) -> None:
+    def heard(self) -> None:
         self._last_heard = time.monotonic()
 
     def on_link_error(self, event: Any) -> None:
@@ -670,7 +540,7 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
             said = "the management link closed" if condition is None else str(condition)
             self._management.fail(said)
             return
-        sl: _SenderLink | None = getattr(link, "sendonce_link", None)
+        sl: SenderLink | None = getattr(link, "sendonce_link", None)
         if sl is None or self._links.get((sl.address, sl.capability)) is not sl:
             return
         del self._links[(sl.address, sl.capability)]
@@ -743,14 +613,10 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
             requests += self._management.pending()
         for sl in self._links.values():
             requests += sl.waiting + list(sl.queue) + list(sl.transfers)
-        if self._txn_active is not None:
-            requests.append(self._txn_active)
-        requests += list(self._txn_queue)
+        requests += self._transactions.drain()
         self._waiting = []
         self._links.clear()
         self._transfers.clear()
-        self._txn_queue.clear()
-        self._txn_active = None
         self._management = None
         self._verify_call = None
         seen: set[int] = set()
@@ -763,9 +629,8 @@ class ArtemisLoop(MessagingHandler, TransactionHandler):
             conn.close()
 
     def _end(self, transfer: Transfer, error: BaseException) -> None:
-        self._transfers.discard(transfer)
+        self.untrack(transfer)
         for sl in self._links.values():
-            sl.transfers.discard(transfer)
             if transfer in sl.queue:
                 sl.queue.remove(transfer)
         transfer.finish(error=error)

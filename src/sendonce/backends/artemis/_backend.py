@@ -4,30 +4,31 @@ Duplicate detection on Artemis is the ``_AMQ_DUPL_ID`` message property, remembe
 count-bounded ring per address (``id-cache-size``). This backend:
 
 - sets ``_AMQ_DUPL_ID`` (a string) and the AMQP ``message-id`` to the business id
-  (``_artemis_convert``);
+  (``_convert``);
 - learns each message's fate from its delivery's disposition: Accepted is stored (a
   duplicate outside a transaction is Accepted too: Artemis drops it silently, as Service
   Bus does); Rejected / Released / Modified is a specific error, nothing stored; a
   connection or link lost before the disposition is *in doubt* and retried with the same
-  id (``_artemis_errors``);
+  id (``_errors``);
 - keeps many transfers in flight on one connection and one link per address (unsettled
   deliveries, as many as the broker's credit allows); ``max_in_flight`` is how many
   transfers the sender hands it at once, and the sender keeps order per key
-  (``_artemis_loop``);
+  (``_loop``);
 - makes the count-bounded window real: a resend reaching further back than a safe part of
-  the address's id cache is reported in doubt instead of sent (``_artemis_reach``);
+  the address's id cache is reported in doubt instead of sent (``_reach``);
 - sends ``sender.transaction()`` groups as one AMQP transaction: all or nothing, and a
   duplicate member rolls the whole group back;
 - refuses a peer that is not Artemis, or an acceptor with ``amqpDuplicateDetection=false``,
   before anything is sent.
 
-How it is built (one concept per module): ``_artemis_url`` parses ``amqp://`` urls;
-``_artemis_convert`` encodes a message; ``_artemis_requests`` holds the work callers hand the
-event loop and wait for, ``_artemis_doorbell`` how they hand it over; ``_artemis_loop`` is
-that loop (one thread owning every proton object: the connection, sender links,
-transactions); ``_artemis_management`` asks the broker's management address;
-``_artemis_errors`` maps outcomes and conditions to errors; ``_artemis_reach`` bounds resends
-by the id cache and ``_artemis_cache`` says which cache a resend would reach. This module ties
+How it is built (one concept per module): ``_url`` parses ``amqp://`` urls;
+``_convert`` encodes a message; ``_requests`` holds the work callers hand the
+event loop and wait for, ``_doorbell`` how they hand it over; ``_loop`` is
+that loop (one thread owning every proton object: the connection), with its sender links
+(``_links``) and transactions (``_transactions``); ``_shared`` shares one loop per broker
+and credential; ``_management`` asks the broker's management address; ``_errors`` maps
+outcomes and conditions to errors; ``_reach`` bounds resends by the id cache, ``_cache``
+says which cache a resend would reach and ``_resend`` checks it before a resend. This module ties
 them to the ``Backend`` protocol. Tests: ``tests/integration/artemis`` against the real
 broker (``tests/artemis/broker.py`` runs it, ``tests/artemis/faultproxy.py`` cuts
 connections, ``tests/artemis/raw.py`` is an independent proton client).
@@ -54,9 +55,9 @@ from typing import Any
 
 from proton import SSLDomain
 
-from .._entity import DEFAULT_ID_CACHE_SIZE, EntityKind, EntityProfile
-from .._message import Message
-from ..errors import (
+from ..._entity import DEFAULT_ID_CACHE_SIZE, EntityKind, EntityProfile
+from ..._message import Message
+from ...errors import (
     ConfigurationError,
     InDoubtError,
     NotSentError,
@@ -66,15 +67,16 @@ from ..errors import (
     ValidationError,
     redact,
 )
-from . import _artemis_shared
-from ._artemis_cache import QueueSet, Reached, different_cache, queue_filter, queue_ids
-from ._artemis_convert import encode
-from ._artemis_errors import TLS_FAILED
-from ._artemis_management import ManagementCall, ManagementRefused
-from ._artemis_reach import Attempt, ResendReach
-from ._artemis_requests import Connect, Transfer
-from ._base import Ack, Backend, Capabilities
-from ._servicebus_lanes import check_max_in_flight
+from .._base import Ack, Backend, Capabilities
+from .._servicebus_lanes import check_max_in_flight
+from . import _shared
+from ._cache import Reached
+from ._convert import encode
+from ._errors import TLS_FAILED
+from ._management import ManagementCall, ManagementRefused
+from ._reach import Attempt, ResendReach
+from ._requests import Connect, Transfer
+from ._resend import ResendChecks
 
 __all__ = ["ArtemisBackend"]
 
@@ -127,7 +129,7 @@ class ArtemisBackend(Backend):
     - ``max_in_flight``: transfers carried at once (default 16);
     - ``resend_reach``: the fraction of an address's id cache a resend may reach back
       over, counted in the distinct ids this backend wrote to the address (default 0.5;
-      see ``_artemis_reach``);
+      see ``_reach``);
     - ``require_duplicate_detection``: refuse a peer that is not Artemis or an acceptor
       with duplicate detection off (default True);
     - ``connect_timeout``, ``management_timeout``: seconds; ``heartbeat``: the AMQP idle
@@ -225,11 +227,11 @@ class ArtemisBackend(Backend):
         for name, profile in (profiles or {}).items():
             self._profiles[name] = self._checked_profile(profile)
         self._reach = ResendReach(float(resend_reach))
-        self._queue_sets: dict[str, QueueSet] = {}
+        self._resends = ResendChecks(self)
         self._doubtful_groups: OrderedDict[tuple[str, ...], None] = OrderedDict()
         self._lock = threading.Lock()
         self._closed = False
-        self._loop_key, self._loop = _artemis_shared.acquire(
+        self._loop_key, self._loop = _shared.acquire(
             ("domain", id(ssl_domain)) if custom_tls else ("tls", self.tls, ca_file),
             host=host,
             port=port,
@@ -245,7 +247,7 @@ class ArtemisBackend(Backend):
     @classmethod
     def from_url(cls, url: str, **options: Any) -> ArtemisBackend:
         """A backend for ``amqp://user:password@host:port`` (``amqps://`` for TLS)."""
-        from ._artemis_url import parse_amqp_url
+        from ._url import parse_amqp_url
 
         parsed = parse_amqp_url(url)
         return cls(**{**parsed, **options})
@@ -471,10 +473,12 @@ class ArtemisBackend(Backend):
         ids = [m.message_id for m in messages]
         with self._lock:
             profile = self._profiles.get(entity)
-        if not may_block and (
-            profile is None
-            or (profile.id_cache_size is not None and self._reach.earlier(entity, ids))
-        ):
+        earlier = (
+            None
+            if profile is None or profile.id_cache_size is None
+            else self._reach.earlier(entity, ids)
+        )
+        if not may_block and (profile is None or earlier):
             try:
                 pending = self._submit_pool().submit(
                     self._prepared_and_sent, entity, messages, timeout, atomic, at
@@ -508,9 +512,10 @@ class ArtemisBackend(Backend):
         attempt = Attempt()
         expect: int | None = None
         if profile.id_cache_size is not None:
-            earlier = self._reach.earlier(entity, ids)
+            if earlier is None:  # (described just now)
+                earlier = self._reach.earlier(entity, ids)
             if earlier:
-                expect = self._check_resend(entity, profile, earlier, messages[0])
+                expect = self._resends.check(entity, profile, earlier, messages[0])
             beyond = self._reach.admit(entity, ids, profile.id_cache_size, attempt)
             if beyond:
                 first = beyond[0]
@@ -533,7 +538,7 @@ class ArtemisBackend(Backend):
         def settle() -> None:
             if transfer.sent_on is not None and attempt.reached is None:
                 attempt.reached = Reached(
-                    transfer.sent_on, self._queue_set(entity).generation, profile.persist_id_cache
+                    transfer.sent_on, self._resends.generation(entity), profile.persist_id_cache
                 )
             try:
                 acks: list[Ack] | None = self._outcome(
@@ -613,85 +618,6 @@ class ArtemisBackend(Backend):
         logger.debug("sent %d message(s) to %s", len(messages), entity)
         return [Ack("accepted") for _ in messages]
 
-    # -- where a resend goes ----------------------------------------------------------------
-
-    def _queue_set(self, entity: str) -> QueueSet:
-        with self._lock:
-            found = self._queue_sets.get(entity)
-            if found is None:
-                found = self._queue_sets[entity] = QueueSet()
-            return found
-
-    def _check_resend(
-        self,
-        entity: str,
-        profile: EntityProfile,
-        earlier: list[tuple[str, Any]],
-        first_message: Message,
-    ) -> int | None:
-        """Before a resend: where would it go now? ``InDoubtError`` when that is not the
-        cache the first attempt reached (``_artemis_cache``); else the connection the resend
-        must go on (None: not connected now, the transfer's own attempt fails and retries)."""
-        connect = Connect()
-        self._submit(connect)
-        if not connect.wait(self._connect_timeout) or connect.error is not None:
-            self._loop.abandon(connect)
-            return None
-        incarnation = self._loop.incarnation
-        if incarnation is None:
-            return None
-        uptime = self._loop.uptime_call
-        if uptime is not None:
-            uptime.wait(self._management_timeout)  # the broker's start, read or not
-        queues = self._queue_set(entity)
-        if self.require_duplicate_detection:
-            self._reread_queues(entity, queues)
-        now = Reached(incarnation, queues.generation, profile.persist_id_cache)
-        for message_id, first in earlier:
-            why = different_cache(first, now)
-            if why is not None:
-                raise InDoubtError(
-                    f"message {message_id!r} is in doubt and is not resent to address "
-                    f"{entity!r}: {why}, so a resend could store it twice. Check the address "
-                    "(browse it for the id), or let a ledger decide.",
-                    message_id=message_id,
-                    partition_key=first_message.partition_key,
-                )
-        return incarnation.connection
-
-    def _reread_queues(self, entity: str, queues: QueueSet) -> None:
-        """Compare the address's queues now with the last reading: none of them left means
-        its id cache may have been dropped in between (a new generation)."""
-        if queues.ids is None:
-            snapshot = self._loop.queue_snapshots.get(entity)
-            if (
-                snapshot is not None
-                and snapshot.wait(self._management_timeout)
-                and snapshot.error is None
-            ):
-                queues.ids = queue_ids(snapshot.value, entity)
-        try:
-            answer = self._manage("broker", "listQueues", [queue_filter(entity), 1, 1000])
-        except (ManagementRefused, TransientSendError) as exc:
-            logger.info(
-                "cannot read the queues of %s (%s): not checked before the resend", entity, exc
-            )
-            return
-        current = queue_ids(answer, entity)
-        if current is None:
-            return
-        with self._lock:
-            if queues.ids and current.isdisjoint(queues.ids):
-                queues.generation += 1
-                logger.warning(
-                    "address %r: none of its queues %s is left (now %s): its id cache was "
-                    "dropped with them; messages first sent before are in doubt",
-                    entity,
-                    sorted(queues.ids),
-                    sorted(current),
-                )
-            queues.ids = current
-
     def _remember_doubtful(self, ids: list[str]) -> None:
         with self._lock:
             self._doubtful_groups[tuple(ids)] = None
@@ -723,7 +649,7 @@ class ArtemisBackend(Backend):
                 return
             self._closed = True
         self._stop_submissions()
-        _artemis_shared.release(self._loop_key, self._loop, 5.0)
+        _shared.release(self._loop_key, self._loop, 5.0)
 
     def __getstate__(self) -> Any:
         raise TypeError(
@@ -736,7 +662,7 @@ class ArtemisBackend(Backend):
         if loop is not None and not getattr(self, "_closed", True):
             self._closed = True
             with contextlib.suppress(Exception):  # interpreter shutdown
-                _artemis_shared.release(self._loop_key, loop, 0.0)
+                _shared.release(self._loop_key, loop, 0.0)
 
 
 def _done(acks: list[Ack]) -> concurrent.futures.Future[list[Ack]]:

@@ -1,5 +1,5 @@
 """Broker management over AMQP: requests to ``activemq.management``, answers matched by
-correlation id on a dynamic reply queue. Used by ``_artemis_loop`` (loop thread only).
+correlation id on a dynamic reply queue. Used by ``_loop`` (loop thread only).
 
 Artemis answers with the application property ``_AMQ_OperationSucceeded`` and a JSON body
 (a one-element array holding the result, itself JSON for the ``...AsJSON`` operations). A
@@ -19,8 +19,8 @@ from typing import Any
 
 from proton import Delivery, Message
 
-from ._artemis_errors import outcome_name
-from ._artemis_requests import Request
+from ._errors import outcome_name
+from ._requests import Request
 
 __all__ = [
     "MANAGEMENT_ADDRESS",
