@@ -74,7 +74,7 @@ from ._artemis_management import ManagementCall, ManagementRefused
 from ._artemis_reach import Attempt, ResendReach
 from ._artemis_requests import Connect, Transfer
 from ._base import Ack, Backend, Capabilities
-from ._servicebus_lanes import check_max_in_flight
+from .servicebus._lanes import check_max_in_flight
 
 __all__ = ["ArtemisBackend"]
 

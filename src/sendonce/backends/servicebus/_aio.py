@@ -1,8 +1,8 @@
 """``sendonce.aio.AzureServiceBusBackend``: Service Bus through ``azure.servicebus.aio``.
 
 The asyncio twin of :class:`sendonce.backends.AzureServiceBusBackend`, sharing
-its error mapping (``_servicebus_errors``), message conversion
-(``_servicebus_convert``) and profile reading. The client's own retries are off
+its error mapping (``_errors``), message conversion
+(``_convert``) and profile reading. The client's own retries are off
 (``retry_total=0``); every call is bounded: the client gets ``timeout=`` and the
 whole call, link opening included, runs under ``asyncio.timeout``. (The sync
 backend needs a helper thread to bound link opening; here cancelling the
@@ -10,7 +10,7 @@ awaiting coroutine is enough.)
 
 The client's senders are not safe for concurrent use (one transfer per link at
 a time), so the backend keeps up to ``max_in_flight`` of them per entity
-(lanes, ``backends._servicebus_lanes``) and lends each to one task at a time:
+(lanes, ``_lanes``) and lends each to one task at a time:
 that many transfers can be outstanding at once. A call that fails, times out or
 is cancelled discards its lane's sender; the other lanes carry on.
 
@@ -39,24 +39,12 @@ from azure.core.exceptions import (
 from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
 from azure.servicebus.exceptions import MessageSizeExceededError
 
-from .. import _telemetry
-from .._entity import EntityKind, EntityProfile
-from .._message import Message
-from .._names import ByName, name_key
-from ..backends._base import Ack, AsyncBackend, Capabilities
-from ..backends._servicebus_convert import to_servicebus_message
-from ..backends._servicebus_errors import is_connection_level, is_sdk_error, map_error
-from ..backends._servicebus_lanes import AsyncLanes, Lane
-from ..backends._servicebus_settings import check_timeout as _check_timeout
-from ..backends._servicebus_settings import server_endpoint, settle
-from ..backends.servicebus import (
-    DEFAULT_ADMIN_TIMEOUT,
-    DEFAULT_LINK_TIMEOUT,
-    _check_entity,
-    _ids,
-    _profile_from_properties,
-)
-from ..errors import (
+from ... import _telemetry
+from ..._entity import EntityKind, EntityProfile
+from ..._message import Message
+from ..._names import ByName, name_key
+from ...aio._dispatch import dispatching
+from ...errors import (
     ConfigurationError,
     KeyRuleError,
     MessageSizeError,
@@ -65,7 +53,19 @@ from ..errors import (
     ValidationError,
     redact,
 )
-from ._dispatch import dispatching
+from .._base import Ack, AsyncBackend, Capabilities
+from ._convert import to_servicebus_message
+from ._errors import is_connection_level, is_sdk_error, map_error
+from ._lanes import AsyncLanes, Lane
+from ._settings import check_timeout as _check_timeout
+from ._settings import server_endpoint, settle
+from ._sync import (
+    DEFAULT_ADMIN_TIMEOUT,
+    DEFAULT_LINK_TIMEOUT,
+    _check_entity,
+    _ids,
+    _profile_from_properties,
+)
 
 __all__ = ["AzureServiceBusBackend"]
 

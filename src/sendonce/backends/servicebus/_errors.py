@@ -38,7 +38,7 @@ from azure.servicebus.exceptions import (
     SessionLockLostError,
 )
 
-from ..errors import NotSentError, PermanentSendError, SendError, TransientSendError, redact
+from ...errors import NotSentError, PermanentSendError, SendError, TransientSendError, redact
 
 __all__ = [
     "PERMANENT_CONDITIONS",

@@ -7,7 +7,7 @@ sender decides the transfer boundaries by the partition-key and size rules.
 
 Concurrency: a ``ServiceBusSender`` carries one transfer at a time and is not
 thread-safe, so the backend keeps up to ``max_in_flight`` senders per entity
-(lanes, see ``_servicebus_lanes``) and lends each to one thread at a time. Up to
+(lanes, see ``_lanes``) and lends each to one thread at a time. Up to
 ``max_in_flight`` threads may call ``send`` / ``schedule`` at once; each lane is
 its own AMQP connection (the client shares none between senders).
 """
@@ -32,11 +32,11 @@ from azure.core.exceptions import (
 from azure.servicebus import ServiceBusClient, ServiceBusSender
 from azure.servicebus.exceptions import MessageSizeExceededError
 
-from .. import _telemetry
-from .._entity import DEFAULT_WINDOW, EntityKind, EntityProfile
-from .._message import Message
-from .._names import ByName, name_key
-from ..errors import (
+from ... import _telemetry
+from ..._entity import DEFAULT_WINDOW, EntityKind, EntityProfile
+from ..._message import Message
+from ..._names import ByName, name_key
+from ...errors import (
     ConfigurationError,
     KeyRuleError,
     MessageSizeError,
@@ -46,12 +46,12 @@ from ..errors import (
     ValidationError,
     redact,
 )
-from ._base import Ack, Backend, Capabilities
-from ._servicebus_convert import to_servicebus_message
-from ._servicebus_errors import is_connection_level, is_sdk_error, map_error
-from ._servicebus_lanes import Lane, Lanes
-from ._servicebus_settings import check_timeout as _check_timeout
-from ._servicebus_settings import server_endpoint, settle
+from .._base import Ack, Backend, Capabilities
+from ._convert import to_servicebus_message
+from ._errors import is_connection_level, is_sdk_error, map_error
+from ._lanes import Lane, Lanes
+from ._settings import check_timeout as _check_timeout
+from ._settings import server_endpoint, settle
 
 __all__ = ["AzureServiceBusBackend"]
 
