@@ -19,58 +19,37 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta
+from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any
 
-from azure.core.exceptions import (
-    AzureError,
-    ClientAuthenticationError,
-    HttpResponseError,
-    ResourceNotFoundError,
-)
 from azure.servicebus import ServiceBusClient, ServiceBusSender
-from azure.servicebus.exceptions import MessageSizeExceededError
 
 from ... import _telemetry
-from ..._entity import DEFAULT_WINDOW, EntityKind, EntityProfile
+from ..._entity import EntityProfile
 from ..._message import Message
-from ..._names import ByName, name_key
+from ..._names import ByName
 from ...errors import (
     ConfigurationError,
-    KeyRuleError,
-    MessageSizeError,
-    NotSentError,
     SendError,
     TransientSendError,
     ValidationError,
     redact,
 )
-from .._base import Ack, Backend, Capabilities
+from .._base import Ack, Backend
+from . import _shared as shared
 from ._convert import to_servicebus_message
 from ._errors import is_connection_level, is_sdk_error, map_error
 from ._lanes import Lane, Lanes
-from ._settings import check_timeout as _check_timeout
-from ._settings import server_endpoint, settle
 
 __all__ = ["AzureServiceBusBackend"]
 
 logger = logging.getLogger("sendonce.servicebus")
 
-DEFAULT_LINK_TIMEOUT = 60.0
-DEFAULT_ADMIN_TIMEOUT = 30.0
-_STANDARD_MAX_MESSAGE_KB = 256
-_MIN_TRANSFER_TIME = 0.001
 _CLOSE_BOUND = 10.0
 
 
-def _check_entity(entity: object) -> str:
-    if not isinstance(entity, str) or not entity.strip():
-        raise ConfigurationError("entity must be a non-empty queue or topic name", field="entity")
-    return entity
-
-
-class AzureServiceBusBackend(Backend):
+class AzureServiceBusBackend(shared.ServiceBusShared, Backend):
     """A backend that sends to Azure Service Bus (or its emulator).
 
     Build it from a connection string (:meth:`from_connection_string`, or
@@ -84,76 +63,17 @@ class AzureServiceBusBackend(Backend):
     ``"queue"`` or ``"topic"`` when no profile says which.
     """
 
-    def __init__(
-        self,
-        *,
-        client: ServiceBusClient | None = None,
-        fully_qualified_namespace: str | None = None,
-        credential: Any = None,
-        connection_string: str | None = None,
-        admin_client: Any = None,
-        profiles: Mapping[str, EntityProfile] | None = None,
-        kinds: Mapping[str, EntityKind] | None = None,
-        transport_type: Any = None,
-        link_timeout: float = DEFAULT_LINK_TIMEOUT,
-        admin_timeout: float = DEFAULT_ADMIN_TIMEOUT,
-        max_batch_size: int | None = None,
-        max_in_flight: int | None = None,
-        **client_kwargs: Any,
-    ) -> None:
-        settings = settle(
-            client_class=ServiceBusClient,
-            default_credential=_default_credential,
-            client=client,
-            fully_qualified_namespace=fully_qualified_namespace,
-            credential=credential,
-            connection_string=connection_string,
-            profiles=profiles,
-            kinds=kinds,
-            transport_type=transport_type,
-            link_timeout=link_timeout,
-            admin_timeout=admin_timeout,
-            max_batch_size=max_batch_size,
-            max_in_flight=max_in_flight,
-            client_kwargs=client_kwargs,
-        )
-        self._client: ServiceBusClient = settings.client
-        self._namespace = settings.namespace
-        # OpenTelemetry's server.address / server.port (sendonce._telemetry reads them).
-        self.server_address, self.server_port = server_endpoint(settings.namespace, self._client)
-        self._credential: Any = settings.credential
-        self._link_timeout = settings.link_timeout
-        self._admin_timeout = settings.admin_timeout
-        self._max_batch_size = settings.max_batch_size
-        self._profiles = settings.profiles
-        self._kinds = settings.kinds
-        self._connection_string = settings.connection_string
-        self._emulator = settings.emulator
-        self._entity_path = settings.entity_path
-        self._admin: Any = admin_client
-        self.capabilities = Capabilities(
-            max_in_flight=settings.max_in_flight, messaging_system="servicebus"
-        )
+    _client: ServiceBusClient
+    _client_class = ServiceBusClient
+    _native_submit = False
+
+    @staticmethod
+    def _default_credential() -> Any:
+        return _default_sync_credential()
+
+    def _start(self) -> None:
         self._lanes: ByName[Lanes[ServiceBusSender]] = ByName()  # any spelling
         self._lock = threading.RLock()
-        self._closed = False
-        logger.debug("created %r", self)
-
-    # -- construction -----------------------------------------------------------------
-
-    @classmethod
-    def from_connection_string(cls, conn_str: str, **options: Any) -> AzureServiceBusBackend:
-        """A backend for a connection string (``UseDevelopmentEmulator=true`` for the emulator)."""
-        return cls(connection_string=conn_str, **options)
-
-    def __repr__(self) -> str:
-        extra = ", emulator=True" if self._emulator else ""
-        return f"AzureServiceBusBackend(namespace={self._namespace!r}{extra})"
-
-    @property
-    def namespace(self) -> str:
-        """The fully qualified namespace (host, and port for the emulator)."""
-        return self._namespace
 
     # -- entities ---------------------------------------------------------------------
 
@@ -163,7 +83,7 @@ class AzureServiceBusBackend(Backend):
         Raises ``ConfigurationError`` when the properties cannot be read (the
         emulator, or a credential without Manage rights): pass ``profiles=``.
         """
-        entity = _check_entity(entity)
+        entity = shared.check_entity(entity)
         with self._lock:
             known = self._profiles.get(entity)
             if known is not None:
@@ -186,109 +106,32 @@ class AzureServiceBusBackend(Backend):
                 self._retire_lanes(profile.name, "the entity kind changed")
             self._kinds[profile.name] = profile.kind
 
-    def _needs_profile(self, entity: str, why: str) -> ConfigurationError:
-        return ConfigurationError(
-            f"cannot read the properties of entity {entity!r} ({why}); pass an explicit profile, "
-            f"e.g. AzureServiceBusBackend(..., profiles={{{entity!r}: EntityProfile({entity!r}, "
-            "duplicate_detection=True, duplicate_detection_window=timedelta(minutes=10), "
-            "partitioned=False, sessions=False)}) or IdempotentSender(backend, "
-            "EntityProfile(...)), with the values the entity was created with",
-            field="entity",
-        )
-
     def _admin_client(self, entity: str) -> Any:
-        if self._admin is not None:
-            return self._admin
-        if self._emulator:
-            raise self._needs_profile(entity, "the development emulator has no administration API")
+        if self._admin is None and self._emulator:
+            raise shared.needs_profile(entity, "the development emulator has no administration API")
         from azure.servicebus.management import ServiceBusAdministrationClient
 
-        try:
-            if self._connection_string is not None:
-                self._admin = ServiceBusAdministrationClient.from_connection_string(
-                    self._connection_string
-                )
-            elif self._credential is not None:
-                if not callable(getattr(self._credential, "get_token", None)):
-                    raise self._needs_profile(
-                        entity,
-                        "the administration API needs a token credential such as "
-                        "DefaultAzureCredential, or a connection string",
-                    )
-                self._admin = ServiceBusAdministrationClient(self._namespace, self._credential)
-            else:
-                raise self._needs_profile(entity, "no credential for the administration API")
-        except (ValueError, TypeError) as exc:
-            raise self._needs_profile(entity, redact(str(exc))) from None
-        return self._admin
+        return self._build_admin(ServiceBusAdministrationClient, entity)
 
     def _read_profile(self, admin: Any, entity: str) -> EntityProfile:
-        first: EntityKind = self._kinds.get(entity, "queue")
-        order: tuple[EntityKind, EntityKind] = (
-            (first, "topic") if first == "queue" else (first, "queue")
-        )
-        # Per call: an overall bound (azure-core's retry policy) and socket bounds.
-        bounds = {
-            "timeout": self._admin_timeout,
-            "connection_timeout": self._admin_timeout,
-            "read_timeout": self._admin_timeout,
-        }
-        not_found = 0
-        for kind in order:
+        missing = 0
+        for kind in shared.lookup_order(self._kinds, entity):
             getter = admin.get_queue if kind == "queue" else admin.get_topic
             try:
-                props = getter(entity, **bounds)
-            except ResourceNotFoundError:
-                not_found += 1
+                props = getter(entity, **shared.admin_bounds(self._admin_timeout))
+            except Exception as exc:
+                missing += shared.skipped_kind(exc, entity)
                 continue
-            except AttributeError:
-                # get_queue on a topic name (and get_topic on a queue name) finds the other
-                # kind of description and fails to read it (azure-servicebus 7.x).
-                continue
-            except HttpResponseError as exc:
-                status = getattr(exc, "status_code", None)
-                if isinstance(exc, ClientAuthenticationError) or status in (401, 403):
-                    raise self._needs_profile(
-                        entity, f"the credential may not read entity properties (HTTP {status})"
-                    ) from None
-                if status == 404:
-                    raise self._needs_profile(
-                        entity, "the administration API is not there"
-                    ) from None
-                raise TransientSendError(
-                    f"reading the properties of entity {entity!r} failed: "
-                    f"{type(exc).__name__} (HTTP {status})"
-                ) from None
-            except AzureError as exc:
-                raise TransientSendError(
-                    f"reading the properties of entity {entity!r} failed: {type(exc).__name__}: "
-                    f"{redact(str(exc))}"
-                ) from None
-            return _profile_from_properties(entity, kind, props)
-        if not_found == len(order):
-            raise ConfigurationError(
-                f"entity {entity!r} does not exist in namespace {self._namespace!r} "
-                "(neither a queue nor a topic)",
-                field="entity",
-            )
-        raise self._needs_profile(entity, "the administration API returned no description")
+            return shared.profile_from_properties(entity, kind, props)
+        raise self._no_such_entity(entity, missing)
 
     # -- sending ----------------------------------------------------------------------
 
     def _entity_lanes(self, entity: str) -> Lanes[ServiceBusSender]:
         with self._lock:
-            if self._closed:
-                raise ConfigurationError("the backend is closed", field="backend")
+            self._check_open(entity)
             lanes = self._lanes.get(entity)
             if lanes is None:
-                if self._entity_path is not None and name_key(entity) != name_key(
-                    self._entity_path
-                ):
-                    raise ConfigurationError(
-                        f"the connection string is scoped to entity {self._entity_path!r}, "
-                        f"not {entity!r}",
-                        field="entity",
-                    )
                 lanes = self._lanes[entity] = Lanes(self.capabilities.max_in_flight)
             return lanes
 
@@ -303,11 +146,7 @@ class AzureServiceBusBackend(Backend):
             lane, got = lanes.take(timeout)
             _telemetry.lane_wait("link", entity, time.monotonic() - started)
         if not got:
-            raise NotSentError(
-                f"all {lanes.size} links to {entity!r} stayed busy for the {timeout:g} s timeout "
-                "(max_in_flight); nothing was sent",
-                **_ids(messages),
-            )
+            raise shared.no_free_link(lanes.size, entity, timeout, messages)
         if lane is None:
             try:
                 with self._lock:  # the client keeps a set of its handlers
@@ -356,11 +195,8 @@ class AzureServiceBusBackend(Backend):
         """
         if lane.opened:
             return timeout
-        if timeout <= _MIN_TRANSFER_TIME:
-            raise NotSentError(
-                f"waiting for a free link to {entity!r} used up the timeout; nothing was sent",
-                **_ids(messages),
-            )
+        if timeout <= shared.MIN_TRANSFER_TIME:
+            raise shared.no_time_left("waiting for a free link", entity, timeout, messages)
         sender = lane.sender
         started = time.monotonic()
         done = threading.Event()
@@ -393,20 +229,13 @@ class AzureServiceBusBackend(Backend):
                 entity,
                 timeout,
             )
-            raise NotSentError(
-                f"opening a link to {entity!r} on {self._namespace!r} took longer than the "
-                f"{timeout:g} s timeout; nothing was sent",
-                **_ids(messages),
-            )
+            raise shared.link_too_slow(entity, self._namespace, timeout, messages)
         if outcome:
             raise outcome[0]
         lane.opened = True
         left = timeout - (time.monotonic() - started)
-        if left <= _MIN_TRANSFER_TIME:
-            raise NotSentError(
-                f"opening a link to {entity!r} used up the {timeout:g} s timeout; nothing was sent",
-                **_ids(messages),
-            )
+        if left <= shared.MIN_TRANSFER_TIME:
+            raise shared.no_time_left("opening a link", entity, timeout, messages)
         return left
 
     def _open_mapped(
@@ -460,8 +289,37 @@ class AzureServiceBusBackend(Backend):
             entity=entity,
             count=len(messages),
             reached=reached,
-            **_ids(messages),
+            **shared.ids(messages),
         )
+
+    def _on_lane(
+        self,
+        operation: str,
+        entity: str,
+        messages: list[Message],
+        timeout: float,
+        transfer: Callable[[ServiceBusSender, float], Any],
+    ) -> Any:
+        """Run ``transfer(sender, time_left)`` on a free lane, its link opened, under the
+        error map; a failure closes the lane's sender, a refusal before sending keeps it."""
+        lanes, lane, left = self._take_lane(entity, timeout, messages)
+        failed: str | None = "interrupted"
+        try:
+            left = self._open_mapped(entity, lane, left, messages, operation=operation)
+            result = transfer(lane.sender, left)
+            failed = None
+        except (ValidationError, TransientSendError) as exc:
+            if isinstance(exc, ValidationError):
+                failed = None  # refused before anything was sent: the link is fine
+            raise
+        except Exception as exc:
+            if not is_sdk_error(exc):
+                raise
+            failed = self._failure_reason(exc)
+            raise self._fail(exc, operation=operation, entity=entity, messages=messages) from None
+        finally:
+            self._give_back(entity, lanes, lane, failed)
+        return result
 
     def send(
         self, entity: str, messages: Sequence[Message], *, timeout: float, atomic: bool = False
@@ -472,24 +330,12 @@ class AzureServiceBusBackend(Backend):
         batch on the link. Service Bus does not tell the sender about duplicates,
         so every ack is ``"accepted"``.
         """
-        entity = _check_entity(entity)
-        timeout = _check_timeout(timeout)
-        if atomic:
-            raise ConfigurationError(
-                "Service Bus has no transactions in the Python client: an all-or-nothing group "
-                "cannot be sent (use the local broker for transactional groups)",
-                field="atomic",
-            )
-        messages = list(messages)
+        entity, timeout, messages = self._send_checks(entity, messages, timeout, atomic)
         if not messages:
             return []
-        self._check_transfer(entity, messages)
         converted = [to_servicebus_message(m) for m in messages]
-        lanes, lane, left = self._take_lane(entity, timeout, messages)
-        failed: str | None = "interrupted"
-        try:
-            left = self._open_mapped(entity, lane, left, messages, operation="send")
-            sender = lane.sender
+
+        def transfer(sender: ServiceBusSender, left: float) -> None:
             # One message goes as itself: wrapping it in a batch encodes it twice.
             payload: Any = (
                 converted[0]
@@ -497,67 +343,16 @@ class AzureServiceBusBackend(Backend):
                 else self._batch(sender, entity, messages, converted)
             )
             sender.send_messages(payload, timeout=left)
-            failed = None
-        except (ValidationError, TransientSendError) as exc:
-            if isinstance(exc, ValidationError):
-                failed = None  # refused before anything was sent: the link is fine
-            raise
-        except Exception as exc:
-            if not is_sdk_error(exc):
-                raise
-            failed = self._failure_reason(exc)
-            raise self._fail(exc, operation="send", entity=entity, messages=messages) from None
-        finally:
-            self._give_back(entity, lanes, lane, failed)
+
+        self._on_lane("send", entity, messages, timeout, transfer)
         logger.debug("sent %d message(s) to %s", len(messages), entity)
         return [Ack("accepted") for _ in messages]
-
-    def _check_transfer(self, entity: str, messages: list[Message]) -> None:
-        """Refuse a transfer the service would reject, when the entity's profile is known.
-
-        The sender never builds one; this guards direct callers of ``send``.
-        """
-        profile = self._profiles.get(entity)
-        if profile is None or len(messages) < 2:
-            return
-        if profile.partitioned and profile.duplicate_detection:
-            raise KeyRuleError(
-                f"entity {entity!r} is partitioned with duplicate detection: the service rejects "
-                f"a batch of {len(messages)} messages there (azure-sdk-for-python #21955, "
-                "#36333); send one message per transfer. Nothing was sent.",
-                field="messages",
-            )
-        if profile.partitioned or profile.sessions:
-            keys = {(m.partition_key, m.session_id) for m in messages}
-            if len(keys) > 1:
-                raise KeyRuleError(
-                    f"one transfer to {entity!r} mixes partition keys or session ids "
-                    f"({len(keys)} distinct); the service rejects such a batch. Nothing was sent.",
-                    field="messages",
-                )
 
     def _batch(
         self, sender: ServiceBusSender, entity: str, messages: list[Message], converted: list[Any]
     ) -> Any:
-        if self._max_batch_size is None:
-            batch = sender.create_message_batch()
-        else:
-            batch = sender.create_message_batch(max_size_in_bytes=self._max_batch_size)
-        for index, (message, sb_message) in enumerate(zip(messages, converted, strict=True)):
-            try:
-                batch.add_message(sb_message)
-            except MessageSizeExceededError:
-                if len(messages) == 1:
-                    # A single large message (Premium allows up to 100 MB) goes on its own,
-                    # where the link's message size limit, not the batch limit, applies.
-                    return sb_message
-                raise MessageSizeError(
-                    f"message {message.message_id!r} (index {index}) does not fit in one "
-                    f"transfer of {len(messages)} messages to {entity!r}: the batch limit is "
-                    f"{batch.max_size_in_bytes} bytes; nothing was sent",
-                    field="messages",
-                ) from None
-        return batch
+        batch = sender.create_message_batch(**self._batch_size())
+        return shared.fill_batch(batch, entity, messages, converted)
 
     def schedule(
         self, entity: str, messages: Sequence[Message], at: datetime, *, timeout: float
@@ -568,39 +363,18 @@ class AzureServiceBusBackend(Backend):
         dropped as a duplicate (Azure/azure-service-bus #265, #266): such a number
         cannot be used to cancel the message that was kept.
         """
-        entity = _check_entity(entity)
-        timeout = _check_timeout(timeout)
-        if not isinstance(at, datetime) or at.tzinfo is None:
-            raise ValidationError("at must be a timezone-aware datetime", field="at")
-        messages = list(messages)
+        entity, timeout, messages = self._schedule_checks(entity, messages, at, timeout)
         if not messages:
             return []
         converted = [to_servicebus_message(m) for m in messages]
-        lanes, lane, left = self._take_lane(entity, timeout, messages)
-        failed: str | None = "interrupted"
-        try:
-            left = self._open_mapped(entity, lane, left, messages, operation="schedule")
-            numbers = lane.sender.schedule_messages(converted, at, timeout=left)
-            failed = None
-        except (ValidationError, TransientSendError) as exc:
-            if isinstance(exc, ValidationError):
-                failed = None
-            raise
-        except Exception as exc:
-            if not is_sdk_error(exc):
-                raise
-            failed = self._failure_reason(exc)
-            raise self._fail(exc, operation="schedule", entity=entity, messages=messages) from None
-        finally:
-            self._give_back(entity, lanes, lane, failed)
-        numbers = list(numbers)
-        if len(numbers) != len(messages):
-            raise TransientSendError(
-                f"schedule of {len(messages)} messages to {entity!r} returned {len(numbers)} "
-                "sequence numbers: the outcome is in doubt"
-            )
+
+        def transfer(sender: ServiceBusSender, left: float) -> Any:
+            return sender.schedule_messages(converted, at, timeout=left)
+
+        numbers = self._on_lane("schedule", entity, messages, timeout, transfer)
+        acks = shared.scheduled_acks(numbers, len(messages), entity)
         logger.debug("scheduled %d message(s) to %s for %s", len(messages), entity, at)
-        return [Ack("accepted", int(n) if int(n) >= 0 else None) for n in numbers]
+        return acks
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -629,20 +403,6 @@ class AzureServiceBusBackend(Backend):
                     closable.close()
                 except Exception as exc:
                     logger.debug("closing the %s failed: %s", name, redact(repr(exc)))
-
-    def __getstate__(self) -> Any:
-        raise TypeError(
-            "AzureServiceBusBackend holds live connections and cannot be pickled: ship the "
-            "connection string and call sendonce.backends.connect(url) on the executor"
-        )
-
-
-def _ids(messages: Sequence[Message]) -> dict[str, str | None]:
-    """The message id and partition key an error names: only for a one-message transfer."""
-    if len(messages) != 1:
-        return {"message_id": None, "partition_key": None}
-    one = messages[0]
-    return {"message_id": one.message_id, "partition_key": one.partition_key or one.session_id}
 
 
 def _close_quietly(sender: ServiceBusSender, entity: str) -> None:
@@ -686,7 +446,7 @@ def _shut_socket(sender: Any) -> None:
             sock.shutdown(socket.SHUT_RDWR)
 
 
-def _default_credential() -> Any:
+def _default_sync_credential() -> Any:
     try:
         from azure.identity import DefaultAzureCredential
     except ImportError:
@@ -696,21 +456,3 @@ def _default_credential() -> Any:
             field="credential",
         ) from None
     return DefaultAzureCredential()
-
-
-def _profile_from_properties(entity: str, kind: EntityKind, props: Any) -> EntityProfile:
-    window = getattr(props, "duplicate_detection_history_time_window", None)
-    if not isinstance(window, timedelta):
-        window = DEFAULT_WINDOW
-    size_kb = getattr(props, "max_message_size_in_kilobytes", None)
-    if not isinstance(size_kb, int) or size_kb <= 0:
-        size_kb = _STANDARD_MAX_MESSAGE_KB
-    return EntityProfile(
-        entity,
-        kind=kind,
-        duplicate_detection=bool(getattr(props, "requires_duplicate_detection", False)),
-        duplicate_detection_window=window,
-        partitioned=bool(getattr(props, "enable_partitioning", False)),
-        sessions=bool(getattr(props, "requires_session", False)) if kind == "queue" else False,
-        max_message_size=size_kb * 1024,
-    )
