@@ -28,8 +28,8 @@ from _smoke import add_smoke
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusMessageBatch
 
 from sendonce import Message
-from sendonce.backends._servicebus_convert import to_servicebus_message
 from sendonce.backends.servicebus import AzureServiceBusBackend
+from sendonce.backends.servicebus._convert import to_servicebus_message
 
 BODY = '{"order_id":123456,"amount":"12.50","currency":"EUR","customer":"c-42"}'
 CONN = "Endpoint=sb://bench.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=not-a-key"

@@ -19,7 +19,7 @@ from ._sender import IdempotentSender, Transaction
 from ._threaded import ThreadedBackend
 
 if TYPE_CHECKING:
-    from ._servicebus import AzureServiceBusBackend
+    from ..backends.servicebus._aio import AzureServiceBusBackend
 
 __all__ = [
     "AsyncBackend",
@@ -37,7 +37,7 @@ def __getattr__(name: str) -> Any:
         from .._extras import requires_extra
 
         with requires_extra("sendonce.aio.AzureServiceBusBackend", "aio"):
-            from ._servicebus import AzureServiceBusBackend
+            from ..backends.servicebus._aio import AzureServiceBusBackend
 
         return AzureServiceBusBackend
     raise AttributeError(f"module 'sendonce.aio' has no attribute {name!r}")

@@ -42,7 +42,7 @@ def _open_local(url: str, options: dict[str, Any]) -> AsyncBackend:
 
 def _open_servicebus(url: str, options: dict[str, Any]) -> AsyncBackend:
     with requires_extra("a Service Bus connection string in sendonce.aio", "aio"):
-        from ._servicebus import AzureServiceBusBackend
+        from ..backends.servicebus._aio import AzureServiceBusBackend
 
     return AzureServiceBusBackend.from_connection_string(url, **options)
 

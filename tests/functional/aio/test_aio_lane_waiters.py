@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from sendonce import EntityProfile, Message, RetryPolicy, aio
-from sendonce.backends._servicebus_lanes import AsyncLanes
 from sendonce.backends.local import LocalBackend
+from sendonce.backends.servicebus._lanes import AsyncLanes
 from sendonce.errors import NotSentError, TransientSendError, ValidationError
 
 pytest.importorskip("proton")

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sendonce import Message
-from sendonce.backends._servicebus_convert import from_servicebus_message, to_servicebus_message
+from sendonce.backends.servicebus._convert import from_servicebus_message, to_servicebus_message
 from sendonce.errors import MessageIdError, ValidationError
 
 FULL = Message(
@@ -91,7 +91,7 @@ def test_the_message_put_on_the_wire_keeps_our_id() -> None:
 
 def test_the_clients_random_id_never_gets_through(mocker: Any) -> None:
     # If the client ever ignored the id we pass, conversion refuses rather than send a UUID.
-    import sendonce.backends._servicebus_convert as convert
+    import sendonce.backends.servicebus._convert as convert
 
     real = convert.ServiceBusMessage
 

@@ -29,7 +29,7 @@ from azure.servicebus.exceptions import (
     ServiceBusServerBusyError,
 )
 
-from sendonce.backends._servicebus_errors import (
+from sendonce.backends.servicebus._errors import (
     PERMANENT_CONDITIONS,
     TRANSIENT_CONDITIONS,
     condition_of,

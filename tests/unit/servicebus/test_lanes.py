@@ -17,8 +17,8 @@ from azure.servicebus.exceptions import ServiceBusConnectionError
 
 from sendonce import Message
 from sendonce.backends import connect
-from sendonce.backends._servicebus_lanes import DEFAULT_MAX_IN_FLIGHT
 from sendonce.backends.servicebus import AzureServiceBusBackend
+from sendonce.backends.servicebus._lanes import DEFAULT_MAX_IN_FLIGHT
 from sendonce.errors import ConfigurationError, NotSentError, TransientSendError
 
 from .conftest import CONN_STR, SECRET, FakeLink

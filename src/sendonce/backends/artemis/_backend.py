@@ -68,7 +68,7 @@ from ...errors import (
     redact,
 )
 from .._base import Ack, Backend, Capabilities
-from .._servicebus_lanes import check_max_in_flight
+from ..servicebus._lanes import check_max_in_flight
 from . import _shared
 from ._cache import Reached
 from ._convert import encode

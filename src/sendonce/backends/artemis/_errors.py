@@ -29,6 +29,7 @@ from ...errors import (
     TransientSendError,
     redact,
 )
+from .. import _amqp_conditions as _amqp
 
 __all__ = [
     "PERMANENT_CONDITIONS",
@@ -44,33 +45,10 @@ __all__ = [
 ]
 
 # The broker refused: nothing was stored, and the same request will be refused again.
-PERMANENT_CONDITIONS: frozenset[str] = frozenset(
-    {
-        "amqp:unauthorized-access",
-        "amqp:not-found",
-        "amqp:link:message-size-exceeded",
-        "amqp:not-implemented",
-        "amqp:not-allowed",
-        "amqp:decode-error",
-        "amqp:invalid-field",
-        "amqp:precondition-failed",
-        "amqp:resource-deleted",
-        "amqp:frame-size-too-small",
-    }
-)
+PERMANENT_CONDITIONS: frozenset[str] = _amqp.REFUSED
 
 # The broker could not take it now (address full, resources): nothing stored, try again.
-TRANSIENT_CONDITIONS: frozenset[str] = frozenset(
-    {
-        "amqp:resource-limit-exceeded",
-        "amqp:internal-error",
-        "amqp:connection:forced",
-        "amqp:link:detach-forced",
-        "amqp:link:stolen",
-        "amqp:resource-locked",
-        "amqp:illegal-state",
-    }
-)
+TRANSIENT_CONDITIONS: frozenset[str] = _amqp.TRANSIENT | {_amqp.RESOURCE_LIMIT}
 
 TLS_FAILED = "sendonce:tls-failed"
 _DUPLICATE_ID = re.compile(r"_AMQ_DUPL_ID=(.*?)(?:, [A-Za-z_]\w*=|\})")

@@ -38,7 +38,8 @@ from azure.servicebus.exceptions import (
     SessionLockLostError,
 )
 
-from ..errors import NotSentError, PermanentSendError, SendError, TransientSendError, redact
+from ...errors import NotSentError, PermanentSendError, SendError, TransientSendError, redact
+from .. import _amqp_conditions as _amqp
 
 __all__ = [
     "PERMANENT_CONDITIONS",
@@ -51,59 +52,40 @@ __all__ = [
 logger = logging.getLogger("sendonce.servicebus")
 
 # The broker refused: nothing was stored, and the same request will be refused again.
-PERMANENT_CONDITIONS: frozenset[str] = frozenset(
-    {
-        "amqp:unauthorized-access",
-        "amqp:not-found",
-        "amqp:resource-limit-exceeded",
-        "amqp:link:message-size-exceeded",
-        "amqp:not-implemented",
-        "amqp:not-allowed",
-        "amqp:decode-error",
-        "amqp:invalid-field",
-        "amqp:precondition-failed",
-        "amqp:resource-deleted",
-        "amqp:frame-size-too-small",
-        "amqp:link:redirect",
-        "amqp:connection:redirect",
-        "com.microsoft:auth-failed",
-        "com.microsoft:entity-disabled",
-        "com.microsoft:entity-already-exists",
-        "com.microsoft:argument-error",
-        "com.microsoft:argument-out-of-range",
-        "com.microsoft:precondition-failed",
-        "com.microsoft:message-lock-lost",
-        "com.microsoft:message-not-found",
-        "com.microsoft:session-lock-lost",
-    }
-)
+# On Service Bus a resource limit is a quota: the same send is refused until it changes.
+PERMANENT_CONDITIONS: frozenset[str] = _amqp.REFUSED | {
+    _amqp.RESOURCE_LIMIT,
+    "amqp:link:redirect",
+    "amqp:connection:redirect",
+    "com.microsoft:auth-failed",
+    "com.microsoft:entity-disabled",
+    "com.microsoft:entity-already-exists",
+    "com.microsoft:argument-error",
+    "com.microsoft:argument-out-of-range",
+    "com.microsoft:precondition-failed",
+    "com.microsoft:message-lock-lost",
+    "com.microsoft:message-not-found",
+    "com.microsoft:session-lock-lost",
+}
 
 # The link, session or connection went away, or the broker asked us to come back
 # later: the message may or may not have been stored.
-TRANSIENT_CONDITIONS: frozenset[str] = frozenset(
-    {
-        "amqp:internal-error",
-        "amqp:connection:forced",
-        "amqp:connection:framing-error",
-        "amqp:link:detach-forced",
-        "amqp:link:stolen",
-        "amqp:link:transfer-limit-exceeded",
-        "amqp:resource-locked",
-        "amqp:illegal-state",
-        "amqp:session:window-violation",
-        "amqp:session:errant-link",
-        "amqp:session:handle-in-use",
-        "amqp:session:unattached-handle",
-        "amqp:client-error",
-        "amqp:unknown-error",
-        "amqp:socket-error",
-        "amqp:vendor-error",
-        "com.microsoft:server-busy",
-        "com.microsoft:timeout",
-        "com.microsoft:container-close",
-        "com.microsoft:session-cannot-be-locked",
-    }
-)
+TRANSIENT_CONDITIONS: frozenset[str] = _amqp.TRANSIENT | {
+    "amqp:connection:framing-error",
+    "amqp:link:transfer-limit-exceeded",
+    "amqp:session:window-violation",
+    "amqp:session:errant-link",
+    "amqp:session:handle-in-use",
+    "amqp:session:unattached-handle",
+    "amqp:client-error",
+    "amqp:unknown-error",
+    "amqp:socket-error",
+    "amqp:vendor-error",
+    "com.microsoft:server-busy",
+    "com.microsoft:timeout",
+    "com.microsoft:container-close",
+    "com.microsoft:session-cannot-be-locked",
+}
 
 _PERMANENT_CLASSES: tuple[type[BaseException], ...] = (
     MessageSizeExceededError,

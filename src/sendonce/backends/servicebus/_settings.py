@@ -13,10 +13,10 @@ from urllib.parse import urlsplit
 
 from azure.servicebus import parse_connection_string
 
-from .._entity import EntityKind, EntityProfile
-from .._names import ByName
-from ..errors import ConfigurationError, redact
-from ._servicebus_lanes import DEFAULT_MAX_IN_FLIGHT, check_max_in_flight
+from ..._entity import EntityKind, EntityProfile
+from ..._names import ByName
+from ...errors import ConfigurationError, redact
+from ._lanes import DEFAULT_MAX_IN_FLIGHT, check_max_in_flight
 
 __all__ = [
     "CLIENT_OPTIONS",

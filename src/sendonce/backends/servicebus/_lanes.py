@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from ..errors import ConfigurationError
+from ...errors import ConfigurationError
 
 __all__ = [
     "DEFAULT_MAX_IN_FLIGHT",

@@ -13,9 +13,9 @@ from typing import Any
 
 from azure.servicebus import ServiceBusMessage
 
-from .._message import Message, PropertyValue
-from .._telemetry import PROPAGATION_PROPERTIES, TRACEPARENT
-from ..errors import MessageIdError, ValidationError
+from ..._message import Message, PropertyValue
+from ..._telemetry import PROPAGATION_PROPERTIES, TRACEPARENT
+from ...errors import MessageIdError, ValidationError
 
 __all__ = ["from_servicebus_message", "to_servicebus_message"]
 
