@@ -15,7 +15,7 @@ def test_no_condition_is_both_refused_and_transient() -> None:
 def test_service_bus_and_artemis_agree_on_every_standard_condition_but_the_resource_limit() -> None:
     pytest.importorskip("azure.servicebus")
     pytest.importorskip("proton")
-    from sendonce.backends import _artemis_errors as artemis
+    from sendonce.backends.artemis import _errors as artemis
     from sendonce.backends.servicebus import _errors as servicebus
 
     for condition in amqp.REFUSED:

@@ -40,6 +40,7 @@ from .._sender_core import (
     transfer_key,
 )
 from ..backends._base import Ack
+from ..backends._dispatch import dispatch, reports_dispatch
 from ..errors import (
     ConfigurationError,
     InDoubtError,
@@ -51,7 +52,6 @@ from ..ledger import Key, Ledger
 from ..ledger._ledger import Prepared
 from ..ledger._store import Confirmation
 from ._base import AsyncBackend
-from ._dispatch import dispatch, reports_dispatch
 from ._inflight import AsyncKeyGate, afly, cancelled_meanwhile, cancelling
 
 __all__ = ["IdempotentSender", "Transaction"]

@@ -40,8 +40,8 @@ from ..backends._base import (
     capabilities_of,
     submit_of,
 )
+from ..backends._dispatch import dispatching
 from ..errors import ConfigurationError, NotSentError
-from ._dispatch import dispatching
 
 __all__ = ["ThreadedBackend"]
 
@@ -111,7 +111,7 @@ class ThreadedBackend(AsyncBackend):
 
     reports_dispatch = True
     """A send cancelled while it waits for the worker thread never starts, and the sender
-    knows it sent nothing (``sendonce.aio._dispatch``)."""
+    knows it sent nothing (``sendonce.backends._dispatch``)."""
 
     async def send(
         self, entity: str, messages: Sequence[Message], *, timeout: float, atomic: bool = False

@@ -12,6 +12,21 @@ management address, ``_errors`` maps outcomes to errors, ``_reach``, ``_cache`` 
 
 from __future__ import annotations
 
-from ._backend import ArtemisBackend
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._backend import ArtemisBackend
 
 __all__ = ["ArtemisBackend"]
+
+
+def __getattr__(name: str) -> Any:
+    # Loaded on first use: ``connect()`` reads ``_url`` without the artemis extra installed.
+    if name == "ArtemisBackend":
+        from ..._extras import requires_extra
+
+        with requires_extra("sendonce.backends.artemis.ArtemisBackend", "artemis"):
+            from ._backend import ArtemisBackend
+
+        return ArtemisBackend
+    raise AttributeError(f"module 'sendonce.backends.artemis' has no attribute {name!r}")

@@ -36,7 +36,6 @@ from ... import _telemetry
 from ..._entity import EntityProfile
 from ..._message import Message
 from ..._names import ByName
-from ...aio._dispatch import dispatching
 from ...errors import (
     ConfigurationError,
     NotSentError,
@@ -45,6 +44,7 @@ from ...errors import (
     redact,
 )
 from .._base import Ack, AsyncBackend
+from .._dispatch import dispatching
 from . import _shared as shared
 from ._convert import to_servicebus_message
 from ._errors import is_connection_level, is_sdk_error, map_error
@@ -74,7 +74,7 @@ class AzureServiceBusBackend(shared.ServiceBusShared, AsyncBackend):
 
     reports_dispatch = True
     """A send cancelled while it waits for a free link sent nothing, and the sender knows
-    it (``sendonce.aio._dispatch``)."""
+    it (``sendonce.backends._dispatch``)."""
 
     _client: ServiceBusClient
     _client_class = ServiceBusClient
