@@ -556,9 +556,11 @@ class Ledger:
     @property
     def _stages(self) -> bool:
         """Whether the store can stage intents (write them ahead, unsent, and arm them
-        later): the SQLite store can; a store of your own may add ``arm`` and take
+        later): both built-in stores can (PostgreSQL where its user may create the staged
+        table); a store of your own may add ``arm`` and take
         ``record_intents(..., staged=True)``."""
-        return callable(getattr(self.store, "arm", None))
+        store = self.store
+        return callable(getattr(store, "arm", None)) and getattr(store, "stages", True) is True
 
     def _arm(self, entity: str, owner: str, confirm: Confirmation | None = None) -> bool:
         """Arm ``owner``'s staged intents (with ``confirm``, one transaction): False if

@@ -153,13 +153,13 @@ def test_stages_still_works_with_a_deprecation_warning(ledger_url: str) -> None:
         with pytest.warns(DeprecationWarning, match=r"Ledger\.stages is deprecated"):
             stages = ledger.stages
         assert stages is ledger._stages
-    assert stages is ledger_url.startswith("sqlite:")  # SQLite stages; PostgreSQL does not
+    assert stages is True  # both built-in stores stage intents written ahead
 
 
-def test_arm_still_works_with_a_deprecation_warning(tmp_path: Any) -> None:
+def test_arm_still_works_with_a_deprecation_warning(ledger_url: str) -> None:
     messages = batch("s", 2)
     keys = [Key("s0"), Key("s1")]
-    with Ledger(f"sqlite://{tmp_path / 'ledger.db'}") as ledger:
+    with Ledger(ledger_url) as ledger:
         staged = ledger._prepare(
             "orders", messages, keys, window=timedelta(0), margin=MARGIN, staged=True
         )
@@ -172,3 +172,60 @@ def test_the_sender_s_own_path_warns_nothing(ledger_url: str) -> None:
     with Ledger(ledger_url) as ledger, warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
         drive(ledger, EntityProfile("orders", duplicate_detection=False), transfers, 3)
+
+
+# -- staged intents on either store ----------------------------------------------------
+
+
+def _write(ledger: Ledger, messages: list[Message], *, staged: bool = False) -> Prepared:
+    keys = [Key(m.message_id) for m in messages]
+    return ledger._prepare(
+        "audit", messages, keys, window=timedelta(0), margin=MARGIN, staged=staged
+    )
+
+
+def test_a_staged_intent_is_taken_over_and_its_stager_cannot_arm(ledger_url: str) -> None:
+    """Writer A stages 3 intents and stops before arming: writer B takes 2 over (it sends
+    them), A's arm fails; A's own re-write takes its third back, arms, and from then on the
+    key is a plain intent, in doubt for anyone else."""
+    messages = batch("order-", 3)
+    with Ledger(ledger_url) as first, Ledger(ledger_url) as second:
+        assert first._stages and second._stages
+        staged = _write(first, messages, staged=True)
+        assert staged.send == [0, 1, 2]
+        assert {r.outcome for r in first.lookup("audit", staged.keys).values()} == {"staged"}
+        taken = _write(second, messages[:2])
+        assert taken.send == [0, 1] and not taken.in_doubt  # never sent by A: not in doubt
+        assert not first._arm("audit", staged.owner)  # two of its intents are B's now
+        rows = first.lookup("audit", staged.keys)
+        assert {k.message_id for k, r in rows.items() if r.owner == taken.owner} == {
+            "order-0",
+            "order-1",
+        }
+        again = _write(first, messages[2:], staged=True)
+        assert again.send == [0]  # A's own staged row of order-2 is taken back
+        assert first._arm("audit", again.owner)
+        late = _write(second, messages[2:])
+        assert late.send == [] and len(late.in_doubt) == 1
+
+
+def test_a_staged_intent_with_another_body_is_a_conflict_not_taken_over(
+    ledger_url: str,
+) -> None:
+    messages = batch("order-", 2)
+    others = [Message(f"another {m.body!s}", message_id=m.message_id) for m in messages]
+    with Ledger(ledger_url) as first, Ledger(ledger_url) as second:
+        staged = _write(first, messages, staged=True)
+        met = _write(second, others)
+        assert met.send == [] and len(met.conflicts) == 2
+        assert first._arm("audit", staged.owner)  # nothing was taken
+
+
+def test_staged_keys_are_neither_counted_nor_in_doubt(ledger_url: str) -> None:
+    messages = batch("order-", 4)
+    with Ledger(ledger_url) as ledger:
+        _write(ledger, messages[:2], staged=True)
+        plain = _write(ledger, messages[2:])
+        rule = EntityProfile("audit", duplicate_detection=False)
+        doubt = ledger.keys_in_doubt("audit", rule)
+        assert sorted(u.key for u in doubt) == sorted(plain.keys)
