@@ -128,7 +128,7 @@ WITH written AS (
     INSERT INTO sendonce_ledger AS l
         (entity, message_id, partition_key, digest, first_attempt, owner)
     SELECT %(entity)s, u.m, u.p, u.d, %(at)s, %(owner)s
-    FROM unnest(%(mids)s::text[], %(pks)s::text[], %(digests)s::bytea[]) AS u(m, p, d)
+    FROM unnest(%(mids)b::text[], %(pks)b::text[], %(digests)b::bytea[]) AS u(m, p, d)
     ORDER BY {_KEY_ORDER}
     ON CONFLICT (entity, message_id, partition_key) DO UPDATE SET owner = l.owner
     RETURNING l.entity, l.message_id, l.partition_key, l.digest, l.first_attempt, l.owner,
@@ -143,7 +143,7 @@ WHERE NOT l.inserted
 _CONFIRM = f"""
 WITH locked AS (
     SELECT l.ctid AS rid, u.o FROM sendonce_ledger AS l
-    JOIN unnest(%(mids)s::text[], %(pks)s::text[], %(outcomes)s::text[]) AS u(m, p, o)
+    JOIN unnest(%(mids)b::text[], %(pks)b::text[], %(outcomes)b::text[]) AS u(m, p, o)
         ON l.message_id = u.m AND l.partition_key = u.p
     WHERE l.entity = %(entity)s
     ORDER BY {_KEY_ORDER}
@@ -154,14 +154,14 @@ FROM locked WHERE l.ctid = locked.rid
 """
 _CONFIRM_TRANSFERS = """
 INSERT INTO sendonce_ledger_transfers (entity, owner, confirmed_at)
-SELECT %(entity)s, o, %(at)s FROM unnest(%(owners)s::text[]) AS o
+SELECT %(entity)s, o, %(at)s FROM unnest(%(owners)b::text[]) AS o
 ORDER BY o COLLATE "C"
 ON CONFLICT (entity, owner) DO NOTHING
 """
 _RELEASE = f"""
 WITH locked AS (
     SELECT l.ctid AS rid FROM sendonce_ledger AS l
-    JOIN unnest(%(mids)s::text[], %(pks)s::text[]) AS u(m, p)
+    JOIN unnest(%(mids)b::text[], %(pks)b::text[]) AS u(m, p)
         ON l.message_id = u.m AND l.partition_key = u.p
     WHERE l.entity = %(entity)s AND l.owner = %(owner)s AND l.confirmed_at IS NULL
     ORDER BY {_KEY_ORDER}
@@ -176,7 +176,7 @@ _LOOKUP = f"""
 SELECT l.message_id, l.partition_key, l.digest, l.first_attempt, l.owner, {_CONFIRMED},
     {_OUTCOME}
 FROM sendonce_ledger AS l
-JOIN unnest(%(mids)s::text[], %(pks)s::text[]) AS u(m, p)
+JOIN unnest(%(mids)b::text[], %(pks)b::text[]) AS u(m, p)
     ON l.message_id = u.m AND l.partition_key = u.p
 {_TRANSFER}
 WHERE l.entity = %(entity)s
@@ -185,7 +185,7 @@ _LOOKUP_STAGED = f"""
 SELECT l.message_id, l.partition_key, l.digest, l.first_attempt, l.owner, {_CONFIRMED},
     {_STAGED_OUTCOME}
 FROM sendonce_ledger AS l
-JOIN unnest(%(mids)s::text[], %(pks)s::text[]) AS u(m, p)
+JOIN unnest(%(mids)b::text[], %(pks)b::text[]) AS u(m, p)
     ON l.message_id = u.m AND l.partition_key = u.p
 {_TRANSFER} {_STAGED_JOIN}
 WHERE l.entity = %(entity)s
@@ -200,7 +200,7 @@ ON CONFLICT (entity, owner) DO NOTHING
 _TAKE_STAGED = """
 WITH locked AS (
     SELECT ctid AS rid FROM sendonce_ledger_staged
-    WHERE entity = %(entity)s AND owner = ANY(%(owners)s::text[])
+    WHERE entity = %(entity)s AND owner = ANY(%(owners)b::text[])
     ORDER BY owner COLLATE "C"
     FOR UPDATE
 ), taken AS (
@@ -209,7 +209,7 @@ WITH locked AS (
     RETURNING s.owner
 )
 UPDATE sendonce_ledger AS l SET owner = %(owner)s, first_attempt = %(at)s
-FROM unnest(%(mids)s::text[], %(pks)s::text[], %(digests)s::bytea[]) AS u(m, p, d)
+FROM unnest(%(mids)b::text[], %(pks)b::text[], %(digests)b::bytea[]) AS u(m, p, d)
 WHERE l.entity = %(entity)s AND l.message_id = u.m AND l.partition_key = u.p
     AND l.digest = u.d AND l.confirmed_at IS NULL AND l.owner IN (SELECT owner FROM taken)
 RETURNING l.message_id, l.partition_key
@@ -538,7 +538,7 @@ class PostgresStore:
                 self._confirm(conn, entity, confirm, first_attempt)
             if staged:  # before its keys: whoever sees them sees them staged
                 conn.execute(_STAGE, params, prepare=True)
-            found = _entries(conn.execute(_INTENTS, params, binary=True).fetchall())
+            found = _entries(conn.execute(_INTENTS, params).fetchall())
             if found and staging:
                 _take_over(conn, params, found, keys, digests)
             return found
