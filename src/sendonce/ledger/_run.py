@@ -1,8 +1,12 @@
-"""The ledger around the transfer step: intents before, confirmations after.
+"""The ledger's run protocol around a call's transfers: intents before, confirmations after.
 
-The sender reads plan -> transfers -> report; this layer reads intents -> confirmations,
-for the sync and the aio sender alike (they do the I/O, in a worker thread; this module
-decides what to write and when):
+The sender reads plan -> transfers -> report; a run reads record -> arm -> confirm ->
+release, for the sync and the aio sender alike (they do the I/O, in a worker thread; this
+module decides what to write and when). It lives in the ledger package because it is the
+ledger's protocol: the sender core only asks it (through ``sendonce._ledger_layer``, which
+names these classes for the core). ``LedgerLayer`` is one sender's side of it,
+``LedgerRun`` one call's decisions (sans I/O), ``WriteAhead`` one call's writes beside its
+transfers:
 
 - the intents of the next several transfers (a *write-ahead window*) are written in one
   round trip, before the first attempt of any of them; a transfer never starts before
@@ -14,7 +18,7 @@ decides what to write and when):
   or an Artemis-style count-bounded id cache) every unconfirmed key is in doubt, a
   possible duplicate or a key to check by hand: the intents durable, sendable and
   unconfirmed never cover more than ``max_in_flight`` transfers, so a crash leaves at
-  most the transfers in flight in doubt. Where the store can (SQLite), the next window
+  most the transfers in flight in doubt. Where the store can (both built-in stores), the next window
   is still written while the current one is in flight, *staged*: not to be sent until
   a one-row write arms it, with the confirmations that make room; a staged intent left
   by a crash is taken over by the next writer, never in doubt (``LedgerRun``);

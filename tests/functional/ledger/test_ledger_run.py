@@ -229,3 +229,21 @@ def test_staged_keys_are_neither_counted_nor_in_doubt(ledger_url: str) -> None:
         rule = EntityProfile("audit", duplicate_detection=False)
         doubt = ledger.keys_in_doubt("audit", rule)
         assert sorted(u.key for u in doubt) == sorted(plain.keys)
+
+
+# -- a kill -9 while a window is staged, on either store ---------------------------------
+
+
+@pytest.mark.parametrize(("moment", "n", "doubt"), [("ledger-stage", 4, 5), ("buffer-full", 9, 5)])
+def test_a_kill_with_a_window_staged_leaves_each_message_once(
+    tmp_path: Any, ledger_url: str, moment: str, n: int, doubt: int
+) -> None:
+    """The streamed producer of ``test_ledger_streaming`` killed mid-call (its next window
+    staged by then, on PostgreSQL too): the re-run stores each message once, and what it
+    reports in doubt is at most the transfer in flight."""
+    from test_ledger_streaming import check_rerun, produce, stored
+
+    db = tmp_path / "broker.db"
+    produce(db, ledger_url, moment, n)
+    assert max(stored(db).values(), default=1) == 1
+    check_rerun(db, ledger_url, doubt)
