@@ -10,7 +10,10 @@ without a ledger.
 
 Brokers: the local broker file in process, then the emulator (real azure-servicebus
 client) at each ``--rtt-ms`` through ``bench/delay_proxy.py``. Rounds alternate;
-medians, and the ratios to the run without a ledger, measured in this run.
+medians, and the ratios to the run without a ledger, measured in this run; beside them the
+CPU seconds of the call (this process's threads, plus a PostgreSQL ledger's server
+process), the ratio the wall time tends to on a machine with no free core (there the
+ledger's writes cannot overlap the broker's).
 Targets: SQLite <= 1.3x, PostgreSQL <= 1.5x, a confirmed re-run <= 1.0x.
 
     python bench/bench_ledger.py [--messages 20000] [--network-messages 2000]
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import statistics
 import sys
 import tempfile
@@ -51,19 +55,32 @@ def messages(n: int, keys: int, tag: str) -> list[Message]:
     ]
 
 
+def server_cpu(ledger: Ledger | None) -> float:
+    """CPU seconds of the PostgreSQL backend serving ``ledger``'s connection (0: none)."""
+    conn = getattr(getattr(ledger, "store", None), "_conn", None)
+    if conn is None:
+        return 0.0
+    fields = Path(f"/proc/{conn.info.backend_pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def one_run(
     backend: Backend, profile: EntityProfile, batch: list[Message], url: str | None
-) -> float:
+) -> tuple[float, float]:
+    """The call's wall seconds, and its CPU seconds (this process's threads plus a
+    PostgreSQL ledger's backend): what it costs whatever the machine's load."""
     ledger = Ledger(url) if url else None
     try:
         with IdempotentSender(
             backend, profile, ledger=ledger, require_duplicate_detection=False
         ) as sender:
-            start = time.perf_counter()
+            served = server_cpu(ledger)
+            start, cpu = time.perf_counter(), time.process_time()
             report = sender.send_many(batch)
             elapsed = time.perf_counter() - start
+            cpu = time.process_time() - cpu + server_cpu(ledger) - served
         assert report.failed == 0, report.failures[:3]
-        return elapsed
+        return elapsed, cpu
     finally:
         if ledger is not None:
             ledger.close()
@@ -96,6 +113,7 @@ def measure(
 ) -> None:
     """Alternating rounds of every variant on ``entity(name)``; print medians and ratios."""
     times: dict[str, list[float]] = {}
+    cpus: dict[str, list[float]] = {}
     for r in range(args.repeats):
         stores: list[tuple[str, str | None]] = [
             ("none", None),
@@ -108,11 +126,15 @@ def measure(
         for name, url in stores:
             backend, profile = entity(name, r)
             batch = messages(n, args.keys, profile.name)
-            times.setdefault(name, []).append(one_run(backend, profile, batch, url))
+            elapsed, cpu = one_run(backend, profile, batch, url)
+            times.setdefault(name, []).append(elapsed)
+            cpus.setdefault(name, []).append(cpu)
             if url is not None:  # the same messages again: every key is confirmed
-                rerun = one_run(backend, profile, batch, url)
+                rerun, cpu = one_run(backend, profile, batch, url)
                 times.setdefault(f"{name} re-run", []).append(rerun)
+                cpus.setdefault(f"{name} re-run", []).append(cpu)
     base = statistics.median(times["none"])
+    base_cpu = statistics.median(cpus["none"])
     kind = "unpartitioned" if args.plain else "partitioned"
     dedup = "without" if args.no_dedup else "with"
     print(
@@ -120,8 +142,11 @@ def measure(
         f"detection (load {load()})"
     )
     for name, values in times.items():
-        med = statistics.median(values)
-        print(f"  {name:16s} {med:7.3f}s  {n / med:9.0f} msg/s  {med / base:5.2f}x no ledger")
+        med, cpu = statistics.median(values), statistics.median(cpus[name])
+        print(
+            f"  {name:16s} {med:7.3f}s  {n / med:9.0f} msg/s  {med / base:5.2f}x no ledger"
+            f"   CPU {cpu:6.3f}s {cpu / base_cpu:5.2f}x"
+        )
 
 
 def main() -> None:

@@ -33,9 +33,11 @@ FLOORS: list[tuple[str, ...]] = [
     # the bounded buffer a streamed send_many reads its input into
     ("_retry", "_sqlite_share", "_inflight", "_buffer"),
     ("backends",),  # where messages go
-    ("ledger",),  # what was sent, durably (reconcile reads the local broker)
     ("_report",),  # what a send call reports, per message
-    ("_ledger_layer",),  # the ledger around the transfer step: intents, confirmations
+    # what was sent, durably, and the run protocol a call follows around its transfers
+    # (reconcile reads the local broker; a run reports what the ledger decided)
+    ("ledger",),
+    ("_ledger_layer",),  # where the sender core finds the ledger's run protocol (names only)
     ("_sender_core",),  # what every sender does: validation, batching, memory, accounting
     # The senders and what serves or wraps a backend.
     ("_sender", "emulator", "testing"),

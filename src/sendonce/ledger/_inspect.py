@@ -279,15 +279,22 @@ _POSTGRES_CONFIRMED = "coalesce(l.confirmed_at, t.confirmed_at)"
 _POSTGRES_JOIN = (
     "LEFT JOIN sendonce_ledger_transfers AS t ON t.entity = l.entity AND t.owner = l.owner"
 )
+# Staged keys (see the SQLite queries) are left out where the store can stage.
+_POSTGRES_NOT_STAGED = (
+    "NOT EXISTS (SELECT 1 FROM sendonce_ledger_staged AS s "
+    "WHERE s.entity = l.entity AND s.owner = l.owner)"
+)
 _POSTGRES_COUNTS = f"""
 SELECT l.entity, count(*), count({_POSTGRES_CONFIRMED}), min(l.first_attempt),
     max(l.first_attempt), min(l.first_attempt) FILTER (WHERE {_POSTGRES_CONFIRMED} IS NULL)
 FROM sendonce_ledger AS l {_POSTGRES_JOIN}
+WHERE /*staged*/ TRUE
 GROUP BY l.entity
 """
 _POSTGRES_IN_DOUBT = f"""
 FROM sendonce_ledger AS l {_POSTGRES_JOIN}
 WHERE l.entity = %s AND {_POSTGRES_CONFIRMED} IS NULL AND l.first_attempt < %s
+    AND /*staged*/ TRUE
 """
 _POSTGRES_UNCONFIRMED = f"""
 SELECT l.message_id, l.partition_key, l.first_attempt, l.owner {_POSTGRES_IN_DOUBT}
@@ -319,6 +326,9 @@ def _query(
         rows: list[tuple[Any, ...]] = store.read(work)  # type: ignore[attr-defined]
         return rows
     if type(store).__name__ == "PostgresStore":
+
+        if getattr(store, "stages", False):
+            postgres_sql = postgres_sql.replace("/*staged*/ TRUE", _POSTGRES_NOT_STAGED)
 
         def pg(conn: Any) -> list[tuple[Any, ...]]:
             with conn.cursor() as cursor:

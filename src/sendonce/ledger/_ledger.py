@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -197,7 +198,7 @@ def shown_url(url: str) -> str:
 class Prepared:
     """The ledger's decision for one write of intents, those intents already durable.
 
-    Messages are named by their index in the batch given to :meth:`Ledger.prepare`
+    Messages are named by their index in the batch a run's intent write was given
     (never by object identity: a ``MessageColumns`` builds its messages on access).
     The sender reports each acknowledged or refused part of ``send`` back
     (:meth:`acknowledged`, :meth:`refused`); :meth:`confirmation` then says what
@@ -287,6 +288,17 @@ class LedgerOptions:
             prune_interval=self.prune_interval,
             trust_window=self.trust_window,
         )
+
+
+def _deprecated_protocol(name: str) -> None:
+    """Warn a caller of the write-ahead protocol's old public spelling ``Ledger.name``."""
+    warnings.warn(
+        f"Ledger.{name} is deprecated and goes in 0.2: the write-ahead protocol is driven by "
+        "a sender's run (IdempotentSender(..., ledger=...)), not called by hand; to settle "
+        "keys use Ledger.keys_in_doubt, Ledger.reconcile, Ledger.confirm or Ledger.release",
+        DeprecationWarning,
+        stacklevel=3,
+    )
 
 
 class Ledger:
@@ -466,13 +478,13 @@ class Ledger:
             "docs/ledger.md), or use Ledger(in_doubt='resend') to accept at-least-once."
         )
 
-    # -- the per-transfer protocol ----------------------------------------------------
+    # -- the per-transfer protocol (driven by a sender's run, ``ledger._run``) ----------
 
-    def new_owner(self) -> str:
+    def _new_owner(self) -> str:
         """A fresh owner token for one sender call's intents."""
         return secrets.token_hex(8)
 
-    def prepare(
+    def _prepare(
         self,
         entity: str,
         batch: Sequence[Message],
@@ -487,11 +499,11 @@ class Ledger:
 
         ``window`` is how long the broker remembers an id (zero without duplicate
         detection); ``confirm`` carries the previous transfer's confirmation.
-        ``staged`` (only where :attr:`stages`): the intents are staged, to be sent only
-        once :meth:`arm` returns True; until then another writer may take them over.
+        ``staged`` (only where ``_stages``): the intents are staged, to be sent only
+        once ``_arm`` returns True; until then another writer may take them over.
         """
         now = self.clock()
-        owner = self.new_owner()
+        owner = self._new_owner()
         digests = body_digests(batch)
         extra = {"staged": True} if staged else {}
         existing = self.store.record_intents(
@@ -542,19 +554,57 @@ class Ledger:
         return prepared
 
     @property
-    def stages(self) -> bool:
+    def _stages(self) -> bool:
         """Whether the store can stage intents (write them ahead, unsent, and arm them
-        later): the SQLite store can; a store of your own may add ``arm`` and take
+        later): both built-in stores can (PostgreSQL where its user may create the staged
+        table); a store of your own may add ``arm`` and take
         ``record_intents(..., staged=True)``."""
-        return callable(getattr(self.store, "arm", None))
+        store = self.store
+        return callable(getattr(store, "arm", None)) and getattr(store, "stages", True) is True
 
-    def arm(self, entity: str, owner: str, confirm: Confirmation | None = None) -> bool:
+    def _arm(self, entity: str, owner: str, confirm: Confirmation | None = None) -> bool:
         """Arm ``owner``'s staged intents (with ``confirm``, one transaction): False if
         another writer took some of them over meanwhile, and none may be sent."""
         armed: bool = self.store.arm(  # type: ignore[attr-defined]
             entity, owner, _confirmation(confirm), self.clock()
         )
         return armed
+
+    # -- the protocol's old public spellings (deprecated: a sender's run drives it) -------
+
+    def new_owner(self) -> str:
+        """Deprecated (goes in 0.2): the write-ahead protocol is internal to a sender's run."""
+        _deprecated_protocol("new_owner")
+        return self._new_owner()
+
+    def prepare(
+        self,
+        entity: str,
+        batch: Sequence[Message],
+        keys: Sequence[Key],
+        *,
+        window: timedelta,
+        margin: timedelta,
+        confirm: Confirmation | Mapping[Key, str] | None = None,
+        staged: bool = False,
+    ) -> Prepared:
+        """Deprecated (goes in 0.2): write intents and decide what to send, as a sender's run
+        does; the behaviour is unchanged."""
+        _deprecated_protocol("prepare")
+        return self._prepare(
+            entity, batch, keys, window=window, margin=margin, confirm=confirm, staged=staged
+        )
+
+    @property
+    def stages(self) -> bool:
+        """Deprecated (goes in 0.2): whether the store can stage intents written ahead."""
+        _deprecated_protocol("stages")
+        return self._stages
+
+    def arm(self, entity: str, owner: str, confirm: Confirmation | None = None) -> bool:
+        """Deprecated (goes in 0.2): arm ``owner``'s staged intents, as a sender's run does."""
+        _deprecated_protocol("arm")
+        return self._arm(entity, owner, confirm)
 
     def confirm(
         self,

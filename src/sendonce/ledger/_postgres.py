@@ -71,6 +71,22 @@ CREATE INDEX IF NOT EXISTS sendonce_ledger_transfers_age
     ON sendonce_ledger_transfers (confirmed_at);
 CREATE TABLE IF NOT EXISTS sendonce_ledger_meta (key text PRIMARY KEY, value text NOT NULL);
 """
+# Staged intents (see ``SQLiteStore.arm``): a transfer whose intents were written ahead and
+# will not be sent before its writer arms it, by deleting its row here. ``taken``: another
+# writer took some of its keys over (its writer found them after a crash it assumed), so
+# its arm fails. Added beside schema 2 without a version change: a producer of an earlier
+# version ignores the table and reads a staged key as another producer's unconfirmed
+# intent (never sent by it: in doubt, never duplicated).
+_STAGED_TABLE = """
+CREATE TABLE IF NOT EXISTS sendonce_ledger_staged (
+    entity text NOT NULL,
+    owner text NOT NULL,
+    staged_at timestamptz NOT NULL,
+    taken boolean NOT NULL DEFAULT false,
+    PRIMARY KEY (entity, owner)
+)
+"""
+_HAS_STAGED_TABLE = "SELECT to_regclass('sendonce_ledger_staged') IS NOT NULL"
 _VERSION = "SELECT value FROM sendonce_ledger_meta WHERE key = 'schema_version'"
 # name_key in SQL: ASCII letters only, whatever the database's collation (lower() folds
 # by locale), so a name means the same entity here, in Python and in the local broker.
@@ -99,12 +115,20 @@ _KEY_ORDER = 'u.m COLLATE "C", u.p COLLATE "C"'
 _CONFIRMED = "coalesce(l.confirmed_at, t.confirmed_at)"
 _OUTCOME = "coalesce(l.outcome, CASE WHEN t.owner IS NOT NULL THEN 'sent' END)"
 _TRANSFER = "LEFT JOIN sendonce_ledger_transfers AS t ON t.entity = l.entity AND t.owner = l.owner"
+# A key of a staged transfer reads outcome 'staged' (or 'taken'), as in the SQLite store.
+_STAGED_OUTCOME = (
+    "coalesce(l.outcome, CASE WHEN t.owner IS NOT NULL THEN 'sent' "
+    "WHEN s.owner IS NOT NULL THEN CASE WHEN s.taken THEN 'taken' ELSE 'staged' END END)"
+)
+_STAGED_JOIN = (
+    "LEFT JOIN sendonce_ledger_staged AS s ON s.entity = l.entity AND s.owner = l.owner"
+)
 _INTENTS = f"""
 WITH written AS (
     INSERT INTO sendonce_ledger AS l
         (entity, message_id, partition_key, digest, first_attempt, owner)
     SELECT %(entity)s, u.m, u.p, u.d, %(at)s, %(owner)s
-    FROM unnest(%(mids)s::text[], %(pks)s::text[], %(digests)s::bytea[]) AS u(m, p, d)
+    FROM unnest(%(mids)b::text[], %(pks)b::text[], %(digests)b::bytea[]) AS u(m, p, d)
     ORDER BY {_KEY_ORDER}
     ON CONFLICT (entity, message_id, partition_key) DO UPDATE SET owner = l.owner
     RETURNING l.entity, l.message_id, l.partition_key, l.digest, l.first_attempt, l.owner,
@@ -119,7 +143,7 @@ WHERE NOT l.inserted
 _CONFIRM = f"""
 WITH locked AS (
     SELECT l.ctid AS rid, u.o FROM sendonce_ledger AS l
-    JOIN unnest(%(mids)s::text[], %(pks)s::text[], %(outcomes)s::text[]) AS u(m, p, o)
+    JOIN unnest(%(mids)b::text[], %(pks)b::text[], %(outcomes)b::text[]) AS u(m, p, o)
         ON l.message_id = u.m AND l.partition_key = u.p
     WHERE l.entity = %(entity)s
     ORDER BY {_KEY_ORDER}
@@ -130,14 +154,14 @@ FROM locked WHERE l.ctid = locked.rid
 """
 _CONFIRM_TRANSFERS = """
 INSERT INTO sendonce_ledger_transfers (entity, owner, confirmed_at)
-SELECT %(entity)s, o, %(at)s FROM unnest(%(owners)s::text[]) AS o
+SELECT %(entity)s, o, %(at)s FROM unnest(%(owners)b::text[]) AS o
 ORDER BY o COLLATE "C"
 ON CONFLICT (entity, owner) DO NOTHING
 """
 _RELEASE = f"""
 WITH locked AS (
     SELECT l.ctid AS rid FROM sendonce_ledger AS l
-    JOIN unnest(%(mids)s::text[], %(pks)s::text[]) AS u(m, p)
+    JOIN unnest(%(mids)b::text[], %(pks)b::text[]) AS u(m, p)
         ON l.message_id = u.m AND l.partition_key = u.p
     WHERE l.entity = %(entity)s AND l.owner = %(owner)s AND l.confirmed_at IS NULL
     ORDER BY {_KEY_ORDER}
@@ -152,10 +176,53 @@ _LOOKUP = f"""
 SELECT l.message_id, l.partition_key, l.digest, l.first_attempt, l.owner, {_CONFIRMED},
     {_OUTCOME}
 FROM sendonce_ledger AS l
-JOIN unnest(%(mids)s::text[], %(pks)s::text[]) AS u(m, p)
+JOIN unnest(%(mids)b::text[], %(pks)b::text[]) AS u(m, p)
     ON l.message_id = u.m AND l.partition_key = u.p
 {_TRANSFER}
 WHERE l.entity = %(entity)s
+"""
+_LOOKUP_STAGED = f"""
+SELECT l.message_id, l.partition_key, l.digest, l.first_attempt, l.owner, {_CONFIRMED},
+    {_STAGED_OUTCOME}
+FROM sendonce_ledger AS l
+JOIN unnest(%(mids)b::text[], %(pks)b::text[]) AS u(m, p)
+    ON l.message_id = u.m AND l.partition_key = u.p
+{_TRANSFER} {_STAGED_JOIN}
+WHERE l.entity = %(entity)s
+"""
+_STAGE = """
+INSERT INTO sendonce_ledger_staged (entity, owner, staged_at) VALUES (%(entity)s, %(owner)s, %(at)s)
+ON CONFLICT (entity, owner) DO NOTHING
+"""
+# Takes over the keys given (those met unconfirmed, with this body) whose writer staged them
+# and never armed them: they move to this writer, and the stager's arm fails. The staged
+# rows are locked after the keys (every statement locks keys first), so no cycle forms.
+_TAKE_STAGED = """
+WITH locked AS (
+    SELECT ctid AS rid FROM sendonce_ledger_staged
+    WHERE entity = %(entity)s AND owner = ANY(%(owners)b::text[])
+    ORDER BY owner COLLATE "C"
+    FOR UPDATE
+), taken AS (
+    UPDATE sendonce_ledger_staged AS s SET taken = true FROM locked
+    WHERE s.ctid = locked.rid
+    RETURNING s.owner
+)
+UPDATE sendonce_ledger AS l SET owner = %(owner)s, first_attempt = %(at)s
+FROM unnest(%(mids)b::text[], %(pks)b::text[], %(digests)b::bytea[]) AS u(m, p, d)
+WHERE l.entity = %(entity)s AND l.message_id = u.m AND l.partition_key = u.p
+    AND l.digest = u.d AND l.confirmed_at IS NULL AND l.owner IN (SELECT owner FROM taken)
+RETURNING l.message_id, l.partition_key
+"""
+# Armed: its staged row goes; none left (taken over, or never staged here) is not armed.
+_ARM = """
+DELETE FROM sendonce_ledger_staged
+WHERE entity = %(entity)s AND owner = %(owner)s AND NOT taken
+"""
+_PRUNE_STAGED = """
+DELETE FROM sendonce_ledger_staged WHERE ctid IN (
+    SELECT ctid FROM sendonce_ledger_staged WHERE staged_at < %(before)s
+    LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
 """
 # Pruning is housekeeping: it skips rows a producer holds (they go next time) rather than
 # wait for them, so it can neither stall nor deadlock a writer.
@@ -180,6 +247,37 @@ def _entries(rows: list[tuple[Any, ...]]) -> dict[Key, Entry]:
         key = Key(mid, pk)
         found[key] = Entry(key, bytes(digest), first, owner, confirmed, outcome)
     return found
+
+
+def _take_over(
+    conn: psycopg.Connection[Any],
+    params: dict[str, Any],
+    found: dict[Key, Entry],
+    keys: Sequence[Key],
+    digests: Sequence[bytes],
+) -> None:
+    """Take over the keys of ``found`` another writer staged and never armed, with the same
+    body; they leave ``found`` (new to this transfer)."""
+    owner = params["owner"]
+    mine = dict(zip(keys, digests, strict=True))
+    candidates = [
+        key
+        for key, row in found.items()
+        if row.confirmed_at is None and row.owner != owner and row.digest == mine.get(key)
+    ]
+    if not candidates:
+        return
+    taken = conn.execute(
+        _TAKE_STAGED,
+        {
+            **params,
+            "owners": sorted({found[k].owner for k in candidates}),
+            **_keys(candidates),
+            "digests": [mine[k] for k in candidates],
+        },
+    ).fetchall()
+    for mid, pk in taken:
+        found.pop(Key(mid, pk), None)
 
 
 def _has_ledger_table(conn: psycopg.Connection[Any]) -> bool:
@@ -255,7 +353,14 @@ class PostgresStore:
         self._create = create
         self.created = False
         """Whether this open created the ledger's tables (the database had none)."""
+        self._staging = False
         self._run(self._ensure_schema)
+        if create:
+            self._staging = self._run(self._ensure_staged_table)
+        else:
+            self._staging = self._run(
+                lambda conn: conn.execute(_HAS_STAGED_TABLE).fetchone() == (True,)
+            )
 
     def __repr__(self) -> str:
         return f"PostgresStore({redact(self.url)!r})"
@@ -354,6 +459,25 @@ class PostgresStore:
                 field="ledger",
             )
 
+    @staticmethod
+    def _ensure_staged_table(conn: psycopg.Connection[Any]) -> bool:
+        """Create the staged-transfers table if missing; whether intents can be staged here
+        (False where this user may not create it: intents are then never written ahead)."""
+        if conn.execute(_HAS_STAGED_TABLE).fetchone() == (True,):
+            return True
+        try:
+            with conn.transaction():  # a savepoint: a refusal leaves the rest usable
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext('sendonce_ledger'))")
+                conn.execute(_STAGED_TABLE)
+        except psycopg.errors.InsufficientPrivilege:
+            return False
+        return True
+
+    @property
+    def stages(self) -> bool:
+        """Whether intents can be staged (written ahead, unsent) and armed later."""
+        return self._staging
+
     def _upgrade_from_1(self, conn: psycopg.Connection[Any]) -> None:
         """Entity names as their case-insensitive key; two names of one entity are refused.
 
@@ -384,9 +508,21 @@ class PostgresStore:
         first_attempt: datetime,
         owner: str,
         confirm: Confirmation | None = None,
+        staged: bool = False,
     ) -> dict[Key, Entry]:
+        """See ``LedgerStore.record_intents``; ``staged``: see :meth:`arm`.
+
+        Keys another writer staged and never armed, with the same body, are taken over
+        (moved to this transfer, reported as new): that writer never sent them, and its
+        arm now fails, so it never will.
+        """
         if not keys:
             return {}
+        if staged and not self._staging:
+            raise ConfigurationError(
+                "this PostgreSQL ledger cannot stage intents (no sendonce_ledger_staged table)",
+                field="ledger",
+            )
         entity = name_key(entity)
         params = {
             "entity": entity,
@@ -395,11 +531,32 @@ class PostgresStore:
             **_keys(keys),
             "digests": list(digests),
         }
+        staging = self._staging
 
         def work(conn: psycopg.Connection[Any]) -> dict[Key, Entry]:
             if confirm:
                 self._confirm(conn, entity, confirm, first_attempt)
-            return _entries(conn.execute(_INTENTS, params).fetchall())
+            if staged:  # before its keys: whoever sees them sees them staged
+                conn.execute(_STAGE, params, prepare=True)
+            found = _entries(conn.execute(_INTENTS, params).fetchall())
+            if found and staging:
+                _take_over(conn, params, found, keys, digests)
+            return found
+
+        return self._run(work)
+
+    def arm(self, entity: str, owner: str, confirm: Confirmation | None, at: datetime) -> bool:
+        """Make ``owner``'s staged intents plain intents, with ``confirm``, in one transaction.
+
+        False: some of them were taken over meanwhile (they are the taker's now; send none).
+        """
+        key = name_key(entity)
+        params = {"entity": key, "owner": owner}
+
+        def work(conn: psycopg.Connection[Any]) -> bool:
+            if confirm:
+                self._confirm(conn, key, confirm, at)
+            return bool(conn.execute(_ARM, params, prepare=True).rowcount)  # keys first, then this
 
         return self._run(work)
 
@@ -435,7 +592,8 @@ class PostgresStore:
 
     def lookup(self, entity: str, keys: Sequence[Key]) -> dict[Key, Entry]:
         params = {"entity": name_key(entity), **_keys(keys)}
-        return self._run(lambda conn: _entries(conn.execute(_LOOKUP, params).fetchall()))
+        query = _LOOKUP_STAGED if self._staging else _LOOKUP
+        return self._run(lambda conn: _entries(conn.execute(query, params).fetchall()))
 
     def prune(self, before: datetime, limit: int) -> int:
         def work(conn: psycopg.Connection[Any]) -> int:
@@ -443,6 +601,8 @@ class PostgresStore:
             deleted: int = conn.execute(_PRUNE, params).rowcount
             if deleted < limit and conn.execute(_NO_OLD_KEY, params).fetchone() == (True,):
                 conn.execute(_PRUNE_TRANSFERS, params)  # a skipped key keeps its transfer
+                if self._staging:  # a staged row older than every key: none of its keys left
+                    conn.execute(_PRUNE_STAGED, params)
             return deleted
 
         return self._run(work)

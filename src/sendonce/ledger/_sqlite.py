@@ -427,7 +427,7 @@ class SQLiteStore:
         confirm: Confirmation | None = None,
         staged: bool = False,
     ) -> dict[Key, Entry]:
-        """See ``LedgerStore.record_intents``; ``staged``: see :meth:`arm`.
+        """See ``LedgerStore.record_intents``; ``staged``: see :meth:`arm` (``Ledger._arm``).
 
         Keys another writer staged and never armed, with the same body, are taken over
         (moved to this transfer, reported as new): that writer never sent them, and its

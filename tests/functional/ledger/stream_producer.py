@@ -86,7 +86,7 @@ def main() -> None:
     kill_at = int(n)
     with Ledger(url) as ledger:
         if moment == "ledger-stage":
-            prepare, writes = ledger.prepare, [0]
+            prepare, writes = ledger._prepare, [0]
 
             def prepared(*args: Any, **kwargs: Any) -> Any:
                 result = prepare(*args, **kwargs)
@@ -95,7 +95,7 @@ def main() -> None:
                     die()
                 return result
 
-            ledger.prepare = prepared  # type: ignore[method-assign]
+            ledger._prepare = prepared  # type: ignore[method-assign]
         with (
             Killing(db, moment, kill_at) as backend,
             IdempotentSender(
