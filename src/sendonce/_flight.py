@@ -16,6 +16,8 @@ not a transfer: a healthy broker needs none.
 from __future__ import annotations
 
 import contextvars
+import logging
+import queue
 import threading
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
@@ -30,6 +32,8 @@ from .errors import InDoubtError, MessageSizeError, PermanentSendError
 
 __all__ = ["Retries", "TransferFlight"]
 
+logger = logging.getLogger("sendonce.sender")
+
 Submit = Callable[..., "Future[list[Ack]]"]
 Blocking = Callable[
     [Sequence[Message], "float | None", threading.Event, "list[int]", int], list[Part]
@@ -38,26 +42,40 @@ Blocking = Callable[
 
 class Retries:
     """One call's helper threads, each made on first use: the one thread that submits
-    (so that the caller's thread, where Ctrl-C lands, never runs inside a backend's
+    (so that the main thread, where Ctrl-C lands, never runs inside a backend's
     ``submit``) and the workers of retried transfers."""
 
-    __slots__ = ("_limit", "_lock", "_pool", "_submitter")
+    __slots__ = ("_calls", "_limit", "_lock", "_pool", "_submitter")
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
-        self._submitter: ThreadPoolExecutor | None = None
+        self._submitter: threading.Thread | None = None
+        self._calls: queue.SimpleQueue[tuple[contextvars.Context, Callable[[], None]] | None]
+        self._calls = queue.SimpleQueue()
 
     def submitting(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` in the submitting thread, in the caller's context."""
+        """Run ``fn`` where a backend may be called: at once off the main thread, else in
+        the submitting thread; in the caller's context either way."""
+        if threading.current_thread() is not threading.main_thread():
+            fn()
+            return
         with self._lock:
             if self._submitter is None:
-                self._submitter = ThreadPoolExecutor(
-                    max_workers=1, thread_name_prefix="sendonce-call"
+                self._submitter = threading.Thread(
+                    target=self._serve, name="sendonce-call", daemon=True
                 )
-            pool = self._submitter
-        pool.submit(contextvars.copy_context().run, fn)
+                self._submitter.start()
+        self._calls.put((contextvars.copy_context(), fn))
+
+    def _serve(self) -> None:
+        while (call := self._calls.get()) is not None:
+            context, fn = call
+            try:
+                context.run(fn)
+            except Exception:  # a flight ends itself on any error: this is a defect
+                logger.exception("sendonce: a transfer could not be submitted")
 
     def run(self, fn: Callable[..., None], *args: Any) -> None:
         """Run ``fn(*args)`` in a worker, in the caller's context."""
@@ -72,11 +90,13 @@ class Retries:
     def close(self) -> None:
         """Wait for the threads (every flight is over by then) and end them."""
         with self._lock:
-            pools = (self._submitter, self._pool)
+            submitter, pool = self._submitter, self._pool
             self._submitter = self._pool = None
-        for pool in pools:
-            if pool is not None:
-                pool.shutdown(wait=True)
+        if submitter is not None:
+            self._calls.put(None)
+            submitter.join()
+        if pool is not None:
+            pool.shutdown(wait=True)
 
 
 class TransferFlight(Flight[list[Part]]):

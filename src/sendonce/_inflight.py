@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import contextvars
 import heapq
+import queue
 import threading
 import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
@@ -113,9 +114,9 @@ class Lanes:
     def drain(self) -> list[int]:
         """Every transfer not yet started (they never will be)."""
         rest = list(self._ready)
-        for queue in self._waiting.values():
-            rest.extend(queue)
-            queue.clear()
+        for waiting in self._waiting.values():
+            rest.extend(waiting)
+            waiting.clear()
         self._ready.clear()
         self._left -= len(rest)
         return sorted(rest)
@@ -273,6 +274,10 @@ def fly(
             return threads.submit(contextvars.copy_context().run, step, index)
 
     running: dict[Future[R], int] = {}
+    # Each future, as it ends, lands here: the driver waits on one queue, not on every
+    # future in flight (which costs a waiter per future per wake-up).
+    ended: queue.SimpleQueue[Future[Any]] = queue.SimpleQueue()
+    hooked: set[Future[Any]] = set()
     try:
         while lanes:
             blocker = None
@@ -283,20 +288,29 @@ def fly(
                 lanes.take()
                 future = launch(index)
                 running[future] = index
+                future.add_done_callback(ended.put)
                 if isinstance(future, Flight):  # started once in the books: never lost
                     future.start()
-            waited: set[Future[Any]] = set(running)
             if blocker is not None:
-                waited.add(blocker)
-            done, _ = wait(waited, return_when=FIRST_COMPLETED)
-            for future in done:
-                if future is blocker:
+                if blocker.done():
                     continue
-                index = running.pop(future)
-                lanes.finish(index)
-                if isinstance(future, Flight):
-                    future.settle()
-                finish(index, future.result())
+                if blocker not in hooked:
+                    hooked.add(blocker)
+                    blocker.add_done_callback(ended.put)
+            elif not running:
+                continue
+            done = ended.get()
+            while True:
+                index_ = running.pop(done, None)
+                if index_ is not None:
+                    lanes.finish(index_)
+                    if isinstance(done, Flight):
+                        done.settle()
+                    finish(index_, done.result())
+                try:
+                    done = ended.get_nowait()
+                except queue.Empty:
+                    break
     except BaseException:
         stop.set()
         lanes.drain()

@@ -34,6 +34,7 @@ from _interrupts import sigint_default
 from sendonce import EntityProfile, IdempotentSender, Message, RetryPolicy
 from sendonce.backends import Ack, Backend, Capabilities, LocalBackend, capabilities_of
 from sendonce.errors import PermanentSendError
+from sendonce.ledger import InDoubtRule, Ledger
 from sendonce.testing import Fault, FaultyBackend
 
 PARTITIONED = EntityProfile("orders", partitioned=True)
@@ -166,7 +167,7 @@ def test_sixteen_transfers_in_flight_through_a_native_submit_cost_no_thread(
         assert report.failed == 0
         assert backend.most == 16  # 16 transfers outstanding at once...
         # ...and one thread of the engine's: the call's submitting thread, not one each.
-        assert engine_threads(backend.threads) == {"sendonce-call_0"}
+        assert engine_threads(backend.threads) == {"sendonce-call"}
         assert threading.active_count() <= before
         assert sorted(local.message_ids("orders")) == sorted(f"order-{i}" for i in range(200))
     finally:
@@ -242,8 +243,9 @@ def test_a_refused_transfer_is_reported_and_the_others_land(local: LocalBackend)
         backend.close()
 
 
+@pytest.mark.parametrize("with_ledger", [False, True])
 def test_ctrl_c_cancels_what_the_backend_has_not_written_and_frees_the_keys(
-    local: LocalBackend,
+    local: LocalBackend, tmp_path: Path, with_ledger: bool
 ) -> None:
     backend = Looped(local, hold_until=4)
     messages = keyed(12, 4)
@@ -264,7 +266,10 @@ def test_ctrl_c_cancels_what_the_backend_has_not_written_and_frees_the_keys(
         backend.release.set()
 
     try:
-        with IdempotentSender(backend, PARTITIONED, max_batch_messages=1, max_in_flight=4) as s:
+        ledger = Ledger(f"sqlite://{tmp_path / 'ledger.db'}") if with_ledger else None
+        with IdempotentSender(
+            backend, PARTITIONED, max_batch_messages=1, max_in_flight=4, ledger=ledger
+        ) as s:
             helper = threading.Thread(target=interrupt)
             with sigint_default():
                 helper.start()
@@ -275,10 +280,16 @@ def test_ctrl_c_cancels_what_the_backend_has_not_written_and_frees_the_keys(
             cancelled = [f for f in backend.futures if f.cancelled()]
             assert len(cancelled) == 3
             assert len(local.message_ids("orders")) == 1  # only the written transfer landed
+            if ledger is not None:  # the cancelled three were released, never left in doubt
+                unconfirmed = ledger.keys_in_doubt("orders", InDoubtRule("none"))
+                assert {u.key.message_id for u in unconfirmed} <= {"order-0"}
             # Every key's turn was given back: the whole call again lands each message once.
             backend.hold_until = None
             assert s.send_many(messages).failed == 0
         assert Counter(local.message_ids("orders")) == Counter(m.message_id for m in messages)
+        if ledger is not None:
+            assert ledger.keys_in_doubt("orders", InDoubtRule("none")) == []
+            ledger.close()
     finally:
         backend.release.set()
         backend.close()
@@ -298,6 +309,7 @@ FAULTS = [Fault.NONE, Fault.BEFORE_COMMIT, Fault.AFTER_COMMIT, Fault.PERMANENT]
     batch=st.sampled_from([1, 3, 50]),
     in_flight=st.sampled_from([1, 4, 16]),
     budget=st.sampled_from([64, 3000, None]),
+    ledger=st.booleans(),
 )
 def test_input_shapes_by_outcomes_over_the_streamed_native_path(
     tmp_path_factory: pytest.TempPathFactory,
@@ -308,10 +320,13 @@ def test_input_shapes_by_outcomes_over_the_streamed_native_path(
     batch: int,
     in_flight: int,
     budget: int | None,
+    ledger: bool,
 ) -> None:
     """Each position of the report names its input message; a sent or duplicate message
-    is stored exactly once, a failed one is not stored and was refused by the broker."""
-    local = LocalBackend(tmp_path_factory.mktemp("prop") / "broker.db")
+    is stored exactly once, a failed one is not stored and was refused by the broker (with
+    or without a ledger)."""
+    root = tmp_path_factory.mktemp("prop")
+    local = LocalBackend(root / "broker.db")
     local.create_entity(PARTITIONED)
     first_calls: set[tuple[str, ...]] = set()
 
@@ -331,6 +346,8 @@ def test_input_shapes_by_outcomes_over_the_streamed_native_path(
 
     messages = [message(n) for n in ids]
     options: dict[str, Any] = {} if budget is None else {"max_buffer_bytes": budget * 1024}
+    if ledger:  # the write-ahead run around the flights: intents, confirmations, releases
+        options["ledger"] = f"sqlite://{root / 'ledger.db'}"
     try:
         with IdempotentSender(
             backend,
@@ -365,3 +382,21 @@ def test_input_shapes_by_outcomes_over_the_streamed_native_path(
         backend.close()
         with contextlib.suppress(Exception):
             local.close()
+
+
+def test_a_call_off_the_main_thread_submits_from_its_own_thread(local: LocalBackend) -> None:
+    """Ctrl-C lands only in the main thread, so a call from another thread submits itself:
+    no thread of the engine's at all."""
+    backend = Looped(local)
+    reports = []
+    try:
+        with IdempotentSender(backend, PARTITIONED, max_batch_messages=1, max_in_flight=8) as s:
+            worker = threading.Thread(target=lambda: reports.append(s.send_many(keyed(80, 8))))
+            worker.start()
+            worker.join(60)
+        assert [r.failed for r in reports] == [0]
+        assert engine_threads(backend.threads) == set()
+        assert backend.most > 1 and backend.overlap == []
+        assert sorted(local.message_ids("orders")) == sorted(f"order-{i}" for i in range(80))
+    finally:
+        backend.close()
