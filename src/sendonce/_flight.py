@@ -185,7 +185,8 @@ class TransferFlight(Flight[list[Part]]):
             self._tried[0] += 1
             try:
                 attempt = self._submit(self._entity, self._batch, timeout=timeout)
-            except Exception as exc:  # never handed over: nothing stored
+            except Exception as exc:  # never handed over: nothing stored (docs/engine.md)
+                self._tried[0] -= 1
                 self._retries.run(self._resume, exc)
                 return
             self._track(attempt)
