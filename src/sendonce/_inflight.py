@@ -291,15 +291,18 @@ def fly(
                 future.add_done_callback(ended.put)
                 if isinstance(future, Flight):  # started once in the books: never lost
                     future.start()
-            if blocker is not None:
-                if blocker.done():
+            if blocker is not None and blocker.done():  # look again at once; take what ended
+                try:
+                    done = ended.get_nowait()
+                except queue.Empty:
                     continue
-                if blocker not in hooked:
+            else:
+                if blocker is not None and blocker not in hooked:
                     hooked.add(blocker)
                     blocker.add_done_callback(ended.put)
-            elif not running:
-                continue
-            done = ended.get()
+                elif blocker is None and not running:
+                    continue
+                done = ended.get()
             while True:
                 index_ = running.pop(done, None)
                 if index_ is not None:
