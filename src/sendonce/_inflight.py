@@ -17,19 +17,20 @@ from __future__ import annotations
 
 import contextvars
 import heapq
+import queue
 import threading
 import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from . import _telemetry
 from .errors import ConfigurationError
 
-__all__ = ["KeyGate", "Lanes", "Stopped", "fly", "gate_for", "in_flight_limit"]
+__all__ = ["Flight", "KeyGate", "Lanes", "Stopped", "fly", "gate_for", "in_flight_limit"]
 
 R = TypeVar("R")
 
@@ -113,9 +114,9 @@ class Lanes:
     def drain(self) -> list[int]:
         """Every transfer not yet started (they never will be)."""
         rest = list(self._ready)
-        for queue in self._waiting.values():
-            rest.extend(queue)
-            queue.clear()
+        for waiting in self._waiting.values():
+            rest.extend(waiting)
+            waiting.clear()
         self._ready.clear()
         self._left -= len(rest)
         return sorted(rest)
@@ -126,11 +127,14 @@ class KeyGate:
 
     Shared by every sender on one backend (:func:`gate_for`), so two calls, or two
     senders, never have transfers of one partition key or session in flight together.
+    :meth:`hold` waits in the calling thread; :meth:`enter` does not wait: its future
+    is done when the key's turn comes (the submit-driven engine waits on it beside the
+    transfers in flight).
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Condition()
-        self._queues: dict[Hashable, deque[object]] = {}
+        self._lock = threading.Lock()
+        self._queues: dict[Hashable, deque[Future[None]]] = {}
 
     @contextmanager
     def hold(self, key: Hashable | None) -> Iterator[None]:
@@ -138,26 +142,59 @@ class KeyGate:
         if key is None:
             yield
             return
-        ticket = object()
-        waited = None
-        with self._lock:
-            queue = self._queues.setdefault(key, deque())
-            queue.append(ticket)
-            if queue[0] is not ticket:
-                began = time.perf_counter()
-                while queue[0] is not ticket:
-                    self._lock.wait()
-                waited = time.perf_counter() - began
-        if waited is not None:
-            _telemetry.lane_wait("key", _entity_of(key), waited)
+        ticket = self.enter(key)
+        if not ticket.done():
+            began = time.perf_counter()
+            try:
+                ticket.result()
+            except BaseException:
+                if not self.withdraw(key, ticket):
+                    self.leave(key, ticket)  # granted meanwhile: pass the turn on
+                raise
+            _telemetry.lane_wait("key", _entity_of(key), time.perf_counter() - began)
         try:
             yield
         finally:
-            with self._lock:
+            self.leave(key, ticket)
+
+    def enter(self, key: Hashable) -> Future[None]:
+        """Queue for ``key``: a ticket, done once it is this caller's turn (at once if the
+        key is free). Give it back with :meth:`leave` (or :meth:`withdraw` unused)."""
+        ticket: Future[None] = Future()
+        with self._lock:
+            queue = self._queues.get(key)
+            if queue is None:
+                queue = self._queues[key] = deque()
+            queue.append(ticket)
+            first = queue[0] is ticket
+        if first:
+            ticket.set_result(None)
+        return ticket
+
+    def leave(self, key: Hashable, ticket: Future[None]) -> None:
+        """The holder of ``key`` is done: the next ticket's turn comes (its callbacks run
+        in this thread)."""
+        following = None
+        with self._lock:
+            queue = self._queues[key]
+            if queue and queue[0] is ticket:
                 queue.popleft()
-                if not queue:
-                    del self._queues[key]
-                self._lock.notify_all()
+            if queue:
+                following = queue[0]
+            else:
+                del self._queues[key]
+        if following is not None and not following.done():
+            following.set_result(None)
+
+    def withdraw(self, key: Hashable, ticket: Future[None]) -> bool:
+        """Leave the queue before the turn came: True if done so (False: it had come)."""
+        with self._lock:
+            queue = self._queues.get(key)
+            if queue is None or ticket.done() or queue[0] is ticket:
+                return False
+            queue.remove(ticket)
+        ticket.cancel()
+        return True
 
 
 def _entity_of(key: Hashable) -> str:
@@ -181,6 +218,24 @@ def gate_for(backend: object, make: Callable[[], R]) -> R:
     return gate
 
 
+class Flight(Future[R]):
+    """A transfer the engine drives without a thread: done when the transfer is over.
+
+    :func:`fly` calls :meth:`interrupt` when its call is interrupted (give up what has
+    not reached the broker) and :meth:`settle` once the flight is done (give its key's
+    turn back), both in the driver's thread.
+    """
+
+    def start(self) -> None:
+        """Begin (the driver calls it once the flight is in its books)."""
+
+    def interrupt(self) -> None:
+        """Stop before anything more is sent (the flight still completes)."""
+
+    def settle(self) -> None:
+        """The flight is done and its outcome read: release what it holds."""
+
+
 def fly(
     keys: Sequence[Hashable | None],
     limit: int,
@@ -189,21 +244,40 @@ def fly(
     stop: threading.Event,
     *,
     ready: Callable[[int], Future[Any] | None] | None = None,
+    launch: Callable[[int], Future[R]] | None = None,
 ) -> None:
-    """Run ``step(i)`` for every transfer, up to ``limit`` at once, and ``finish`` each.
+    """Run every transfer, up to ``limit`` at once, and ``finish`` each.
+
+    ``launch(i)`` returns at once with a future of what ``step(i)`` would return (a
+    :class:`Flight`, started here and completed by the backend's own submission);
+    without ``launch`` each transfer is ``step(i)`` on a thread of a pool of ``limit``
+    (the adapter for a backend with no non-blocking submission). A limit of 1
+    runs ``step`` in the calling thread.
 
     ``finish`` runs in the calling thread, in completion order. ``ready(i)`` returns
     None when transfer ``i`` may start, or a future to wait for first (its intents
     being written). An exception or interruption (``KeyboardInterrupt``) sets
-    ``stop`` so that no transfer starts another attempt, waits for those in flight,
-    finishes them, and propagates.
+    ``stop`` so that no transfer starts another attempt, interrupts the flights, waits
+    for those in flight, finishes them, and propagates.
     """
     lanes = Lanes(keys)
     if limit <= 1 or len(keys) <= 1:
         _fly_inline(lanes, step, finish, stop, ready)
         return
-    pool = ThreadPoolExecutor(max_workers=min(limit, len(keys)), thread_name_prefix="sendonce")
+    pool: ThreadPoolExecutor | None = None
+    if launch is None:
+        pool = ThreadPoolExecutor(max_workers=min(limit, len(keys)), thread_name_prefix="sendonce")
+        threads = pool
+
+        def launch(index: int) -> Future[R]:
+            # In the caller's context (a transfer's span is a child of its call's).
+            return threads.submit(contextvars.copy_context().run, step, index)
+
     running: dict[Future[R], int] = {}
+    # Each future, as it ends, lands here: the driver waits on one queue, not on every
+    # future in flight (which costs a waiter per future per wake-up).
+    ended: queue.SimpleQueue[Future[Any]] = queue.SimpleQueue()
+    hooked: set[Future[Any]] = set()
     try:
         while lanes:
             blocker = None
@@ -212,35 +286,70 @@ def fly(
                 if blocker is not None:
                     break
                 lanes.take()
-                # In the caller's context (a transfer's span is a child of its call's).
-                running[pool.submit(contextvars.copy_context().run, step, index)] = index
-            waited: set[Future[Any]] = set(running)
-            if blocker is not None:
-                waited.add(blocker)
-            done, _ = wait(waited, return_when=FIRST_COMPLETED)
-            for future in done:
-                if future is blocker:
+                future = launch(index)
+                running[future] = index
+                future.add_done_callback(ended.put)
+                if isinstance(future, Flight):  # started once in the books: never lost
+                    future.start()
+            if blocker is not None and blocker.done():  # look again at once; take what ended
+                try:
+                    done = ended.get_nowait()
+                except queue.Empty:
                     continue
-                index = running.pop(future)
-                lanes.finish(index)
-                finish(index, future.result())
+            else:
+                if blocker is not None and blocker not in hooked:
+                    hooked.add(blocker)
+                    blocker.add_done_callback(ended.put)
+                elif blocker is None and not running:
+                    continue
+                done = ended.get()
+            while True:
+                index_ = running.pop(done, None)
+                if index_ is not None:
+                    lanes.finish(index_)
+                    if isinstance(done, Flight):
+                        done.settle()
+                    finish(index_, done.result())
+                try:
+                    done = ended.get_nowait()
+                except queue.Empty:
+                    break
     except BaseException:
         stop.set()
         lanes.drain()
         _land(running, finish)
         raise
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _land(running: dict[Future[R], int], finish: Callable[[int, R], None]) -> None:
-    """After an interruption: let the transfers in flight end, and finish those that did."""
-    for future, index in running.items():
-        try:
-            result = future.result()
-        except Exception:
-            continue
-        finish(index, result)
+    """After an interruption: interrupt the flights, let the transfers in flight end, and
+    finish those that did."""
+    for future in running:
+        if isinstance(future, Flight):
+            future.interrupt()
+    left = dict(running)
+    try:
+        for future, index in running.items():
+            try:
+                result = future.result()
+            except Exception:  # a stopped or failed transfer is not finished
+                continue
+            finally:
+                del left[future]
+                if isinstance(future, Flight):
+                    future.settle()
+            finish(index, result)
+    finally:
+        for future in left:  # interrupted again while landing: each settles as it ends
+            if isinstance(future, Flight):
+                future.add_done_callback(_settle_later)
+
+
+def _settle_later(future: Future[Any]) -> None:
+    cast("Flight[Any]", future).settle()
 
 
 def _fly_inline(

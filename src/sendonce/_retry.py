@@ -32,7 +32,7 @@ from .errors import (
     ValidationError,
 )
 
-__all__ = ["Attempted", "RetryPolicy"]
+__all__ = ["Attempted", "FirstAttempt", "RetryPolicy"]
 
 logger = logging.getLogger("sendonce.retry")
 
@@ -216,6 +216,38 @@ class RetryPolicy:
             raise call.exhausted(exc) from exc
         except _Refused as refused:
             raise refused.error from None
+        return self._retrying(call, attempt, failure)
+
+    def begin(
+        self,
+        *,
+        window: timedelta | None,
+        message_id: str | None,
+        partition_key: str | None = None,
+        started: float | None = None,
+    ) -> FirstAttempt:
+        """The first attempt of a call made by someone else (the engine submitting it
+        without a thread): its timeout, then :meth:`resume` if it failed."""
+        return FirstAttempt(_Call(self, window, message_id, partition_key, started))
+
+    def resume(
+        self, first: FirstAttempt, attempt: Callable[[float], T], failure: BaseException
+    ) -> Attempted[T]:
+        """:meth:`call`'s rules after ``first`` failed with ``failure``: a transient
+        failure is retried (same ids, within the deadline); a refusal passes through."""
+        call = first.call
+        if isinstance(failure, ValidationError):
+            raise failure  # the broker refused the first attempt: unchanged, as in call
+        if not isinstance(failure, TransientSendError):
+            raise failure
+        if not isinstance(failure, NotSentError):
+            call.in_doubt = True
+        return self._retrying(call, attempt, failure)
+
+    def _retrying(
+        self, call: _Call, attempt: Callable[[float], T], failure: BaseException | None
+    ) -> Attempted[T]:
+        """Attempts 2 and on, with tenacity (``failure``: attempt 1's, replayed)."""
         in_doubt_before = False
         retrying = tenacity.Retrying(
             stop=call.stop(),
@@ -292,6 +324,23 @@ class RetryPolicy:
 
 
 _RETRYABLE = tenacity.retry_if_exception_type(TransientSendError)
+
+
+class FirstAttempt:
+    """A call's first attempt, made outside :meth:`RetryPolicy.call` (see ``begin``)."""
+
+    __slots__ = ("call",)
+
+    def __init__(self, call: _Call) -> None:
+        self.call = call
+
+    def timeout(self) -> float:
+        """The first attempt's timeout (cut to the deadline); raises the call's
+        ``InDoubtError`` / ``NeverSentError`` if the deadline has already passed."""
+        try:
+            return self.call.timeout()
+        except _DeadlinePassed as exc:
+            raise self.call.exhausted(exc) from exc
 
 
 class _Call:

@@ -22,6 +22,7 @@ from typing import Any, cast
 
 from ._buffer import DEFAULT_MAX_BUFFER_BYTES, Chunks, check_buffer
 from ._entity import EntityProfile
+from ._flight import Retries, Submit, TransferFlight
 from ._inflight import KeyGate, Stopped, fly, gate_for, in_flight_limit
 from ._ledger_layer import LEDGER_FAILURES, WriteAhead
 from ._message import Message
@@ -42,7 +43,7 @@ from ._sender_core import (
     SenderCore,
     transfer_key,
 )
-from .backends._base import Ack, Backend
+from .backends._base import Ack, Backend, capabilities_of, submit_of
 from .errors import (
     ConfigurationError,
     InDoubtError,
@@ -357,9 +358,53 @@ class IdempotentSender(SenderCore):
             outcomes[index] = parts
 
         keys = [transfer_key(batch) for batch in batches]
-        fly(keys, self.max_in_flight, step, finish, stop)
+        submit = self._native_submit()
+        retries = Retries(self.max_in_flight)
+
+        def launch(index: int) -> Future[list[Part]]:
+            assert submit is not None
+            return self._flight(submit, batches[index], started, stop, [0], retries)
+
+        try:
+            fly(keys, self.max_in_flight, step, finish, stop, launch=launch if submit else None)
+        finally:
+            retries.close()
         for parts, at in zip(outcomes, positions, strict=True):
             self._account_parts(parts, report, failed, at)
+
+    def _native_submit(self) -> Submit | None:
+        """The backend's own non-blocking ``submit`` where it has one (docs/engine.md) and
+        the sender is not traced (a traced transfer's span wraps its retries in a thread);
+        None: each transfer in flight is ``send`` on a thread of its own."""
+        backend = self._backend
+        if self._otel is not None or not capabilities_of(backend).native_submit:
+            return None
+        return cast("Submit | None", submit_of(backend))
+
+    def _flight(
+        self,
+        submit: Submit,
+        batch: Sequence[Message],
+        started: float | None,
+        stop: threading.Event,
+        tried: list[int],
+        retries: Retries,
+    ) -> TransferFlight:
+        """One transfer through ``submit``, for :func:`fly` to start (see ``_flight``)."""
+        return TransferFlight(
+            submit=submit,
+            entity=self.profile.name,
+            batch=batch,
+            policy=self.retry,
+            terms=self._retry_terms(batch, started),
+            checked=self._checked,
+            blocking=self._transfer,
+            gate=self._gate,
+            key=self._gate_key(batch),
+            stop=stop,
+            tried=tried,
+            retries=retries,
+        )
 
     def _gate_key(self, batch: Sequence[Message]) -> object:
         key = transfer_key(batch)
@@ -451,11 +496,32 @@ class IdempotentSender(SenderCore):
                 layer.release_quietly(released, owner)
             ahead.after_transfer()  # its confirmation may make room for the next write
 
+        native = self._native_submit()
+        retries = Retries(self.max_in_flight)
+
+        def launch(index: int) -> Future[list[Part]]:
+            sends, start = run.to_send(index)
+            if not sends:
+                nothing: Future[list[Part]] = Future()
+                nothing.set_result([])
+                return nothing
+            assert native is not None
+            return self._flight(native, sends, start, stop, run.tried[index], retries)
+
         try:
             ahead.launch()
             keys = [transfer_key(batch) for batch in batches]
-            fly(keys, self.max_in_flight, step, finish, stop, ready=ready)
+            fly(
+                keys,
+                self.max_in_flight,
+                step,
+                finish,
+                stop,
+                ready=ready,
+                launch=launch if native else None,
+            )
         finally:
+            retries.close()
             if ahead.in_flight is not None:  # a window written ahead: learn its owner
                 ahead.collect(then_next=False)
             pool.submit(int).result()  # every write queued has ended

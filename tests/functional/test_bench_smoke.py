@@ -30,6 +30,7 @@ RUNS: dict[str, list[tuple[list[str], list[pytest.MarkDecorator]]]] = {
     "bench_artemis.py": [([], [pytest.mark.slow, pytest.mark.artemis])],  # starts a broker
     "bench_broker.py": [(["--dir", "{tmp}"], [])],  # its files stay where --dir says
     "bench_cli_publish.py": [([], [])],
+    "bench_engine.py": [([], [])],
     "bench_emulator.py": [
         ([], [pytest.mark.emulator]),
         (["--links", "2"], [pytest.mark.slow, pytest.mark.emulator]),
