@@ -158,7 +158,7 @@ def seed(store: Ledger, profile: EntityProfile, case: Case) -> None:
         if not messages:
             return
         keys = layer.keys(messages)
-        ledger.prepare(profile.name, messages, keys, window=timedelta(0), margin=timedelta(0))
+        ledger._prepare(profile.name, messages, keys, window=timedelta(0), margin=timedelta(0))
         confirmed = [k for k, s in zip(keys, case.states.values(), strict=True) if s != "in doubt"]
         ledger.confirm(profile.name, dict.fromkeys(confirmed, "sent"))
 

@@ -217,7 +217,7 @@ def test_ledger_stats_over_a_broker_that_cannot_describe_advises_its_own_options
     spec = MessageSpec(ID)
     message = spec.to_message({"id": "x"})
     with Ledger("sqlite:l.db") as ledger:
-        ledger.prepare(
+        ledger._prepare(
             "audit", [message], [Key("x")], window=timedelta(0), margin=timedelta(seconds=5)
         )
     stats = run("ledger", "stats", "l.db", "--broker", NOWHERE)
@@ -246,10 +246,10 @@ def test_the_resend_warning_on_an_entity_without_duplicate_detection_says_no_win
     keys = [Key(m.message_id) for m in messages]
     then = datetime.now(UTC) - timedelta(hours=1)
     with Ledger("sqlite:l.db", clock=lambda: then) as ledger:
-        ledger.prepare("audit", messages, keys, window=timedelta(0), margin=timedelta(seconds=5))
+        ledger._prepare("audit", messages, keys, window=timedelta(0), margin=timedelta(seconds=5))
     with caplog.at_level(logging.WARNING, logger="sendonce.ledger"):
         with Ledger("sqlite:l.db", in_doubt="resend") as ledger:
-            again = ledger.prepare(
+            again = ledger._prepare(
                 "audit", messages, keys, window=timedelta(0), margin=timedelta(seconds=5)
             )
     assert again.send == [0, 1]
@@ -273,7 +273,7 @@ def test_a_ledger_that_does_not_trust_the_window_resends_no_unconfirmed_key(here
     then = datetime.now(UTC) - timedelta(minutes=1)
     for name in ("wary.db", "trusting.db"):
         with Ledger(f"sqlite:{name}", clock=lambda: then) as ledger:
-            ledger.prepare(
+            ledger._prepare(
                 "tenmin", messages, keys, window=timedelta(minutes=10), margin=timedelta(seconds=5)
             )
     with LocalBackend("broker.db") as broker:

@@ -46,7 +46,7 @@ def killed_producer(directory: Path, count: int = 1000, stored: int = 600) -> No
     with Ledger(f"sqlite://{directory / 'ledger.db'}", clock=lambda: then) as ledger:
         for start in range(0, count, 50):  # transfers of 50, as a sender writes them
             batch = messages[start : start + 50]
-            ledger.prepare(
+            ledger._prepare(
                 "audit",
                 batch,
                 [Key(m.message_id) for m in batch],

@@ -169,7 +169,7 @@ def _abandoned_intents(ledger_url: str, entity: str, ids: list[str], hours_ago: 
     then = datetime.now(UTC) - timedelta(hours=hours_ago)
     with Ledger(ledger_url, clock=lambda: then) as ledger:
         messages = [MessageSpec(ID).to_message({"order_id": int(i)}) for i in ids]
-        ledger.prepare(
+        ledger._prepare(
             entity,
             messages,
             [Key(i, "") for i in ids],

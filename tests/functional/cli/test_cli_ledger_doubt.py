@@ -484,7 +484,7 @@ def test_reconcile_refuses_a_missing_broker_or_entity(here: Path):
     unknown = run("ledger", "reconcile", "l.db", "--entity", "nope", "--broker", "local:broker.db")
     assert unknown.exit_code == 2 and "the ledger has no entity 'nope'" in unknown.stderr
     with Ledger("sqlite:l.db") as ledger:
-        ledger.prepare("gone", [Message("x", message_id="g")], [Key("g")], window=timedelta(0),
+        ledger._prepare("gone", [Message("x", message_id="g")], [Key("g")], window=timedelta(0),
                        margin=timedelta(seconds=5))  # fmt: skip
     missing = run("ledger", "reconcile", "l.db", "--entity", "gone", "--broker", "local:broker.db")
     assert missing.exit_code == 2 and "does not exist in the local broker" in missing.stderr

@@ -140,7 +140,7 @@ def test_a_read_only_ledger_is_read_in_place_writing_nothing_beside_it(tmp_path:
 
     path = tmp_path / "ledger.db"
     with Ledger(f"sqlite://{path}", clock=lambda: datetime(2026, 1, 1, tzinfo=UTC)) as ledger:
-        ledger.prepare(
+        ledger._prepare(
             "orders", [Message("x", message_id="1")], [Key("1")],
             window=timedelta(minutes=10), margin=timedelta(seconds=5),
         )  # fmt: skip

@@ -33,7 +33,7 @@ def test_a_key_without_partition_key_is_one_key_however_it_is_written() -> None:
 
 def test_lookup_finds_a_row_under_either_spelling(tmp_path: Path, ledger_url: str) -> None:
     with Ledger(ledger_url) as ledger:
-        ledger.prepare(
+        ledger._prepare(
             "audit",
             [Message("x", message_id="a")],
             [Key("a")],
@@ -97,7 +97,7 @@ def test_the_read_only_options_create_nothing_beside_the_file(tmp_path: Path) ->
 def test_a_read_only_ledger_is_read_and_leaves_nothing_beside_it(tmp_path: Path) -> None:
     path = tmp_path / "ledger.db"
     with Ledger(f"sqlite://{path}") as ledger:
-        ledger.prepare(
+        ledger._prepare(
             "audit",
             [Message(f"e{i}", message_id=f"a{i}") for i in range(5)],
             [Key(f"a{i}") for i in range(5)],

@@ -297,8 +297,8 @@ def test_staged_keys_are_not_listed_in_doubt_nor_resolvable_by_hand(tmp_path: Pa
     url = f"sqlite://{tmp_path / 'ledger.db'}"
     messages, keys = orders(4)
     with Ledger(url) as ledger:
-        ledger.prepare("audit", messages[:2], keys[:2], window=timedelta(0), margin=MARGIN)
-        ledger.prepare("audit", messages[2:], keys[2:], window=timedelta(0), margin=MARGIN,
+        ledger._prepare("audit", messages[:2], keys[:2], window=timedelta(0), margin=MARGIN)
+        ledger._prepare("audit", messages[2:], keys[2:], window=timedelta(0), margin=MARGIN,
                        staged=True)  # fmt: skip
         assert [u.key for u in unconfirmed(ledger.store, "audit")] == keys[:2]
         [counts] = entity_counts(ledger.store)

@@ -26,7 +26,7 @@ def left(ledger_url: str, entity: str, ids: list[str], age: timedelta) -> None:
     with Ledger(ledger_url, clock=lambda: then) as ledger:
         for start in range(0, len(ids), 40):
             chunk = ids[start : start + 40]
-            ledger.prepare(
+            ledger._prepare(
                 entity,
                 [Message(f"body {i}", message_id=i) for i in chunk],
                 [Key(i) for i in chunk],
