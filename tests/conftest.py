@@ -321,9 +321,10 @@ if importlib.util.find_spec("xdist") is not None:
                 # would end the run alone: queue them by expected duration instead.
                 if not self._ordered:
                     self._ordered = True
+                    slow = config.getoption("markexpr", "").strip() == "slow"
                     units = sorted(
                         self.workqueue.items(),
-                        key=lambda unit: -expected_seconds(unit[0], len(unit[1])),
+                        key=lambda unit: -expected_seconds(unit[0], len(unit[1]), slow=slow),
                     )
                     self.workqueue.clear()
                     self.workqueue.update(units)

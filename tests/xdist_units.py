@@ -31,11 +31,16 @@ MEASURED: dict[str, float] = {
     "tests/integration/emulator/test_emulator_robust_server.py": 45,
     "tests/integration/emulator/test_emulator_robust_entities.py": 44,
     "tests/functional/test_sigint_ignored_by_the_runner.py": 39,
-    # Slow only (pytest -m slow, .ci/run), load 7-11, one process.
+}
+# The slow tests of a module (``pytest -m slow``, as .ci/run runs them), load 7-19, one process.
+SLOW_MEASURED: dict[str, float] = {
     "tests/integration/spark/test_spark_cluster.py": 660,
     "tests/functional/test_streaming.py": 230,
     "tests/integration/emulator/test_cli_declared_rule_crash.py": 219,
+    "tests/faults/test_ledger_schedules.py": 200,
     "tests/integration/spark/test_spark_connect.py": 137,
+    "tests/integration/spark/#1": 215,  # Spark to Artemis, with and without a ledger
+    "tests/integration/artemis/test_artemis_submit.py": 31,
 }
 # The Spark suite's modules (their tests' durations in one run of the folder on 2 workers, load
 # 10-19, 2026-11-28). They go in SPARK_WORKERS units: each unit stays on one worker, which runs
@@ -103,8 +108,11 @@ def spark_unit(module: str) -> str:
     return _SPARK_UNITS.get(module, module)
 
 
-def expected_seconds(unit: str, tests: int) -> float:
-    """The unit's measured duration, or a guess from its number of tests."""
+def expected_seconds(unit: str, tests: int, *, slow: bool = False) -> float:
+    """The unit's measured duration (of its slow tests when ``slow``: ``pytest -m slow``), or
+    a guess from its number of tests."""
+    if slow:
+        return SLOW_MEASURED.get(unit, _PER_TEST_SECONDS.get(unit.split("::", 1)[0], 0.3 * tests))
     if unit in _SPARK_UNIT_SECONDS:
         return _SPARK_UNIT_SECONDS[unit]
     module = unit.split("::", 1)[0]
