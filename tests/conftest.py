@@ -17,8 +17,8 @@ by skipping. ``SENDONCE_PRETEND_MISSING=java,postgresql,maven`` makes components
 ``postgres_database`` makes a fresh database on it. Under pytest-xdist (the README's
 ``pytest`` runs ``-n 3``) "the run" is each worker: every worker starts its own peers on free
 ports in its own temporary folders. The scheduler sends a whole test module to one worker
-(module-scoped servers are started once) and the whole Spark suite to one worker (one JVM
-with a Spark session at a time), the longest units first.
+(module-scoped servers are started once) and splits the Spark suite's modules between two
+workers (a Spark session, one JVM, on each), the longest units first.
 
 Tests anywhere may run the CLI in this process (click's ``CliRunner``); what it does to
 logging is undone after each test.
@@ -275,22 +275,29 @@ def postgres_database(postgres_server: str) -> Any:
 
 # -- pytest-xdist: which tests share a worker ---------------------------------------------------
 
-# Folders whose modules all run on one worker: the Spark suite shares one Spark session (a JVM
-# per worker would starve a 2-core machine).
-_ONE_WORKER = ("tests/integration/spark/",)
 # Long modules with no module-scoped server: each test is a unit of its own (one module would
 # keep one worker busy for minutes while the others have nothing left).
-_PER_TEST = ("tests/functional/test_doc_snippets.py", "tests/unit/test_ids_properties.py")
+# The fault schedules too (each seed starts its own producers and peers; ``pytest -m slow
+# tests/faults`` runs 560 of them), and the Spark samples and demo (each its own Spark JVM in a
+# subprocess, 2-4 min each at load 12: in one unit they would end the run alone).
+_PER_TEST = (
+    "tests/functional/test_doc_snippets.py",
+    "tests/unit/test_ids_properties.py",
+    "tests/faults/test_schedules.py",
+    "tests/integration/spark/test_spark_samples_and_demo.py",
+)
 
 
 def _unit_of(nodeid: str) -> str:
-    """The scheduling unit of a test: its module, a whole ``_ONE_WORKER`` folder, or the test
-    itself in a ``_PER_TEST`` module."""
+    """The scheduling unit of a test: its module, one of the Spark suite's units (its modules
+    split between ``SPARK_WORKERS`` workers, one Spark session each), or the test itself in a
+    ``_PER_TEST`` module."""
+    from xdist_units import SPARK_FOLDER, spark_unit
+
     path = nodeid.split("::", 1)[0]
-    for folder in _ONE_WORKER:
-        if path.startswith(folder):
-            return folder
-    return nodeid if path in _PER_TEST else path
+    if path in _PER_TEST:
+        return nodeid
+    return spark_unit(path) if path.startswith(SPARK_FOLDER) else path
 
 
 if importlib.util.find_spec("xdist") is not None:
@@ -314,9 +321,10 @@ if importlib.util.find_spec("xdist") is not None:
                 # would end the run alone: queue them by expected duration instead.
                 if not self._ordered:
                     self._ordered = True
+                    slow = config.getoption("markexpr", "").strip() == "slow"
                     units = sorted(
                         self.workqueue.items(),
-                        key=lambda unit: -expected_seconds(unit[0], len(unit[1])),
+                        key=lambda unit: -expected_seconds(unit[0], len(unit[1]), slow=slow),
                     )
                     self.workqueue.clear()
                     self.workqueue.update(units)

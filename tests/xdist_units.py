@@ -6,11 +6,12 @@ guessed from its test count; the table is a hint, never a verdict.
 
 from __future__ import annotations
 
-__all__ = ["expected_seconds"]
+from pathlib import Path
+
+__all__ = ["SPARK_FOLDER", "SPARK_WORKERS", "expected_seconds", "spark_unit"]
 
 # Measured on 2026-11-28 at load 20 (other work beside it): the ratios matter, not the values.
 MEASURED: dict[str, float] = {
-    "tests/integration/spark/": 1179,
     "tests/functional/test_doc_snippets.py": 919,  # per test (conftest._PER_TEST): 57 each
     "tests/unit/test_ids_properties.py": 301,  # per test: 21 each
     "tests/functional/local/test_local_sharing.py": 246,
@@ -23,7 +24,6 @@ MEASURED: dict[str, float] = {
     "tests/unit/test_message_factory.py": 74,
     "tests/integration/emulator/test_emulator_sender.py": 64,
     "tests/functional/ledger/test_ledger_doubt_bounds.py": 55,
-    "tests/faults/test_schedules.py": 51,
     "tests/functional/cli/test_cli_permissions.py": 51,
     "tests/functional/cli/test_cli_ledger.py": 49,
     "tests/unit/test_ids.py": 47,
@@ -32,14 +32,89 @@ MEASURED: dict[str, float] = {
     "tests/integration/emulator/test_emulator_robust_entities.py": 44,
     "tests/functional/test_sigint_ignored_by_the_runner.py": 39,
 }
+# The slow tests of a module (``pytest -m slow``, as .ci/run runs them), load 7-19, one process.
+SLOW_MEASURED: dict[str, float] = {
+    "tests/integration/spark/test_spark_cluster.py": 660,
+    "tests/functional/test_streaming.py": 230,
+    "tests/integration/emulator/test_cli_declared_rule_crash.py": 219,
+    "tests/faults/test_ledger_schedules.py": 200,
+    "tests/integration/spark/test_spark_connect.py": 137,
+    "tests/integration/spark/#1": 215,  # Spark to Artemis, with and without a ledger
+    "tests/integration/artemis/test_artemis_submit.py": 31,
+}
+# The Spark suite's modules (their tests' durations in one run of the folder on 2 workers, load
+# 10-19, 2026-11-28). They go in SPARK_WORKERS units: each unit stays on one worker, which runs
+# one Spark session (a JVM) for all the Spark modules it gets, so at most that many Spark
+# sessions run at once. The samples and demo start their own JVMs: one unit per test.
+SPARK_FOLDER = "tests/integration/spark/"
+SPARK_WORKERS = 2
+SPARK_MEASURED: dict[str, float] = {
+    "test_spark_ledger_stores.py": 180,
+    "test_spark_publishers.py": 170,
+    "test_spark_guard.py": 165,
+    "test_spark_ledger_driver.py": 140,
+    "test_spark_failures.py": 100,
+    "test_spark_publish.py": 80,
+    "test_spark_ledger_reruns.py": 67,
+    "test_spark_artemis.py": 62,
+    "test_spark_shared_broker.py": 58,
+    "test_spark_ledger.py": 50,
+    "test_spark_servicebus.py": 50,
+    "test_spark_rows.py": 30,
+    "test_spark_in_flight.py": 18,
+    "test_spark_telemetry.py": 10,
+    "test_spark_artemis_ledger.py": 0,  # slow only (136 s)
+}
+# Spark modules that start their own JVMs (a standalone cluster, Spark Connect servers,
+# samples in subprocesses): units of their own, on any worker.
+_OWN_JVMS = {"test_spark_cluster.py", "test_spark_connect.py", "test_spark_samples_and_demo.py"}
+_SPARK_MODULE_GUESS = 30  # a Spark module missing above
+
 _PER_TEST_SECONDS = {
     "tests/functional/test_doc_snippets.py": 57,
     "tests/unit/test_ids_properties.py": 21,
+    "tests/faults/test_schedules.py": 8,
+    "tests/integration/spark/test_spark_samples_and_demo.py": 180,
 }
 
 
-def expected_seconds(unit: str, tests: int) -> float:
-    """The unit's measured duration, or a guess from its number of tests."""
+def _spark_units() -> dict[str, str]:
+    """Each Spark module's unit: the longest modules first, each into the lightest unit."""
+    modules = sorted(
+        p.name
+        for p in (Path(__file__).parent / "integration" / "spark").glob("test_*.py")
+        if p.name not in _OWN_JVMS
+    )
+    loads = [0.0] * SPARK_WORKERS
+    units: dict[str, str] = {}
+    for name in sorted(modules, key=lambda m: -SPARK_MEASURED.get(m, _SPARK_MODULE_GUESS)):
+        lightest = loads.index(min(loads))
+        loads[lightest] += SPARK_MEASURED.get(name, _SPARK_MODULE_GUESS)
+        units[SPARK_FOLDER + name] = f"{SPARK_FOLDER}#{lightest + 1}"
+    for index, load in enumerate(loads):
+        _SPARK_UNIT_SECONDS[f"{SPARK_FOLDER}#{index + 1}"] = load
+    return units
+
+
+_SPARK_UNIT_SECONDS: dict[str, float] = {}
+_SPARK_UNITS: dict[str, str] = {}
+
+
+def spark_unit(module: str) -> str:
+    """The scheduling unit of a Spark module: ``tests/integration/spark/#N`` for the modules
+    sharing the worker's Spark session, the module itself for one that starts its own JVMs."""
+    if not _SPARK_UNITS:
+        _SPARK_UNITS.update(_spark_units())
+    return _SPARK_UNITS.get(module, module)
+
+
+def expected_seconds(unit: str, tests: int, *, slow: bool = False) -> float:
+    """The unit's measured duration (of its slow tests when ``slow``: ``pytest -m slow``), or
+    a guess from its number of tests."""
+    if slow:
+        return SLOW_MEASURED.get(unit, _PER_TEST_SECONDS.get(unit.split("::", 1)[0], 0.3 * tests))
+    if unit in _SPARK_UNIT_SECONDS:
+        return _SPARK_UNIT_SECONDS[unit]
     module = unit.split("::", 1)[0]
     if module != unit and module in _PER_TEST_SECONDS:
         return _PER_TEST_SECONDS[module]

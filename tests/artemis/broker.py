@@ -9,7 +9,10 @@ in a temporary folder, its paths rewritten, its ``etc/broker.xml`` written for t
   (AMQP, ``amqpDuplicateDetection=false``), acceptor ``plain`` (AMQP, nothing said: the
   defaults) and acceptor ``tls`` (AMQP over TLS, a self-signed ``localhost`` certificate:
   ``ca_file``), each on a free port chosen at creation (kept across restarts, so a
-  restarted broker is where the clients left it);
+  restarted broker is where the clients left it). A port is free when chosen, but another
+  process may take it before the JVM binds it (``AMQ229230: Failed to bind acceptor``, the
+  broker exits): the first ``start()`` then tries again on a fresh set of ports (tenacity);
+  a restart keeps its ports and says which one was taken (``PortTakenError``);
 - persistence on (NIO journal) but ``journal-datasync=false``: a ``kill -9`` of the JVM loses
   nothing (the OS still holds the written pages), only a machine crash could; the
   ``journal-buffer-timeout`` is NIO's default (3.33 ms: a durable send is answered on that
@@ -49,9 +52,12 @@ from types import TracebackType
 from typing import Self
 from urllib.parse import quote
 
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
+
 __all__ = [
     "ARTEMIS_VERSION",
     "ArtemisBroker",
+    "PortTakenError",
     "artemis_home",
     "cached_artemis_home",
 ]
@@ -59,6 +65,10 @@ __all__ = [
 ARTEMIS_VERSION = os.environ.get("SENDONCE_ARTEMIS_VERSION", "2.40.0")
 INSTALL_SCRIPT = Path(__file__).resolve().parent / "install.sh"
 READY_LINE = "AMQ221007"
+# "Failed to bind acceptor NAME to HOST:PORT": a port was taken after it was chosen.
+BIND_FAILED = re.compile(rb"AMQ229230: Failed to bind acceptor (\S+) to (\S+)")
+# First starts that meet a taken port, each on fresh ports, before giving up.
+PORT_ATTEMPTS = 5
 USER = "sendonce"
 PASSWORD = "artemis-test-secret"
 # A second user who may send (and create addresses and queues) but not manage the broker.
@@ -201,10 +211,19 @@ def _die_with_parent() -> None:
         pass
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct ports free now on 127.0.0.1: all are held open while picking (a port
+    closed at once could be handed out again for the next one)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+
+
+class PortTakenError(RuntimeError):
+    """The broker could not bind an acceptor's port: another process took it after it was
+    chosen (the broker has exited)."""
 
 
 def _element(name: str, value: object) -> str:
@@ -235,10 +254,8 @@ class ArtemisBroker:
         for name in _PATH_FILES:
             path = self.instance / name
             path.write_text(path.read_text().replace(old, str(self.instance)))
-        self.port = _free_port()
-        self.nodedup_port = _free_port()
-        self.plain_port = _free_port()
-        self.tls_port = _free_port()
+        self.port, self.nodedup_port, self.plain_port, self.tls_port = _free_ports(4)
+        self._was_active = False  # once active, clients know its ports: a restart keeps them
         self.ca_file = self.instance / "etc" / "broker.pem"  # trust it to reach ``tls_port``
         self.user, self.password = USER, PASSWORD
         self.log_path = self.instance / "log" / "console.log"
@@ -286,15 +303,8 @@ class ArtemisBroker:
         )
         profile.write_text(text)
 
-    def _write_broker_xml(
-        self,
-        id_cache_size: int | None,
-        persist_id_cache: bool | None,
-        address_settings: Mapping[str, Mapping[str, object]],
-        core_extra: str,
-    ) -> None:
-        path = self.instance / "etc" / "broker.xml"
-        text = path.read_text()
+    def _with_acceptors(self, text: str) -> str:
+        """``broker.xml``'s text with the acceptors on this broker's ports."""
         common = (
             "tcpNoDelay=true;amqpCredits=1000;amqpLowCredits=300;amqpMinLargeMessageSize=102400"
         )
@@ -311,7 +321,23 @@ class ArtemisBroker:
             f"keyStorePassword={TLS_STORE_PASSWORD};keyStoreType=PKCS12</acceptor>\n"
             "</acceptors>"
         )
-        text = re.sub(r"<acceptors>.*?</acceptors>", lambda _: acceptors, text, count=1, flags=re.S)
+        return re.sub(r"<acceptors>.*?</acceptors>", lambda _: acceptors, text, count=1, flags=re.S)
+
+    def _move_to_fresh_ports(self) -> None:
+        """New free ports for every acceptor, written into ``broker.xml``."""
+        self.port, self.nodedup_port, self.plain_port, self.tls_port = _free_ports(4)
+        path = self.instance / "etc" / "broker.xml"
+        path.write_text(self._with_acceptors(path.read_text()))
+
+    def _write_broker_xml(
+        self,
+        id_cache_size: int | None,
+        persist_id_cache: bool | None,
+        address_settings: Mapping[str, Mapping[str, object]],
+        core_extra: str,
+    ) -> None:
+        path = self.instance / "etc" / "broker.xml"
+        text = self._with_acceptors(path.read_text())
         replacements = {
             "journal-datasync": "false",
             "journal-file-size": "1M",
@@ -414,9 +440,28 @@ class ArtemisBroker:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def start(self, *, timeout: float = 120.0) -> Self:
-        """Launch the JVM and return once the broker says it is active."""
+        """Launch the JVM and return once the broker says it is active.
+
+        Until the broker has once been active, a port taken by another process since it was
+        chosen moves the broker to fresh ports and starts it again (up to ``PORT_ATTEMPTS``
+        starts); after that, clients know its ports and a taken one raises
+        ``PortTakenError``."""
         if self.pid is not None:
             return self
+        if self._was_active:
+            return self._launch(timeout)
+        for attempt in Retrying(
+            retry=retry_if_exception_type(PortTakenError),
+            stop=stop_after_attempt(PORT_ATTEMPTS),
+            before=lambda state: self._move_to_fresh_ports() if state.attempt_number > 1 else None,
+            reraise=True,
+        ):
+            with attempt:
+                self._launch(timeout)
+        self._was_active = True
+        return self
+
+    def _launch(self, timeout: float) -> Self:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as out:
@@ -434,8 +479,17 @@ class ArtemisBroker:
         while True:
             with open(self.log_path, "rb") as log:
                 log.seek(offset)
-                if READY_LINE.encode() in log.read():
-                    return self
+                written = log.read()
+            if READY_LINE.encode() in written:
+                return self
+            taken = BIND_FAILED.search(written)
+            if taken is not None:
+                self.kill()  # it stops by itself; a broker half up must not linger
+                acceptor, address = (part.decode(errors="replace") for part in taken.groups())
+                raise PortTakenError(
+                    f"the Artemis broker could not bind its acceptor {acceptor} to {address}: "
+                    "another process took the port after it was chosen"
+                )
             if self._process.poll() is not None:
                 raise RuntimeError(
                     f"the Artemis broker exited with {self._process.returncode} before it was "

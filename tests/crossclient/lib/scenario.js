@@ -87,43 +87,55 @@ class Scenario {
     );
   }
 
-  /** Receives until `count` messages arrived or `waitMs` passed with nothing new. */
-  async receiveAll(receiver, count, waitMs = 3000) {
+  /**
+   * Receives until `count` messages arrived or `waitMs` passed with nothing new, one message per
+   * receive call. A call that ends by its message arriving leaves the client no credit to
+   * drain; a call that ends by its timer drains, and when the broker answers the drain later
+   * than the client's fixed 200 ms the client closes the link, losing every lock it holds (and
+   * a session receiver's session). So no scenario drains while it holds a lock it will settle:
+   * it receives what it expects, settles, then checks that nothing more comes (expectEmpty).
+   */
+  async receiveAll(receiver, count, waitMs = 10_000) {
     const received = [];
     while (received.length < count) {
-      const batch = await receiver.receiveMessages(count - received.length, {
-        maxWaitTimeInMs: waitMs,
-      });
-      if (batch.length === 0) {
+      const [message] = await receiver.receiveMessages(1, { maxWaitTimeInMs: waitMs });
+      if (message === undefined) {
         break;
       }
-      received.push(...batch);
+      received.push(message);
     }
     return received;
   }
 
   /**
-   * Receives `count` messages scheduled for `at`, asserting that none arrives before then (a
-   * receive that returns early must return nothing); gives up 10 s after `at`.
+   * Receives `count` messages scheduled for `at`, asserting that none arrives before then;
+   * gives up 20 s after `at`. Each receive call waits for its message (no timer ends it early,
+   * so the client never drains credit while a due message may be on its way: receiveAll).
    */
   async receiveScheduled(receiver, count, at) {
+    const giveUp = at.getTime() + 20_000;
     const received = [];
-    while (received.length < count && Date.now() < at.getTime() + 10_000) {
-      const batch = await receiver.receiveMessages(count - received.length, {
-        maxWaitTimeInMs: 500,
+    while (received.length < count && Date.now() < giveUp) {
+      const [message] = await receiver.receiveMessages(1, {
+        maxWaitTimeInMs: Math.max(1, giveUp - Date.now()),
       });
-      if (batch.length > 0) {
-        assert.ok(
-          Date.now() >= at.getTime() - 50,
-          `${batch.map((m) => m.messageId)} received before ${at.toISOString()}`,
-        );
+      if (message === undefined) {
+        break;
       }
-      received.push(...batch);
+      assert.ok(
+        Date.now() >= at.getTime() - 50,
+        `${message.messageId} received before ${at.toISOString()}`,
+      );
+      received.push(message);
     }
     return received;
   }
 
-  /** Asserts that nothing can be received now (a short wait: the entity is this scenario's). */
+  /**
+   * Asserts that nothing can be received now (a short wait: the entity is this scenario's).
+   * The receive ends by its timer, so the client drains (receiveAll): call it once the
+   * scenario holds no lock it will settle, and last on a session receiver.
+   */
   async expectEmpty(receiver, waitMs = 500) {
     const extra = await receiver.receiveMessages(10, { maxWaitTimeInMs: waitMs });
     assert.deepEqual(
@@ -170,7 +182,10 @@ class Scenario {
     }
   }
 
-  /** The emulator's lock duration, as the runner was told (CROSSCLIENT_LOCK_DURATION_MS). */
+  /**
+   * The short lock of the lock scenarios' entities ("short_lock" in entities.json), as the
+   * runner was told (CROSSCLIENT_LOCK_DURATION_MS); other entities lock for 60 s.
+   */
   get lockDurationMs() {
     return Number(process.env.CROSSCLIENT_LOCK_DURATION_MS || "5000");
   }

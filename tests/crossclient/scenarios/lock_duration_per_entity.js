@@ -1,9 +1,11 @@
-// Lock duration is a setting of each queue (LockDuration): "lockshort" locks for 2 s and
-// "locklong" for 30 s, in one emulator; the short lock expires and the message is delivered
-// again, the long one is still held.
+// Lock duration is a setting of each queue (LockDuration): "lockshort" locks for 5 s and
+// "locklong" for 30 s, in one emulator (the suite's other queues: 60 s); the short lock expires
+// and the message is delivered again, the long one is still held.
 "use strict";
 
 const assert = require("node:assert/strict");
+
+const SHORT_MS = 5000; // entities.json: lockshort
 
 function assertLockedAbout(until, before, after, lockMs, what) {
   const slack = 1000;
@@ -21,21 +23,23 @@ module.exports.run = async (t) => {
 
   let before = Date.now();
   const [first] = await t.receiveAll(short, 1);
-  assertLockedAbout(first.lockedUntilUtc, before, Date.now(), 2000, "lockshort");
+  assertLockedAbout(first.lockedUntilUtc, before, Date.now(), SHORT_MS, "lockshort");
   before = Date.now();
   const [held] = await t.receiveAll(long, 1);
   assertLockedAbout(held.lockedUntilUtc, before, Date.now(), 30000, "locklong");
 
   before = Date.now();
   const renewed = await short.renewMessageLock(first);
-  assertLockedAbout(renewed, before, Date.now(), 2000, "renewMessageLock on lockshort");
+  assertLockedAbout(renewed, before, Date.now(), SHORT_MS, "renewMessageLock on lockshort");
 
   await t.sleep(first.lockedUntilUtc.getTime() - Date.now() + 500);
   const [again] = await t.receiveAll(short, 1);
   assert.equal(again.messageId, t.id("short"));
   assert.equal(again.deliveryCount, 1, "one expired delivery before this one");
   await short.completeMessage(again);
-  await t.expectEmpty(long); // its message is still locked to this receiver
+  // Its message is still locked to `long`: another receiver gets nothing (and `long` does not
+  // drain while it holds that lock: receiveAll).
+  await t.expectEmpty(t.receiver("locklong"));
   await long.completeMessage(held);
   await t.expectDrained("lockshort");
   await t.expectDrained("locklong");

@@ -12,13 +12,10 @@ module.exports.run = async (t) => {
   ]);
   await t.sleep(1500);
   const receiver = t.receiver("expiring");
-  const received = await t.receiveAll(receiver, 2, 1500);
-  assert.deepEqual(
-    received.map((m) => m.messageId),
-    [t.id("long")],
-    "the expired one is skipped",
-  );
-  await receiver.completeMessage(received[0]);
+  const [first] = await t.receiveAll(receiver, 1);
+  assert.equal(first.messageId, t.id("long"), "the expired one is skipped");
+  await receiver.completeMessage(first);
+  await t.expectEmpty(receiver);
 
   const deadLetters = t.receiver("expiring", { subQueueType: "deadLetter" });
   const [dead] = await t.receiveAll(deadLetters, 1);

@@ -33,9 +33,9 @@ module.exports.run = async (t) => {
 
   const second = await t.acceptSession("sessions", "s1");
   assert.deepEqual(await second.getSessionState(), Buffer.from("checkpoint:3"));
-  await t.expectEmpty(second);
   await second.setSessionState(null);
   assert.equal(await second.getSessionState(), null, "state cleared");
+  await t.expectEmpty(second); // last on this session receiver (expectEmpty)
   await second.close();
 
   const other = await t.acceptSession("sessions", "s2", { receiveMode: "receiveAndDelete" });

@@ -15,6 +15,8 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
+
 __all__ = ["pg_bin", "throwaway_cluster"]
 
 
@@ -25,6 +27,10 @@ def pg_bin() -> str | None:
         return os.path.dirname(found[-1])
     initdb = shutil.which("initdb")
     return os.path.dirname(initdb) if initdb else None
+
+
+class PortTaken(RuntimeError):
+    """The server could not bind its port: another process took it after it was chosen."""
 
 
 def _free_port() -> int:
@@ -45,7 +51,6 @@ def throwaway_cluster() -> Iterator[str]:
         shutil.chown(root, "postgres", "postgres")
         as_user = ["runuser", "-u", "postgres", "--"]
     data = os.path.join(root, "data")
-    port = _free_port()
     env = {**os.environ, "LC_ALL": "C.UTF-8"}
     subprocess.run(
         [*as_user, f"{bindir}/initdb", "-D", data, "-A", "trust", "-U", "postgres", "--no-sync"],
@@ -54,23 +59,30 @@ def throwaway_cluster() -> Iterator[str]:
         env=env,
     )
     log = os.path.join(root, "log")
-    try:
-        for attempt in range(5):
-            # The port was free a moment ago; another test process (an xdist worker) may
-            # have taken it since: then the server cannot bind, so try another one.
-            options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
-            started = subprocess.run(
-                [*as_user, f"{bindir}/pg_ctl", "-D", data, "-o", options, "-l", log, "-w", "start"],
-                capture_output=True,
-                env=env,
-            )
-            if started.returncode == 0:
-                break
+
+    def start() -> int:
+        """Start the server on a port free a moment ago: another test process (an xdist
+        worker) may have taken it since, then it cannot bind (``PortTaken``: try another)."""
+        port = _free_port()
+        seen = os.path.getsize(log) if os.path.exists(log) else 0  # earlier attempts' lines
+        options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
+        started = subprocess.run(
+            [*as_user, f"{bindir}/pg_ctl", "-D", data, "-o", options, "-l", log, "-w", "start"],
+            capture_output=True,
+            env=env,
+        )
+        if started.returncode != 0:
             with open(log, errors="replace") as text:
-                taken = "already in use" in text.read()
-            if attempt == 4 or not taken:
-                started.check_returncode()
-            port = _free_port()
+                text.seek(seen)
+                if "already in use" in text.read():
+                    raise PortTaken(port)
+            started.check_returncode()
+        return port
+
+    try:
+        port = Retrying(
+            retry=retry_if_exception_type(PortTaken), stop=stop_after_attempt(5), reraise=True
+        )(start)
         try:
             yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
         finally:
