@@ -26,7 +26,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from . import _telemetry
+from . import _sender_telemetry
 from .errors import ConfigurationError
 
 __all__ = ["KeyGate", "Lanes", "Stopped", "fly", "gate_for", "in_flight_limit"]
@@ -149,7 +149,7 @@ class KeyGate:
                     self._lock.wait()
                 waited = time.perf_counter() - began
         if waited is not None:
-            _telemetry.lane_wait("key", _entity_of(key), waited)
+            _sender_telemetry.lane_wait("key", _entity_of(key), waited)
         try:
             yield
         finally:

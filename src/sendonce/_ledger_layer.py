@@ -35,13 +35,12 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any, Protocol, cast
 
-from . import _telemetry
 from ._entity import EntityProfile
 from ._message import Message
 from ._message_columns import MessageColumns
 from ._report import Part, SendFailure, SendReport, SendResult
 from .errors import InDoubtError, LedgerError, PayloadConflictError, PermanentSendError, SendError
-from .ledger import Key, Ledger
+from .ledger import Key, Ledger, _telemetry
 from .ledger._ledger import Prepared
 from .ledger._store import Confirmation
 
