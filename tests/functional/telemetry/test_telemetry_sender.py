@@ -247,6 +247,54 @@ def test_a_batch_transfer_names_its_count_not_an_id(otel: Any, broker: LocalBack
     assert contexts == {traceparent_of(transfer)}
 
 
+def test_each_message_of_a_traced_batch_arrives_whole_with_its_transfers_context(
+    otel: Any, broker: LocalBackend
+) -> None:
+    # The common case (no properties of their own) takes the copy that shares one mapping;
+    # a message with properties of its own has them merged; one with its own context keeps
+    # it. Each must arrive with every field it was sent with.
+    upstream = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    plain = [
+        msg(
+            i,
+            body=f"body {i} ü",
+            subject="order",
+            content_type="application/json",
+            correlation_id=f"corr-{i}",
+            time_to_live=timedelta(hours=1),
+        )
+        for i in range(3)
+    ]
+    own = msg("own", application_properties={"k": "v"})
+    upstream_one = msg("upstream", application_properties={"traceparent": upstream})
+    with IdempotentSender(broker, "orders") as sender:
+        assert sender.send_many(plain).sent == 3  # none has properties: the shared copy
+        assert sender.send_many([own, upstream_one]).sent == 2  # message by message
+    first, second = (otel.children(call)[0] for call in otel.named("send_many orders"))
+    context, mixed = traceparent_of(first), traceparent_of(second)
+    got = {m.message_id: m for m in broker.receive("orders", max_messages=10)}
+    for i, sent in enumerate(plain):
+        back = got[f"order-{i}"]
+        assert back.body == f"body {i} ü".encode()
+        assert (back.subject, back.content_type, back.correlation_id) == (
+            "order",
+            "application/json",
+            f"corr-{i}",
+        )
+        assert back.time_to_live == timedelta(hours=1)
+        assert dict(back.application_properties or {}) == {
+            "traceparent": context,
+            "Diagnostic-Id": context,
+        }
+        assert sent.application_properties is None  # the caller's message is untouched
+    assert dict(got["order-own"].application_properties or {}) == {
+        "k": "v",
+        "traceparent": mixed,
+        "Diagnostic-Id": mixed,
+    }
+    assert dict(got["order-upstream"].application_properties or {}) == {"traceparent": upstream}
+
+
 def test_a_message_with_its_own_trace_context_keeps_it(otel: Any, broker: LocalBackend) -> None:
     upstream = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     with IdempotentSender(broker, "orders") as sender:
