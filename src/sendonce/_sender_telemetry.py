@@ -423,10 +423,16 @@ class CallScope:
         attributes = target.attributes
         if operation in _SINGLE:
             kind = trace.SpanKind.PRODUCER
-            message_id = getattr(args[0], "message_id", None) if args else None
+            message: Any = args[0] if args else None
+            message_id = getattr(message, "message_id", None)
             if isinstance(message_id, str):
                 attributes = {**attributes, MESSAGE_ID: message_id}
-            span = self.span = tracer.start_span(target.name, kind=kind, attributes=attributes)
+            links = None
+            if getattr(message, "application_properties", None):
+                links = _links(telemetry.core, (message,))
+            span = self.span = tracer.start_span(
+                target.name, kind=kind, attributes=attributes, links=links
+            )
             self.late = {}
             self.call_token = _current_call.set(self)
         else:
@@ -572,7 +578,10 @@ class TransferScope:
                     attributes[BATCH_COUNT] = len(batch)
                 trace = telemetry.core.trace
                 span = self.span = tracer.start_span(
-                    target.name, kind=trace.SpanKind.PRODUCER, attributes=attributes
+                    target.name,
+                    kind=trace.SpanKind.PRODUCER,
+                    attributes=attributes,
+                    links=_links(telemetry.core, batch),
                 )
                 self.token = telemetry.core.context.attach(trace.set_span_in_context(span))
         if span is not None:
@@ -695,6 +704,37 @@ class TransferScope:
 
 _PROPERTIES = attrgetter("application_properties")
 _SIZE = attrgetter("_size")
+
+
+def _links(core: Core, batch: Sequence[Message]) -> list[Any] | None:
+    """Links to the creation contexts messages of ``batch`` carry of their own (``traceparent``
+    or a W3C ``Diagnostic-Id``): the conventions want a publish span linked to each custom
+    creation context, which the message keeps. None, after one C-level pass, when no
+    message has properties (the common case)."""
+    from ._message_columns import MessageColumns
+
+    if isinstance(batch, MessageColumns):
+        constant = batch.factory._constant
+        found = [constant] if constant else []
+    elif not any(map(_PROPERTIES, batch)):
+        return None
+    else:
+        found = [props for props in map(_PROPERTIES, batch) if props]
+    links: list[Any] = []
+    seen: set[str] = set()
+    for props in found:
+        parent = props.get(TRACEPARENT) or props.get(DIAGNOSTIC_ID)
+        if not isinstance(parent, str) or parent in seen:
+            continue
+        seen.add(parent)
+        carrier = {TRACEPARENT: parent}
+        state = props.get(TRACESTATE)
+        if isinstance(state, str):
+            carrier[TRACESTATE] = state
+        context = core.trace.get_current_span(core.propagator.extract(carrier)).get_span_context()
+        if context.is_valid:
+            links.append(core.trace.Link(context))
+    return links or None
 
 
 class _Twin:

@@ -302,6 +302,42 @@ def test_a_message_with_its_own_trace_context_keeps_it(otel: Any, broker: LocalB
     assert stored(broker)["order-1"] == {"traceparent": upstream, "k": "v"}
 
 
+def test_a_send_links_to_the_creation_context_a_message_brings(
+    otel: Any, broker: LocalBackend
+) -> None:
+    # The conventions: a publish span links to each custom creation context its messages
+    # carry (the message keeps it); messages without one add no link.
+    upstream = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    other = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    with IdempotentSender(broker, "orders") as sender:
+        sender.send(msg(1, application_properties={"traceparent": upstream}))
+        sender.send_many(
+            [
+                msg(2, application_properties={"Diagnostic-Id": other}),
+                msg(3, application_properties={"traceparent": upstream}),
+                msg(4, application_properties={"traceparent": upstream}),
+                msg(5),
+            ]
+        )
+        sender.send(msg(6))
+    linked = {
+        span.attributes.get("messaging.message.id")
+        or span.attributes.get("messaging.batch.message_count"): {
+            (f"{link.context.trace_id:032x}", f"{link.context.span_id:016x}") for link in span.links
+        }
+        for span in otel.named("send orders")
+    }
+    assert linked == {
+        "order-1": {("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331")},
+        4: {
+            ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"),
+            ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"),
+        },
+        "order-6": set(),
+    }
+    assert stored(broker)["order-3"] == {"traceparent": upstream}  # kept, not replaced
+
+
 def test_without_telemetry_messages_leave_unchanged(broker: LocalBackend) -> None:
     with IdempotentSender(broker, "orders") as sender:
         sender.send(msg(1, application_properties={"k": "v"}))
