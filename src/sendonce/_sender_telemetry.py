@@ -616,8 +616,14 @@ class TransferScope:
         grow = _size_of(headers)
         shared = MappingProxyType(headers)  # one mapping for the transfer: encoded once
         copy = _with_shared
-        if not any(map(_PROPERTIES, batch)) and (
-            limit is None or max(map(_SIZE, batch)) + grow <= limit
+        if len(batch) == 1:  # a single send: no pass over the batch
+            message = batch[0]
+            if message.application_properties is None and (
+                limit is None or message._size + grow <= limit
+            ):
+                return [copy(message, shared, grow)]
+        elif not any(map(_PROPERTIES, batch)) and (
+            limit is None or max(map(_SIZE, batch), default=0) + grow <= limit
         ):  # the common case, checked in C: no message has properties, none grows too big
             return [copy(message, shared, grow) for message in batch]
         wire: list[Message] = []

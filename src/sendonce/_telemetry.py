@@ -45,7 +45,7 @@ __all__ = [
 # -- the outbox relay's instruments (moving into the outbox package) ------------------------
 
 
-class Telemetry:
+class RelayInstruments:
     """The outbox relay's gauges on a :class:`~sendonce.telemetry._core.Core`, built once per
     core."""
 
@@ -64,14 +64,14 @@ class Telemetry:
         )
 
 
-def active() -> Telemetry | None:
+def active() -> RelayInstruments | None:
     """The relay's instruments, or None while OpenTelemetry is not in use."""
     core = _core.active()
-    return None if core is None else core.extension(Telemetry, Telemetry)
+    return None if core is None else core.extension(RelayInstruments, RelayInstruments)
 
 
 def _Timed(  # the scope the relay's code below was written against
-    telemetry: Telemetry, name: str, kind: str, attributes: dict[str, Any]
+    telemetry: RelayInstruments, name: str, kind: str, attributes: dict[str, Any]
 ) -> Timed:
     return Timed(telemetry.core, name, kind, attributes)
 
