@@ -338,6 +338,33 @@ def test_a_send_links_to_the_creation_context_a_message_brings(
     assert stored(broker)["order-3"] == {"traceparent": upstream}  # kept, not replaced
 
 
+def test_messages_counted_from_many_threads_and_senders_are_one_point_per_outcome(
+    otel: Any, broker: LocalBackend
+) -> None:
+    # sendonce.messages is counted in the sender and read at collection: two senders of
+    # one entity, sending from four threads at once, still make one exact point per outcome.
+    from concurrent.futures import ThreadPoolExecutor
+
+    with (
+        IdempotentSender(broker, "orders") as first,
+        IdempotentSender(broker, "orders") as second,
+    ):
+
+        def work(worker: int) -> None:
+            sender = first if worker % 2 else second
+            for i in range(25):
+                sender.send(msg(f"{worker}-{i}"))
+            sender.send(msg(f"{worker}-0"))  # a duplicate each
+
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(work, range(4)))
+    points = [a for a, _ in otel.points("sendonce.messages")]
+    assert sorted(a["sendonce.outcome"] for a in points) == ["duplicate", "sent"]
+    assert otel.outcomes(destination="orders") == {"sent": 100, "duplicate": 4}
+    again = otel.outcomes(destination="orders")  # a second collection
+    assert again == {"sent": 100, "duplicate": 4}  # cumulative: reading resets nothing
+
+
 def test_without_telemetry_messages_leave_unchanged(broker: LocalBackend) -> None:
     with IdempotentSender(broker, "orders") as sender:
         sender.send(msg(1, application_properties={"k": "v"}))
