@@ -16,13 +16,13 @@ A single ``send`` (or ``schedule``) is one PRODUCER span: the call and its trans
 The conventions want each message to carry its creation context: with no per-message
 "create" span, the context of the span that publishes it. So a transfer's context travels
 in each of its messages' application properties (``traceparent`` and ``Diagnostic-Id``, as
-the azure-servicebus client writes them): formatted once per transfer, one shared mapping
-for all its messages, so every resend carries the same one.
+the azure-servicebus client writes them; ``sendonce._propagation``), formatted once per
+transfer, so every resend carries the same one.
 
 The hot path is kept short on purpose (issue 35's cost targets): what a sender's spans and
-points carry is worked out once per sender and operation (:class:`Target`), a transfer in
-flight is counted without a lock, and a single send's late attributes reach its span in one
-call.
+points carry is worked out once per sender and operation (:class:`Target`), transfers in
+flight and messages by outcome are counted here and read when metrics are collected, and a
+single send's late attributes reach its span in one call.
 """
 
 from __future__ import annotations
@@ -34,12 +34,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from operator import attrgetter
-from types import MappingProxyType, TracebackType
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from . import _message
-from ._message import with_properties
+from ._propagation import PROPAGATION_PROPERTIES, RESERVED_BYTES, headers_of, links_of, stamp
 from .errors import (
     InDoubtError,
     LedgerError,
@@ -89,22 +87,6 @@ __all__ = [
 OUTCOME = "sendonce.outcome"
 ATTEMPTS = "sendonce.attempts"
 
-TRACEPARENT = "traceparent"
-DIAGNOSTIC_ID = "Diagnostic-Id"
-TRACESTATE = "tracestate"
-PROPAGATION_PROPERTIES = (TRACEPARENT, DIAGNOSTIC_ID, TRACESTATE)
-"""The application properties a producer's trace context travels in (azure-servicebus's
-names: its consumers read ``traceparent``, then ``Diagnostic-Id``)."""
-
-_RESERVED_BYTES = 160
-"""What the trace properties add to a message at most, as ``Message.size`` counts:
-``traceparent`` and ``Diagnostic-Id`` (55 characters each) with their names, and room for
-a short ``tracestate``. The sender plans transfers with it while tracing is on."""
-_MAX_TRACESTATE = _RESERVED_BYTES - 2 * 55 - len(TRACEPARENT) - len(DIAGNOSTIC_ID) - len(TRACESTATE)
-
-_PAIR_SIZE = len(TRACEPARENT) + len(DIAGNOSTIC_ID) + 2 * 55
-"""``traceparent`` and ``Diagnostic-Id`` with their 55-character values."""
-
 RESERVE = 0
 """Bytes the sender's planning keeps free per message for the trace properties: 0 unless
 tracing is on."""
@@ -143,7 +125,7 @@ def _on_switch(core: Core | None) -> None:
     global _active, RESERVE
     telemetry: Telemetry | None = None if core is None else core.extension(Telemetry, Telemetry)
     _active = telemetry
-    RESERVE = _RESERVED_BYTES if telemetry is not None and telemetry.tracer is not None else 0
+    RESERVE = RESERVED_BYTES if telemetry is not None and telemetry.tracer is not None else 0
 
 
 # -- what a sender's spans and points carry ---------------------------------------------------
@@ -242,26 +224,6 @@ def _attributes(sender: Any, operation: str) -> dict[str, Any]:
         if port is not None:
             attributes[SERVER_PORT] = port
     return attributes
-
-
-def _traceparent(span: Span) -> dict[str, str] | None:
-    """The trace properties a transfer's messages carry: ``traceparent`` and
-    ``Diagnostic-Id`` (the same value), and ``tracestate`` when there is a short one."""
-    found = _core.traceparent(span, _MAX_TRACESTATE)
-    if found is None:
-        return None
-    parent, state = found
-    headers = {TRACEPARENT: parent, DIAGNOSTIC_ID: parent}
-    if state:
-        headers[TRACESTATE] = state
-    return headers
-
-
-def _size_of(headers: Mapping[str, str]) -> int:
-    """What ``headers`` add to a message's size, as ``Message.size`` counts."""
-    if len(headers) == 2:  # traceparent and Diagnostic-Id: always this long
-        return _PAIR_SIZE
-    return sum(len(k) + len(v) for k, v in headers.items())
 
 
 class Telemetry:
@@ -452,7 +414,7 @@ class CallScope:
                 attributes = {**attributes, MESSAGE_ID: message_id}
             links = None
             if getattr(message, "application_properties", None):
-                links = _links(telemetry.core, (message,))
+                links = links_of(telemetry.core, (message,))
             span = self.span = tracer.start_span(
                 target.name, kind=kind, attributes=attributes, links=links
             )
@@ -604,11 +566,11 @@ class TransferScope:
                     target.name,
                     kind=trace.SpanKind.PRODUCER,
                     attributes=attributes,
-                    links=_links(telemetry.core, batch),
+                    links=links_of(telemetry.core, batch),
                 )
                 self.token = telemetry.core.context.attach(trace.set_span_in_context(span))
         if span is not None:
-            self.headers = _traceparent(span)
+            self.headers = headers_of(span)
         self.transfer_token = _current_transfer.set(self)
         self.flight.append(None)
         self.began = time.perf_counter()
@@ -625,48 +587,7 @@ class TransferScope:
         headers = self.headers
         if headers is None:
             return batch
-        kind = type(batch)
-        if kind is not tuple and kind is not list:
-            from ._message_columns import MessageColumns
-
-            if isinstance(batch, MessageColumns):
-                constant = batch.factory._constant or {}
-                if any(name in constant for name in PROPAGATION_PROPERTIES):
-                    return batch
-                return batch.with_properties(headers)
-        profile = self.profile
-        limit = profile._check_above if profile is not None else None
-        grow = _size_of(headers)
-        shared = MappingProxyType(headers)  # one mapping for the transfer: encoded once
-        copy = _with_shared
-        if len(batch) == 1:  # a single send: no pass over the batch
-            message = batch[0]
-            if message.application_properties is None and (
-                limit is None or message._size + grow <= limit
-            ):
-                return [copy(message, shared, grow)]
-        elif not any(map(_PROPERTIES, batch)) and (
-            limit is None or max(map(_SIZE, batch), default=0) + grow <= limit
-        ):  # the common case, checked in C: no message has properties, none grows too big
-            return [copy(message, shared, grow) for message in batch]
-        wire: list[Message] = []
-        append = wire.append
-        for message in batch:
-            props = message.application_properties
-            if props is None:
-                traced = copy(message, shared, grow)
-            elif any(name in props for name in PROPAGATION_PROPERTIES):
-                append(message)
-                continue
-            else:
-                traced = with_properties(message, headers)
-            if limit is not None and profile is not None and message._size + grow > limit:
-                try:
-                    profile.check(traced)
-                except ValidationError:
-                    traced = message  # the context would make it too large: send it without
-            append(traced)
-        return wire
+        return stamp(batch, headers, self.profile)
 
     def acked(self, attempted: A) -> A:
         """Note the broker's answer (an ``Attempted[list[Ack]]``) on the span; returns it."""
@@ -729,79 +650,6 @@ class TransferScope:
         if self.call is None:  # else the call's span: the call ends it
             telemetry.core.context.detach(self.token)
             span.end()
-
-
-_PROPERTIES = attrgetter("application_properties")
-_SIZE = attrgetter("_size")
-
-
-def _links(core: Core, batch: Sequence[Message]) -> list[Any] | None:
-    """Links to the creation contexts messages of ``batch`` carry of their own (``traceparent``
-    or a W3C ``Diagnostic-Id``): the conventions want a publish span linked to each custom
-    creation context, which the message keeps. None, after one C-level pass, when no
-    message has properties (the common case)."""
-    from ._message_columns import MessageColumns
-
-    if isinstance(batch, MessageColumns):
-        constant = batch.factory._constant
-        found = [constant] if constant else []
-    elif not any(map(_PROPERTIES, batch)):
-        return None
-    else:
-        found = [props for props in map(_PROPERTIES, batch) if props]
-    links: list[Any] = []
-    seen: set[str] = set()
-    for props in found:
-        parent = props.get(TRACEPARENT) or props.get(DIAGNOSTIC_ID)
-        if not isinstance(parent, str) or parent in seen:
-            continue
-        seen.add(parent)
-        carrier = {TRACEPARENT: parent}
-        state = props.get(TRACESTATE)
-        if isinstance(state, str):
-            carrier[TRACESTATE] = state
-        context = core.trace.get_current_span(core.propagator.extract(carrier)).get_span_context()
-        if context.is_valid:
-            links.append(core.trace.Link(context))
-    return links or None
-
-
-class _Twin:
-    """A mutable twin of :class:`~sendonce.Message`: the same slots, so an instance filled by
-    plain attribute stores becomes a Message by ``__class__`` assignment. A traced
-    ``send_many`` copies every message; this copy costs half of twelve frozen-slot setter
-    calls."""
-
-    __slots__ = _message.Message.__slots__
-
-
-def _with_shared(
-    message: Message,
-    shared: Mapping[str, str],
-    grow: int,
-    twin: type[_Twin] = _Twin,
-    kind: type[Message] = _message.Message,
-) -> Message:
-    """A copy of ``message`` (which has no application properties) carrying ``shared``, the
-    transfer's one trace-properties mapping: the local broker encodes it once per transfer
-    (it keys its encodings on the mapping), and no dict is built per message. Every field
-    of ``Message`` is copied (tests/unit/test_sender_telemetry.py checks none is missed)."""
-    copy: Any = twin()
-    copy.body = message.body
-    copy.message_id = message.message_id
-    copy.partition_key = message.partition_key
-    copy.session_id = message.session_id
-    copy.scheduled_enqueue_time = message.scheduled_enqueue_time
-    copy.subject = message.subject
-    copy.content_type = message.content_type
-    copy.correlation_id = message.correlation_id
-    copy.application_properties = shared
-    copy.time_to_live = message.time_to_live
-    copy._size = message._size + grow
-    copy._body_hash = message._body_hash
-    copy.__class__ = kind
-    result: Message = copy
-    return result
 
 
 def _why(error: InDoubtError) -> str:

@@ -1,8 +1,8 @@
 """What still imports the old path: the names the backends use (``lane_wait``, the
 propagation property names), re-exported from the sender's edge
-(``sendonce._sender_telemetry``), the core's switch (``use``, ``reset``), and the outbox
-relay's instruments (``active``, ``relay_batch``, ``relay_backlog``) until they move into the
-outbox package.
+(``sendonce._sender_telemetry``, ``sendonce._propagation``), the core's switch (``use``,
+``reset``), and the outbox relay's instruments (``active``, ``relay_batch``,
+``relay_backlog``) until they move into the outbox package.
 
 Each feature declares its own instruments at its own edge on the featureless core
 (``sendonce.telemetry._core``): the sender beside its core, the ledger in
@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._sender_telemetry import PROPAGATION_PROPERTIES, TRACEPARENT, lane_wait
+from ._propagation import PROPAGATION_PROPERTIES, TRACEPARENT
+from ._sender_telemetry import lane_wait
 from .telemetry import _core
 from .telemetry._core import (
     DESTINATION,

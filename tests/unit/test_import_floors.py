@@ -27,6 +27,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("_entity", "_message_columns"),  # entity rules; messages as columns
     ("_subscription",),  # a subscription's own receive settings
     ("telemetry",),  # the telemetry core (switch, providers, spans, propagation) and its set-up
+    ("_propagation",),  # the trace context a traced transfer's messages carry
     ("_sender_telemetry",),  # the sender's spans and metrics on that core
     ("_telemetry",),  # the old path: re-exports for the backends, the outbox relay's gauges
     # Mechanisms.

@@ -1,4 +1,4 @@
-"""The copy a traced transfer sends in place of each message (``_with_shared``) is that
+"""The copy a traced transfer sends in place of each message (``with_shared``) is that
 message with the transfer's trace properties and nothing else changed: every field of
 ``Message`` is carried over, so a field added to ``Message`` and forgotten in the copy
 fails here rather than on the wire."""
@@ -11,7 +11,7 @@ from types import MappingProxyType
 
 from sendonce import Message
 from sendonce._message import _FIELDS, with_properties
-from sendonce._sender_telemetry import _PAIR_SIZE, _with_shared
+from sendonce._propagation import PAIR_SIZE, with_shared
 
 HEADERS = {
     "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
@@ -37,7 +37,7 @@ def full_message() -> Message:
 def test_the_copy_is_a_message_with_every_field_and_the_shared_properties() -> None:
     original = full_message()
     shared = MappingProxyType(HEADERS)
-    copy = _with_shared(original, shared, _PAIR_SIZE)
+    copy = with_shared(original, shared, PAIR_SIZE)
     assert type(copy) is Message
     for name in _FIELDS:
         if name in ("application_properties", "_size"):
@@ -46,12 +46,12 @@ def test_the_copy_is_a_message_with_every_field_and_the_shared_properties() -> N
     assert copy.application_properties is shared  # one mapping for the whole transfer
     # The same message the general path (a dict per message) builds, size included.
     general = with_properties(original, HEADERS)
-    assert copy == general and copy.size == general.size == original.size + _PAIR_SIZE
+    assert copy == general and copy.size == general.size == original.size + PAIR_SIZE
     assert original.application_properties is None  # the caller's message is untouched
 
 
 def test_the_copy_is_still_frozen_hashable_and_picklable() -> None:
-    copy = _with_shared(full_message(), MappingProxyType(HEADERS), _PAIR_SIZE)
+    copy = with_shared(full_message(), MappingProxyType(HEADERS), PAIR_SIZE)
     try:
         copy.subject = "changed"  # type: ignore[misc]
     except AttributeError:
