@@ -541,7 +541,8 @@ class TransferScope:
         self.token: Any = None
         self.transfer_token: Any = None
         self.began = 0.0
-        self.flight: deque[None] = self.target.flight or telemetry.flight(self.target)
+        flight = self.target.flight  # an empty deque is false: compare with None
+        self.flight: deque[None] = telemetry.flight(self.target) if flight is None else flight
         call = _current_call.get()
         if call is not None:
             self.call = call = call.claim(sender)
