@@ -19,10 +19,10 @@ in each of its messages' application properties (``traceparent`` and ``Diagnosti
 the azure-servicebus client writes them; ``sendonce._propagation``), formatted once per
 transfer, so every resend carries the same one.
 
-The hot path is kept short on purpose (the cost targets of docs/benchmarks.md): what a sender's spans and
-points carry is worked out once per sender and operation (:class:`Target`), transfers in
-flight and messages by outcome are counted here and read when metrics are collected, and a
-single send's late attributes reach its span in one call.
+The hot path is kept short on purpose (the cost targets of docs/benchmarks.md): what a
+sender's spans and points carry is worked out once per sender and operation
+(:class:`Target`), transfers in flight and messages by outcome are counted here and read
+when metrics are collected, and a single send's late attributes reach its span in one call.
 """
 
 from __future__ import annotations
