@@ -27,7 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
-from . import _telemetry
+from . import _sender_telemetry
 from .errors import ConfigurationError
 
 __all__ = ["Flight", "KeyGate", "Lanes", "Stopped", "fly", "gate_for", "in_flight_limit"]
@@ -151,7 +151,7 @@ class KeyGate:
                 if not self.withdraw(key, ticket):
                     self.leave(key, ticket)  # granted meanwhile: pass the turn on
                 raise
-            _telemetry.lane_wait("key", _entity_of(key), time.perf_counter() - began)
+            _sender_telemetry.lane_wait("key", _entity_of(key), time.perf_counter() - began)
         try:
             yield
         finally:

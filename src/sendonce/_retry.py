@@ -21,7 +21,7 @@ from typing import Any, Generic, TypeVar
 import tenacity
 from tenacity import RetryCallState
 
-from . import _telemetry
+from . import _sender_telemetry
 from .errors import (
     ConfigurationError,
     InDoubtError,
@@ -422,7 +422,7 @@ class _Call:
             error,
             sleep,
         )
-        _telemetry.retried(retry_state.attempt_number, error, sleep)
+        _sender_telemetry.retried(retry_state.attempt_number, error, sleep)
 
     def stop(self) -> tenacity.stop.stop_base:
         return tenacity.stop_after_attempt(self.policy.max_attempts) | self.at_deadline

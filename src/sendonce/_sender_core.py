@@ -18,7 +18,7 @@ from itertools import accumulate, filterfalse
 from operator import attrgetter
 from typing import Any
 
-from . import _telemetry
+from . import _sender_telemetry
 from ._buffer import DEFAULT_MAX_BUFFER_BYTES, check_buffer
 from ._entity import EntityProfile
 from ._ledger_layer import LedgerLayer, LedgerRun
@@ -301,7 +301,7 @@ class SenderCore:
     max_buffer_bytes: int
     max_in_flight: int
     _memory: _IdMemory
-    _otel: _telemetry.Telemetry | None
+    _otel: _sender_telemetry.Telemetry | None
     """The sender's telemetry, decided once when it is configured (None: off, free)."""
 
     def _configure(
@@ -344,7 +344,7 @@ class SenderCore:
         # Calls from many threads share the id memory: planning reads it and
         # remembering writes it, so a call does both under this lock (never a transfer).
         self._state_lock = threading.Lock()
-        _telemetry.instrument(self)
+        _sender_telemetry.instrument(self)
 
     @property
     def entity(self) -> str:
@@ -373,11 +373,12 @@ class SenderCore:
 
     def _overhead(self) -> int:
         """What a transfer spends per message beyond its size: room for the trace context
-        when traced (``_telemetry.RESERVE``), so it never pushes a transfer over the limit."""
+        when traced (``_sender_telemetry.RESERVE``), so it never pushes a transfer over the
+        limit."""
         return (
             _PER_MESSAGE_OVERHEAD
             if self._otel is None
-            else (_PER_MESSAGE_OVERHEAD + _telemetry.RESERVE)
+            else (_PER_MESSAGE_OVERHEAD + _sender_telemetry.RESERVE)
         )
 
     def _plan_columns(self, columns: MessageColumns) -> _Plan | None:

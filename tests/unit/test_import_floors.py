@@ -27,7 +27,9 @@ FLOORS: list[tuple[str, ...]] = [
     ("_entity", "_message_columns"),  # entity rules; messages as columns
     ("_subscription",),  # a subscription's own receive settings
     ("telemetry",),  # the telemetry core (switch, providers, spans, propagation) and its set-up
-    ("_telemetry",),  # the features' spans and metrics on that core
+    ("_propagation",),  # the trace context a traced transfer's messages carry
+    ("_sender_telemetry",),  # the sender's spans and metrics on that core
+    ("_telemetry",),  # the old path: re-exports for the backends, the outbox relay's gauges
     # Mechanisms.
     # retry policy; one SQLite connection per file; transfers in flight (one per key at a time);
     # the bounded buffer a streamed send_many reads its input into

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequen
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-from .. import _telemetry
+from .. import _sender_telemetry
 from .._inflight import Lanes, _entity_of
 
 __all__ = ["AsyncKeyGate", "afly", "cancelled_meanwhile", "cancelling"]
@@ -46,7 +46,7 @@ class AsyncKeyGate:
             if lock.locked():  # another transfer of this key is in flight: wait for it
                 began = time.perf_counter()
                 async with lock:
-                    _telemetry.lane_wait("key", _entity_of(key), time.perf_counter() - began)
+                    _sender_telemetry.lane_wait("key", _entity_of(key), time.perf_counter() - began)
                     yield
             else:
                 async with lock:

@@ -39,12 +39,12 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any, Protocol, cast
 
-from .. import _telemetry
 from .._entity import EntityProfile
 from .._message import Message
 from .._message_columns import MessageColumns
 from .._report import Part, SendFailure, SendReport, SendResult
 from ..errors import InDoubtError, LedgerError, PayloadConflictError, PermanentSendError, SendError
+from . import _telemetry
 from ._ledger import Ledger, Prepared
 from ._store import Confirmation, Key
 

@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from .. import _telemetry
 from .._entity import EntityProfile
 from .._message import MessageSpec
 from .._retry import RetryPolicy
 from .._sender import IdempotentSender
 from ..errors import ConfigurationError, PublishFailedError
 from ..ledger import InDoubtPolicy, Ledger, LedgerOptions
+from . import _telemetry
 from ._ledger_placement import LedgerPlacement, check_ledger_fits
 from ._placement import Placement
 from ._progress import ProgressBoard, driver_host

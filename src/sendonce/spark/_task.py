@@ -17,13 +17,13 @@ from datetime import UTC, timedelta
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from .. import _telemetry
 from .._entity import EntityProfile
 from .._message import MessageSpec
 from .._retry import RetryPolicy
 from .._sender import IdempotentSender
 from ..errors import SendError
 from ..ledger import LedgerOptions
+from . import _telemetry
 from ._collector import paused_per_item
 from ._pool import Borrowed
 from ._rows import BatchEncoder, ColumnPlan, columns_of_rows, encode_columns

@@ -1,7 +1,8 @@
-"""The telemetry core: the switch, the providers, spans and W3C propagation. It knows no
-feature: the sender, the ledger, Spark, the outbox and the command line build their own
-instruments and spans on a :class:`Core` (``sendonce._telemetry`` holds most of them for
-now; the command line's root span is at its own edge, ``sendonce.cli._otel``).
+"""The telemetry core: the switch, the providers, spans, metrics' shared pieces and W3C
+propagation. It knows no feature: each feature declares its own instruments and spans on a
+:class:`Core`, at its own edge -- the sender beside its core (``sendonce._sender_telemetry``),
+the ledger (``sendonce.ledger._telemetry``), Spark (``sendonce.spark._telemetry``), the
+command line (``sendonce.cli._otel``) and the outbox relay.
 
 Nothing here costs anything unless OpenTelemetry is in use: :func:`active` is one
 module-global check while the ``opentelemetry`` API has not been imported or no provider
@@ -18,7 +19,9 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -26,12 +29,18 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, TracerProvider
 
 __all__ = [
+    "DURATION_BUCKETS",
+    "OFF",
     "SCHEMA_URL",
     "SETUP_VARIABLE",
     "Core",
+    "Scope",
+    "Timed",
     "active",
     "carrier",
     "current",
+    "error_type",
+    "fail",
     "flush",
     "on_switch",
     "reset",
@@ -44,7 +53,9 @@ logger = logging.getLogger("sendonce.telemetry")
 
 NAME = "sendonce"
 SCHEMA_URL = "https://opentelemetry.io/schemas/1.27.0"
-"""The semantic conventions sendonce follows (docs/observability.md)."""
+"""The semantic conventions sendonce follows (docs/observability.md). The messaging ones
+have no stable version yet, so ``OTEL_SEMCONV_STABILITY_OPT_IN`` has nothing to switch to
+and is not read."""
 
 SETUP_VARIABLE = "SENDONCE_OTEL_SETUP"
 """``module:function`` a process without a provider calls once before its first Spark task
@@ -52,6 +63,22 @@ SETUP_VARIABLE = "SENDONCE_OTEL_SETUP"
 
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
+
+# -- the semantic conventions' names every feature shares (docs/observability.md) ---------
+
+SYSTEM = "messaging.system"
+DESTINATION = "messaging.destination.name"
+OPERATION_TYPE = "messaging.operation.type"
+OPERATION_NAME = "messaging.operation.name"
+BATCH_COUNT = "messaging.batch.message_count"
+MESSAGE_ID = "messaging.message.id"
+ERROR_TYPE = "error.type"
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
+
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10)
+"""The semantic conventions' advised boundaries (seconds) for messaging durations: the SDK's
+default ones (0, 5, 10, 25... meant for milliseconds) would put every transfer in one bucket."""
 
 
 def _version() -> str:
@@ -115,6 +142,103 @@ class Core:
             name, context=parent, kind=getattr(self.trace.SpanKind, kind), attributes=attributes
         )
         return span
+
+    def attach(self, span: Span) -> object:
+        """Make ``span`` current; returns the token :meth:`detach` takes."""
+        return self.context.attach(self.trace.set_span_in_context(span))
+
+    def detach(self, token: object) -> None:
+        self.context.detach(token)  # type: ignore[arg-type]
+
+
+def error_type(exc: BaseException) -> str:
+    """``error.type``: the broker's condition when known, else the exception's full name."""
+    for error in (exc, getattr(exc, "last_error", None)):
+        condition = getattr(error, "condition", None)
+        if isinstance(condition, str) and condition:
+            return condition
+    kind = type(exc)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def fail(core: Core, span: Span, exc: BaseException) -> None:
+    """Mark ``span`` failed with ``exc``: ``error.type`` and an ERROR status."""
+    span.set_attribute(ERROR_TYPE, error_type(exc))
+    span.set_status(core.trace.Status(core.trace.StatusCode.ERROR, type(exc).__name__))
+
+
+class Timed:
+    """A span made current (if tracing) and a duration recorded (if ``histogram``): a
+    feature's unit of work such as a ledger write or a Spark task."""
+
+    __slots__ = ("attributes", "began", "core", "histogram", "span", "token")
+
+    def __init__(
+        self,
+        core: Core,
+        name: str,
+        kind: str,
+        attributes: dict[str, Any],
+        histogram: Any = None,
+        parent: Any = None,
+    ) -> None:
+        self.core = core
+        self.attributes = attributes
+        self.histogram = histogram
+        self.span = core.span(name, kind, attributes, parent)
+        self.token: Any = None
+        self.began = 0.0
+
+    def __enter__(self) -> Timed:
+        if self.span is not None:
+            self.token = self.core.attach(self.span)
+        self.began = time.perf_counter()
+        return self
+
+    def set(self, **attributes: Any) -> None:
+        """Add ``sendonce.<name>`` attributes (counts known at the end)."""
+        span = self.span
+        if span is not None:
+            span.set_attributes({f"sendonce.{name}": value for name, value in attributes.items()})
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.histogram is not None:
+            attributes = self.attributes
+            if exc is not None:
+                attributes = {**attributes, ERROR_TYPE: error_type(exc)}
+            self.histogram.record(time.perf_counter() - self.began, attributes)
+        span = self.span
+        if span is None:
+            return
+        if exc is not None:
+            fail(self.core, span, exc)
+        self.core.detach(self.token)
+        span.end()
+
+
+class _Untimed:
+    """The scope when telemetry is off: does nothing (one shared instance, :data:`OFF`)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> _Untimed:
+        return self
+
+    def set(self, **attributes: Any) -> None:
+        pass
+
+    def __exit__(self, *exc_info: object) -> None:
+        pass
+
+
+OFF = _Untimed()
+"""The scope of every feature's unit of work while telemetry is off."""
+Scope = Timed | _Untimed
 
 
 # -- the switch ---------------------------------------------------------------------------

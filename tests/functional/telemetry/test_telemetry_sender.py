@@ -247,11 +247,122 @@ def test_a_batch_transfer_names_its_count_not_an_id(otel: Any, broker: LocalBack
     assert contexts == {traceparent_of(transfer)}
 
 
+def test_each_message_of_a_traced_batch_arrives_whole_with_its_transfers_context(
+    otel: Any, broker: LocalBackend
+) -> None:
+    # The common case (no properties of their own) takes the copy that shares one mapping;
+    # a message with properties of its own has them merged; one with its own context keeps
+    # it. Each must arrive with every field it was sent with.
+    upstream = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    plain = [
+        msg(
+            i,
+            body=f"body {i} ü",
+            subject="order",
+            content_type="application/json",
+            correlation_id=f"corr-{i}",
+            time_to_live=timedelta(hours=1),
+        )
+        for i in range(3)
+    ]
+    own = msg("own", application_properties={"k": "v"})
+    upstream_one = msg("upstream", application_properties={"traceparent": upstream})
+    with IdempotentSender(broker, "orders") as sender:
+        assert sender.send_many(plain).sent == 3  # none has properties: the shared copy
+        assert sender.send_many([own, upstream_one]).sent == 2  # message by message
+    first, second = (otel.children(call)[0] for call in otel.named("send_many orders"))
+    context, mixed = traceparent_of(first), traceparent_of(second)
+    got = {m.message_id: m for m in broker.receive("orders", max_messages=10)}
+    for i, sent in enumerate(plain):
+        back = got[f"order-{i}"]
+        assert back.body == f"body {i} ü".encode()
+        assert (back.subject, back.content_type, back.correlation_id) == (
+            "order",
+            "application/json",
+            f"corr-{i}",
+        )
+        assert back.time_to_live == timedelta(hours=1)
+        assert dict(back.application_properties or {}) == {
+            "traceparent": context,
+            "Diagnostic-Id": context,
+        }
+        assert sent.application_properties is None  # the caller's message is untouched
+    assert dict(got["order-own"].application_properties or {}) == {
+        "k": "v",
+        "traceparent": mixed,
+        "Diagnostic-Id": mixed,
+    }
+    assert dict(got["order-upstream"].application_properties or {}) == {"traceparent": upstream}
+
+
 def test_a_message_with_its_own_trace_context_keeps_it(otel: Any, broker: LocalBackend) -> None:
     upstream = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     with IdempotentSender(broker, "orders") as sender:
         sender.send(msg(1, application_properties={"traceparent": upstream, "k": "v"}))
     assert stored(broker)["order-1"] == {"traceparent": upstream, "k": "v"}
+
+
+def test_a_send_links_to_the_creation_context_a_message_brings(
+    otel: Any, broker: LocalBackend
+) -> None:
+    # The conventions: a publish span links to each custom creation context its messages
+    # carry (the message keeps it); messages without one add no link.
+    upstream = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    other = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    with IdempotentSender(broker, "orders") as sender:
+        sender.send(msg(1, application_properties={"traceparent": upstream}))
+        sender.send_many(
+            [
+                msg(2, application_properties={"Diagnostic-Id": other}),
+                msg(3, application_properties={"traceparent": upstream}),
+                msg(4, application_properties={"traceparent": upstream}),
+                msg(5),
+            ]
+        )
+        sender.send(msg(6))
+    linked = {
+        span.attributes.get("messaging.message.id")
+        or span.attributes.get("messaging.batch.message_count"): {
+            (f"{link.context.trace_id:032x}", f"{link.context.span_id:016x}") for link in span.links
+        }
+        for span in otel.named("send orders")
+    }
+    assert linked == {
+        "order-1": {("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331")},
+        4: {
+            ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"),
+            ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"),
+        },
+        "order-6": set(),
+    }
+    assert stored(broker)["order-3"] == {"traceparent": upstream}  # kept, not replaced
+
+
+def test_messages_counted_from_many_threads_and_senders_are_one_point_per_outcome(
+    otel: Any, broker: LocalBackend
+) -> None:
+    # sendonce.messages is counted in the sender and read at collection: two senders of
+    # one entity, sending from four threads at once, still make one exact point per outcome.
+    from concurrent.futures import ThreadPoolExecutor
+
+    with (
+        IdempotentSender(broker, "orders") as first,
+        IdempotentSender(broker, "orders") as second,
+    ):
+
+        def work(worker: int) -> None:
+            sender = first if worker % 2 else second
+            for i in range(25):
+                sender.send(msg(f"{worker}-{i}"))
+            sender.send(msg(f"{worker}-0"))  # a duplicate each
+
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(work, range(4)))
+    points = [a for a, _ in otel.points("sendonce.messages")]
+    assert sorted(a["sendonce.outcome"] for a in points) == ["duplicate", "sent"]
+    assert otel.outcomes(destination="orders") == {"sent": 100, "duplicate": 4}
+    again = otel.outcomes(destination="orders")  # a second collection
+    assert again == {"sent": 100, "duplicate": 4}  # cumulative: reading resets nothing
 
 
 def test_without_telemetry_messages_leave_unchanged(broker: LocalBackend) -> None:
