@@ -36,6 +36,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("_retry", "_sqlite_share", "_inflight", "_buffer"),
     ("backends",),  # where messages go
     ("_report",),  # what a send call reports, per message
+    ("_flight",),  # one transfer's way through a backend's native submit, and its retries
     # what was sent, durably, and the run protocol a call follows around its transfers
     # (reconcile reads the local broker; a run reports what the ledger decided)
     ("ledger",),

@@ -26,7 +26,17 @@ def main() -> None:
         send(self, *args, **kwargs)  # type: ignore[arg-type]
         os._exit(9)
 
+    submit = ArtemisBackend.submit
+
+    def submit_then_die(self: ArtemisBackend, *args: object, **kwargs: object) -> object:
+        # The engine drives Artemis through its native submit: die once the broker has
+        # answered a transfer, before the relay hears of it and marks its rows.
+        future = submit(self, *args, **kwargs)  # type: ignore[arg-type]
+        future.add_done_callback(lambda done: done.exception() is None and os._exit(9))
+        return future
+
     ArtemisBackend.send = send_then_die  # type: ignore[method-assign]
+    ArtemisBackend.submit = submit_then_die  # type: ignore[method-assign]
     profile = EntityProfile(entity, id_cache_size=int(cache))
     with Relay(outbox, broker, [profile], ledger=ledger, lease=timedelta(seconds=1)) as relay:
         relay.drain()
