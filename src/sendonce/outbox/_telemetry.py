@@ -179,22 +179,8 @@ class RelayBatch:
         span.end()
 
 
-class _Off:
-    """The scope while the relay is not traced: does nothing (one shared instance)."""
-
-    __slots__ = ()
-
-    def __enter__(self) -> _Off:
-        return self
-
-    def set(self, **attributes: Any) -> None:
-        pass
-
-    def __exit__(self, *exc_info: object) -> None:
-        pass
-
-
-OFF = _Off()
+OFF = _core.OFF
+"""The scope while the relay is not traced: the core's shared no-op scope."""
 
 
 def relay_batch(
@@ -203,7 +189,7 @@ def relay_batch(
     *,
     system: str | None = None,
     contexts: Iterable[str | None] = (),
-) -> RelayBatch | _Off:
+) -> RelayBatch | _core.Scope:
     """The span of one relay batch of ``rows`` claimed rows, linked to the distinct
     ``contexts`` stored with them (at most :data:`MAX_LINKS`); :data:`OFF` when untraced."""
     core = _core.active()
