@@ -45,7 +45,8 @@ class Looped(Backend):
     """A backend with a native ``submit``: every transfer is a future that one I/O thread
     completes (as Artemis' event loop does); ``send`` waits on its own submission.
 
-    It notes the threads alive at each submission, how many transfers are outstanding
+    It notes the threads alive at each submission that were not alive when it was made
+    (a thread another test of the same worker left behind is not this call's), how many transfers are outstanding
     (most at once, and per key), and holds the first transfer until ``hold_until``
     transfers are outstanding when that is set."""
 
@@ -59,6 +60,7 @@ class Looped(Backend):
         self.holding = threading.Event()
         self.futures: list[Future[list[Ack]]] = []
         self.threads: set[str] = set()
+        self._preexisting = set(threading.enumerate())  # other tests' leftovers
         self.outstanding = 0
         self.most = 0
         self.keys: Counter[str | None] = Counter()
@@ -75,7 +77,9 @@ class Looped(Backend):
         future: Future[list[Ack]] = Future()
         key = messages[0].partition_key
         with self._lock:
-            self.threads.update(t.name for t in threading.enumerate())
+            self.threads.update(
+                t.name for t in threading.enumerate() if t not in self._preexisting
+            )
             self.futures.append(future)
             self.outstanding += 1
             self.most = max(self.most, self.outstanding)
