@@ -21,7 +21,7 @@ import pytest
 from sendonce import EntityProfile, Message, RetryPolicy, aio
 from sendonce.backends.local import LocalBackend
 from sendonce.backends.servicebus._lanes import AsyncLanes
-from sendonce.errors import NotSentError, TransientSendError, ValidationError
+from sendonce.errors import AttemptNotSentError, TransientSendError, ValidationError
 
 pytest.importorskip("proton")
 
@@ -165,7 +165,7 @@ def test_a_caller_whose_timeout_passes_while_waiting_for_a_link_is_not_sent(
             error = None
             try:
                 await backend.send("orders", [late], timeout=0.2)
-            except NotSentError as exc:
+            except AttemptNotSentError as exc:
                 error = exc
             with pytest.raises(TransientSendError):  # the withheld ack: in doubt
                 await holder
@@ -173,7 +173,7 @@ def test_a_caller_whose_timeout_passes_while_waiting_for_a_link_is_not_sent(
             return error, acks
 
     error, acks = asyncio.run(main())
-    assert isinstance(error, NotSentError)
+    assert isinstance(error, AttemptNotSentError)
     assert error.message_id == "t-late"
     assert "busy" in str(error) and "nothing was sent" in str(error)
     assert [a.outcome for a in acks] == ["accepted"]

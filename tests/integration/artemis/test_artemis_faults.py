@@ -17,7 +17,7 @@ from artemis.faultproxy import FaultProxy
 from artemis.raw import browse_ids, drain, manage, message_count, wait_for
 from sendonce import EntityProfile, IdempotentSender, Message, RetryPolicy
 from sendonce.backends import ArtemisBackend
-from sendonce.errors import InDoubtError, NotSentError, TransientSendError
+from sendonce.errors import AttemptNotSentError, InDoubtError, TransientSendError
 
 RETRY = RetryPolicy(max_attempts=5, initial_backoff=0.05, max_backoff=0.5, attempt_timeout=20)
 
@@ -184,7 +184,7 @@ def test_attempts_that_never_reached_the_broker_do_not_count_towards_the_reach(
             with pytest.raises(TransientSendError, match="in doubt"):
                 running.result(timeout=60)
         for _ in range(5):
-            with pytest.raises(NotSentError):
+            with pytest.raises(AttemptNotSentError):
                 backend.send(address, x, timeout=20)
         proxy.route_to("127.0.0.1", artemis_broker.port)  # back
         assert backend.send(address, x, timeout=20)[0].outcome == "accepted"
@@ -197,7 +197,7 @@ def test_a_connection_lost_with_part_of_a_transfer_stored_and_the_rest_unsent_is
     """The broker takes the first 1,000 messages of a 1,500-message transfer (its credit),
     settles them Accepted, and gives no more credit (the address is full, BLOCK policy).
     The connection goes: before issue 34 this was "nothing of the transfer was sent; nothing
-    was stored" (NotSentError, a re-run told it is safe), with 1,000 on the broker. It is in
+    was stored" (AttemptNotSentError, a re-run told it is safe), with 1,000 on the broker. It is in
     doubt; the resend stores the rest and the broker drops the 1,000 it has."""
     address = f"blocked-{artemis_address}"
     direct = artemis_broker.url()
@@ -219,7 +219,7 @@ def test_a_connection_lost_with_part_of_a_transfer_stored_and_the_rest_unsent_is
             proxy.cut()
             with pytest.raises(TransientSendError) as lost:
                 running.result(timeout=60)
-        assert not isinstance(lost.value, NotSentError), lost.value
+        assert not isinstance(lost.value, AttemptNotSentError), lost.value
         assert "in doubt" in str(lost.value)
         assert message_count(direct, address) == 1000
         roomy = {"maxSizeBytes": -1, "addressFullMessagePolicy": "PAGE"}

@@ -25,7 +25,7 @@ from sendonce import EntityProfile, Message
 from sendonce.aio import connect as aio_connect
 from sendonce.backends import ArtemisBackend, capabilities_of, connect, submit_of
 from sendonce.backends.artemis._shared import shared_loops
-from sendonce.errors import ConfigurationError, NotSentError, TransientSendError
+from sendonce.errors import AttemptNotSentError, ConfigurationError, TransientSendError
 
 Future = concurrent.futures.Future
 
@@ -100,7 +100,7 @@ def resend_until_stored(
 def _kind(error: BaseException | None) -> str:
     if error is None:
         return "accepted"
-    if isinstance(error, NotSentError):
+    if isinstance(error, AttemptNotSentError):
         return "not sent"
     if isinstance(error, TransientSendError):
         return "in doubt"

@@ -19,7 +19,7 @@ from sendonce import Message
 from sendonce.backends import connect
 from sendonce.backends.servicebus import AzureServiceBusBackend
 from sendonce.backends.servicebus._lanes import DEFAULT_MAX_IN_FLIGHT
-from sendonce.errors import ConfigurationError, NotSentError, TransientSendError
+from sendonce.errors import AttemptNotSentError, ConfigurationError, TransientSendError
 
 from .conftest import CONN_STR, SECRET, FakeLink
 
@@ -167,7 +167,7 @@ def test_a_caller_waits_for_a_free_link_within_its_timeout(mocker: Any, make_bac
     holder.start()
     while gate.inside == 0:
         threading.Event().wait(0.01)
-    with pytest.raises(NotSentError, match="stayed busy") as info:
+    with pytest.raises(AttemptNotSentError, match="stayed busy") as info:
         backend.send("orders", one(1), timeout=0.2)
     assert info.value.message_id == "m-1"
     gate.release.set()

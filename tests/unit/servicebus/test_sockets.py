@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from sendonce import EntityProfile, IdempotentSender, Message, RetryPolicy
 from sendonce.backends.servicebus import AzureServiceBusBackend
 from sendonce.cli import main
-from sendonce.errors import InDoubtError, NotSentError, NotStoredError, TransientSendError
+from sendonce.errors import AttemptNotSentError, InDoubtError, NotStoredError, TransientSendError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -98,9 +98,9 @@ def test_a_silent_peer_cannot_hang_send_or_schedule(silent: Peer) -> None:
 
 def test_a_peer_that_hangs_up_before_the_link_opens_is_not_sent(hang_up: Peer) -> None:
     with AzureServiceBusBackend.from_connection_string(_conn_str(hang_up.port)) as backend:
-        with pytest.raises(NotSentError):
+        with pytest.raises(AttemptNotSentError):
             backend.send("orders", [Message("x", message_id="m-1")], timeout=5)
-        with pytest.raises(NotSentError):  # and again, on a fresh sender
+        with pytest.raises(AttemptNotSentError):  # and again, on a fresh sender
             backend.send("orders", [Message("x", message_id="m-1")], timeout=5)
 
 
