@@ -226,9 +226,9 @@ _INSERT_PACKED = (
     "SELECT substr(value, instr(value, '/') + 1), ?1, "
     "substr(value, 1, instr(value, '/') - 1) FROM json_each(?2)"
 )
-# The same keys, unpartitioned: ?2 the packed prefix, ?3 the digests' hex one after the
-# other as a BLOB (substr of a BLOB counts bytes, at once; of a TEXT it walks characters
-# from the start), ?4 the message ids (a JSON array).
+# The same keys: ?2 what each key's packing starts with ('' where ?4 holds packed keys),
+# ?3 the digests' hex one after the other as a BLOB (substr of a BLOB counts bytes, at
+# once; of a TEXT it walks characters from the start), ?4 the message ids (a JSON array).
 _INSERT_SPREAD = (
     "INSERT OR IGNORE INTO ledger_keys (k, tid, digest) SELECT ?2 || value, ?1, "
     f"CAST(substr(?3, key * {2 * _DIGEST_SIZE} + 1, {2 * _DIGEST_SIZE}) AS TEXT) "
@@ -467,12 +467,16 @@ class SQLiteStore:
         pack, prefix = _packer(eid), f"{eid}:"
         count = len(keys)
         joined = b"".join(digests)
-        if len(joined) == _DIGEST_SIZE * count and not any(map(_PARTITION_KEY, keys)):
-            # The usual write: no partition keys, digests of one size. The message ids go
-            # as one JSON array and the digests as one hex string, both built in C; SQLite
-            # packs each key and cuts each digest (json_each's ``key`` is the index).
-            ids = json.dumps(list(map(_MESSAGE_ID, keys)), ensure_ascii=False)
-            spread: tuple[object, ...] = (f"{prefix}000", joined.hex().encode(), ids)
+        if len(joined) == _DIGEST_SIZE * count:
+            # The usual write: digests of one size, as one hex string SQLite cuts (json_each's
+            # ``key`` is the index); without partition keys the message ids go as one JSON
+            # array too and SQLite packs each key: all built in C.
+            if any(map(_PARTITION_KEY, keys)):
+                head, ids = "", json.dumps(list(map(pack, keys)), ensure_ascii=False)
+            else:
+                head = f"{prefix}000"
+                ids = json.dumps(list(map(_MESSAGE_ID, keys)), ensure_ascii=False)
+            spread: tuple[object, ...] = (head, joined.hex().encode(), ids)
             spreading = _INSERT_SPREAD
         else:
             spread = (_spread(pack, keys, digests),)

@@ -26,7 +26,7 @@ from sendonce.errors import InDoubtError
 from sendonce.ledger import InDoubtRule, Key, body_digest
 from sendonce.ledger._inspect import count_unconfirmed, entity_counts, unconfirmed
 from sendonce.ledger._pgkeys import packed_key
-from sendonce.ledger._postgres import _SCHEMA_2, _STAGED_TABLE, PostgresStore
+from sendonce.ledger._postgres import _SCHEMA_2, _STAGED_TABLE, PostgresStore, _joined
 
 pytestmark = pytest.mark.postgres
 
@@ -265,3 +265,34 @@ def test_a_schema_2_producer_mid_write_commits_first_and_its_intent_is_kept(
     with psycopg.connect(pg_url, autocommit=True) as conn:
         packed = conn.execute("SELECT k FROM sendonce_ledger WHERE owner = 'w'").fetchone()
     assert packed == (packed_key("orders", Key("late")),)
+
+
+def test_both_intent_statements_pack_keys_as_python_does(pg_url: str) -> None:
+    """Schema 3's usual write sends ids and partition keys as two joined texts and the
+    server packs them; a key holding the separator goes as arrays packed in Python: the
+    rows are the same, and each key is found by its Python packing."""
+    store = PostgresStore(pg_url)
+    at = T0
+    joined = [Key("ördér-1", "clé é"), Key("b"), Key("c", "p"), Key("d", "")]
+    solo = [Key("solo")]  # one key without a partition key: an empty joined text
+    arrays = [Key("with\x1fseparator"), Key("e", "x\x1fy")]
+    try:
+        for owner, keys in (("j", joined), ("s", solo), ("a", arrays)):
+            digests = [_digest(k.message_id) for k in keys]
+            assert (_joined(keys, digests) is None) == (owner == "a")  # which statement
+            assert (
+                store.record_intents("Orders", keys, digests, first_attempt=at, owner=owner) == {}
+            )
+        every = [*joined, *solo, *arrays]
+        found = store.lookup("orders", every)
+        assert sorted(found) == sorted(every)
+        assert all(found[k].digest == _digest(k.message_id) for k in every)
+        again = store.record_intents(
+            "orders", every, [_digest(k.message_id) for k in every], first_attempt=at, owner="z"
+        )
+        assert {k: e.owner for k, e in again.items()} == {k: found[k].owner for k in every}
+    finally:
+        store.close()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        rows = {bytes(k) for (k,) in conn.execute("SELECT k FROM sendonce_ledger").fetchall()}
+    assert rows == {packed_key("orders", k) for k in every}

@@ -111,8 +111,15 @@ def test_an_intent_is_durable_before_its_transfer_may_start(ledger_url: str) -> 
     with Ledger(ledger_url) as ledger:
         layer = LedgerLayer(ledger, profile, MARGIN, lambda: 0.0)
         run = LedgerRun(
-            layer, transfers, [[0, 1], [2, 3]], None, 2, SendReport(), {},
-            lambda *a: None, lambda m: m.message_id,
+            layer,
+            transfers,
+            [[0, 1], [2, 3]],
+            None,
+            2,
+            SendReport(),
+            {},
+            lambda *a: None,
+            lambda m: m.message_id,
         )
         assert not run.ready(0)
         request = run.next_write()
