@@ -66,6 +66,7 @@ WRITE_AHEAD_MESSAGES = 256
 
 _MESSAGE_ID = attrgetter("message_id")
 _OUTCOME = attrgetter("outcome")
+_PARTITION_KEY = attrgetter("partition_key")
 
 Fail = Callable[
     [Sequence[Message], SendError, SendReport, dict[object, SendError], Sequence[int]], None
@@ -104,7 +105,13 @@ class LedgerLayer:
             if isinstance(batch, MessageColumns):
                 return cast(list[Key], list(zip(batch.message_ids, repeat(""))))
             return cast(list[Key], list(zip(map(_MESSAGE_ID, batch), repeat(""))))
-        dedup_key = self.profile.dedup_key
+        if isinstance(batch, MessageColumns):
+            ids, pks = batch.message_ids, batch.partition_keys
+        else:
+            ids, pks = list(map(_MESSAGE_ID, batch)), list(map(_PARTITION_KEY, batch))
+        if pks is not None and None not in pks and "" not in pks:  # each has its own key
+            return cast(list[Key], list(zip(ids, pks, strict=True)))
+        dedup_key = self.profile.dedup_key  # a session id or the message id stands in
         return cast(list[Key], [(mid, pk or "") for mid, pk in map(dedup_key, batch)])
 
     def intents(
