@@ -186,6 +186,19 @@ def test_partitioned_keys_are_decided_as_before_after_the_upgrade(
                 [Message(body(m), message_id=m) for m in ("a-open", "a-legacy")]
             )
         stored = broker.count("orders") + broker.count("audit")
+        # what an operator reads and settles: the same keys, from the packed column
+        assert [u.key for u in ledger.keys_in_doubt("audit", audit)] == [Key("a-open")]
+        assert {u.key for u in ledger.keys_in_doubt("orders", orders)} == {
+            Key("o-old"),
+            Key("a", "bc"),
+            Key("ca", "b"),
+        }
+        found = ledger.reconcile(
+            broker, "audit", apply=True, release_absent=True, min_age=timedelta(0)
+        )
+        assert [v.item.key for v in found.verdicts] == [Key("a-open")]
+        assert found.to_release == (Key("a-open"),) and found.applied  # the broker lacks it
+        assert ledger.keys_in_doubt("audit", audit) == []
     assert report.from_ledger == ["ördér-1"] and report.sent == 0
     assert sorted(f.message_id for f in report.failures) == ["a", "ca"]
     assert all(isinstance(f.error, InDoubtError) for f in report.failures)
