@@ -1,16 +1,17 @@
 """The PostgreSQL ledger store: one server shared by every producer host and Spark executor.
 
 Through psycopg 3 (``pip install 'sendonce[postgres]'``). Each primitive is one short
-transaction; the intents of a transfer are one ``INSERT ... ON CONFLICT ... RETURNING``
-statement, and a whole transfer's confirmation one row of ``sendonce_ledger_transfers``
-(by its owner token). A connection lost mid-call is
-reopened and the call retried (tenacity): every primitive is idempotent, and intents
-a lost attempt did commit come back carrying this call's owner token, so they are
-recognised as ours.
+transaction; a key is one packed ``bytea`` (schema 3, :mod:`._pgkeys`); the intents of a
+transfer are one plain ``INSERT`` (every key new, the usual case), else one
+``INSERT ... ON CONFLICT ... RETURNING`` that returns the rows found, and a whole
+transfer's confirmation one row of ``sendonce_ledger_transfers`` (by its owner token). A
+connection lost mid-call is reopened and the call retried (tenacity): every primitive is
+idempotent, and intents a lost attempt did commit come back carrying this call's owner
+token, so they are recognised as ours.
 
-Rows are written and locked in one canonical order (message id, then partition key, by
-code point), so two producers writing overlapping keys in different orders wait for each
-other instead of deadlocking. The schema is created once per database and recorded by a
+Rows are written and locked in one canonical order (the packed key's bytes), so two
+producers writing overlapping keys in different orders wait for each other instead of
+deadlocking. The schema is created once per database and recorded by a
 version row (``sendonce_ledger_meta``); an open (every Spark task's) only reads that row,
 so it never waits behind a producer's open write transaction as DDL would.
 """
