@@ -66,9 +66,10 @@ def server_cpu(ledger: Ledger | None) -> float:
 
 def one_run(
     backend: Backend, profile: EntityProfile, batch: list[Message], url: str | None
-) -> tuple[float, float]:
-    """The call's wall seconds, and its CPU seconds (this process's threads plus a
-    PostgreSQL ledger's backend): what it costs whatever the machine's load."""
+) -> tuple[float, float, float]:
+    """The call's wall seconds, its CPU seconds (this process's threads plus a
+    PostgreSQL ledger's backend: what it costs whatever the machine's load), and of
+    those the PostgreSQL backend's."""
     ledger = Ledger(url) if url else None
     try:
         with IdempotentSender(
@@ -78,9 +79,10 @@ def one_run(
             start, cpu = time.perf_counter(), time.process_time()
             report = sender.send_many(batch)
             elapsed = time.perf_counter() - start
-            cpu = time.process_time() - cpu + server_cpu(ledger) - served
+            served = server_cpu(ledger) - served
+            cpu = time.process_time() - cpu + served
         assert report.failed == 0, report.failures[:3]
-        return elapsed, cpu
+        return elapsed, cpu, served
     finally:
         if ledger is not None:
             ledger.close()
@@ -114,6 +116,7 @@ def measure(
     """Alternating rounds of every variant on ``entity(name)``; print medians and ratios."""
     times: dict[str, list[float]] = {}
     cpus: dict[str, list[float]] = {}
+    servers: dict[str, list[float]] = {}
     for r in range(args.repeats):
         stores: list[tuple[str, str | None]] = [
             ("none", None),
@@ -126,13 +129,15 @@ def measure(
         for name, url in stores:
             backend, profile = entity(name, r)
             batch = messages(n, args.keys, profile.name)
-            elapsed, cpu = one_run(backend, profile, batch, url)
+            elapsed, cpu, served = one_run(backend, profile, batch, url)
             times.setdefault(name, []).append(elapsed)
             cpus.setdefault(name, []).append(cpu)
+            servers.setdefault(name, []).append(served)
             if url is not None:  # the same messages again: every key is confirmed
-                rerun, cpu = one_run(backend, profile, batch, url)
+                rerun, cpu, served = one_run(backend, profile, batch, url)
                 times.setdefault(f"{name} re-run", []).append(rerun)
                 cpus.setdefault(f"{name} re-run", []).append(cpu)
+                servers.setdefault(f"{name} re-run", []).append(served)
     base = statistics.median(times["none"])
     base_cpu = statistics.median(cpus["none"])
     kind = "unpartitioned" if args.plain else "partitioned"
@@ -143,9 +148,12 @@ def measure(
     )
     for name, values in times.items():
         med, cpu = statistics.median(values), statistics.median(cpus[name])
+        served = statistics.median(servers[name])
+        per_key = f"  server {served / n * 1e6:4.1f} us/msg" if served else ""
         print(
             f"  {name:16s} {med:7.3f}s  {n / med:9.0f} msg/s  {med / base:5.2f}x no ledger"
-            f"   CPU {cpu:6.3f}s {cpu / base_cpu:5.2f}x"
+            f"   CPU {cpu:6.3f}s {cpu / base_cpu:5.2f}x  {(cpu - served) / n * 1e6:4.1f} us/msg"
+            f" here{per_key}"
         )
 
 

@@ -13,6 +13,7 @@ queries below read the two built-in stores' tables; they only read.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -21,6 +22,7 @@ from typing import Any, Literal
 from .._names import name_key
 from ..errors import ConfigurationError
 from ._ledger import Ledger
+from ._pgkeys import ENTITY_SQL, IN_ENTITY_SQL, KEY_ORDER_SQL, entity_range, unpack_key
 from ._store import Entry, Key, LedgerStore
 
 __all__ = [
@@ -92,11 +94,16 @@ def unconfirmed(
     from ``offset``; with ``before``, only those first attempted before it."""
     cutoff = _BEFORE_ALL if before is None else before
     if _is_sqlite(store):
-        params = (entity, _us(cutoff), -1 if limit is None else limit, offset)
-        rows = _query(store, _SQLITE_UNCONFIRMED, "", params)
+        rows = _query(
+            store,
+            _SQLITE_UNCONFIRMED,
+            "",
+            (entity, _us(cutoff), -1 if limit is None else limit, offset),
+        )
         return [Unconfirmed(_unpack(k), _micros(first), owner) for k, first, owner in rows]
-    rows = _query(store, "", _POSTGRES_UNCONFIRMED, (name_key(entity), cutoff, limit, offset))
-    return [Unconfirmed(Key(mid, pk), first, owner) for mid, pk, first, owner in rows]
+    wanted = {**_in_entity(entity), "before": cutoff, "limit": limit, "offset": offset}
+    rows = _query(store, "", _POSTGRES_UNCONFIRMED, wanted)
+    return [Unconfirmed(unpack_key(k), first, owner) for k, first, owner in rows]
 
 
 def count_unconfirmed(store: LedgerStore, entity: str, *, before: datetime | None = None) -> int:
@@ -105,7 +112,8 @@ def count_unconfirmed(store: LedgerStore, entity: str, *, before: datetime | Non
     if _is_sqlite(store):
         rows = _query(store, _SQLITE_COUNT_UNCONFIRMED, "", (entity, _us(cutoff)))
     else:
-        rows = _query(store, "", _POSTGRES_COUNT_UNCONFIRMED, (name_key(entity), cutoff))
+        params = {**_in_entity(entity), "before": cutoff}
+        rows = _query(store, "", _POSTGRES_COUNT_UNCONFIRMED, params)
     return int(rows[0][0]) if rows else 0
 
 
@@ -132,7 +140,7 @@ def last_activity(
             for owner, moment in _query(store, _SQLITE_ACTIVITY, "", (json.dumps(owners),))
         ]
     else:
-        latest = _query(store, "", _POSTGRES_ACTIVITY, (name_key(entity), owners))
+        latest = _query(store, "", _POSTGRES_ACTIVITY, {**_in_entity(entity), "owners": owners})
     for owner, moment in latest:
         if moment is not None and moment > found[owner]:
             found[owner] = moment
@@ -276,37 +284,47 @@ WHERE t.owner IN (SELECT value FROM json_each(?)) AND k.outcome IS NOT 'resolved
 GROUP BY t.owner
 """
 _POSTGRES_CONFIRMED = "coalesce(l.confirmed_at, t.confirmed_at)"
+# Schema 3: a key is one packed bytea (``_postgres.packed_key``); an entity's keys are one
+# range of it, and its name, message id and partition key are read back from it.
 _POSTGRES_JOIN = (
-    "LEFT JOIN sendonce_ledger_transfers AS t ON t.entity = l.entity AND t.owner = l.owner"
+    "LEFT JOIN sendonce_ledger_transfers AS t ON t.entity = {entity} AND t.owner = l.owner"
 )
 # Staged keys (see the SQLite queries) are left out where the store can stage.
 _POSTGRES_NOT_STAGED = (
     "NOT EXISTS (SELECT 1 FROM sendonce_ledger_staged AS s "
-    "WHERE s.entity = l.entity AND s.owner = l.owner)"
+    "WHERE s.entity = {entity} AND s.owner = l.owner)"
 )
 _POSTGRES_COUNTS = f"""
 SELECT l.entity, count(*), count({_POSTGRES_CONFIRMED}), min(l.first_attempt),
     max(l.first_attempt), min(l.first_attempt) FILTER (WHERE {_POSTGRES_CONFIRMED} IS NULL)
-FROM sendonce_ledger AS l {_POSTGRES_JOIN}
+FROM (SELECT {ENTITY_SQL} AS entity, l.* FROM sendonce_ledger AS l) AS l
+{_POSTGRES_JOIN.format(entity="l.entity")}
 WHERE /*staged*/ TRUE
 GROUP BY l.entity
-"""
+""".replace("/*staged*/", "/*staged:l.entity*/")
 _POSTGRES_IN_DOUBT = f"""
-FROM sendonce_ledger AS l {_POSTGRES_JOIN}
-WHERE l.entity = %s AND {_POSTGRES_CONFIRMED} IS NULL AND l.first_attempt < %s
-    AND /*staged*/ TRUE
+FROM sendonce_ledger AS l {_POSTGRES_JOIN.format(entity="%(entity)s")}
+WHERE {IN_ENTITY_SQL} AND {_POSTGRES_CONFIRMED} IS NULL AND l.first_attempt < %(before)s
+    AND /*staged:%(entity)s*/ TRUE
 """
 _POSTGRES_UNCONFIRMED = f"""
-SELECT l.message_id, l.partition_key, l.first_attempt, l.owner {_POSTGRES_IN_DOUBT}
-ORDER BY l.first_attempt, l.message_id COLLATE "C", l.partition_key COLLATE "C"
-LIMIT %s OFFSET %s
+SELECT l.k, l.first_attempt, l.owner {_POSTGRES_IN_DOUBT}
+ORDER BY l.first_attempt, {KEY_ORDER_SQL}
+LIMIT %(limit)s OFFSET %(offset)s
 """
 _POSTGRES_COUNT_UNCONFIRMED = f"SELECT count(*) {_POSTGRES_IN_DOUBT}"
-_POSTGRES_ACTIVITY = """
-SELECT owner, max(confirmed_at) FROM sendonce_ledger
-WHERE entity = %s AND owner = ANY(%s) AND outcome IS DISTINCT FROM 'resolved'
-GROUP BY owner
+_POSTGRES_ACTIVITY = f"""
+SELECT l.owner, max(l.confirmed_at) FROM sendonce_ledger AS l
+WHERE {IN_ENTITY_SQL} AND l.owner = ANY(%(owners)s) AND l.outcome IS DISTINCT FROM 'resolved'
+GROUP BY l.owner
 """
+_STAGED_MARK = re.compile(r"/\*staged:([^*]+)\*/ TRUE")
+
+
+def _in_entity(entity: str) -> dict[str, Any]:
+    """The query parameters naming ``entity``'s keys in the PostgreSQL store."""
+    key = name_key(entity)
+    return {"entity": key, **entity_range(key)}
 
 
 def _is_sqlite(store: LedgerStore) -> bool:
@@ -316,7 +334,10 @@ def _is_sqlite(store: LedgerStore) -> bool:
 
 
 def _query(
-    store: LedgerStore, sqlite_sql: str, postgres_sql: str, params: tuple[Any, ...]
+    store: LedgerStore,
+    sqlite_sql: str,
+    postgres_sql: str,
+    params: tuple[Any, ...] | dict[str, Any],
 ) -> list[tuple[Any, ...]]:
     if _is_sqlite(store):
 
@@ -326,9 +347,11 @@ def _query(
         rows: list[tuple[Any, ...]] = store.read(work)  # type: ignore[attr-defined]
         return rows
     if type(store).__name__ == "PostgresStore":
-
-        if getattr(store, "stages", False):
-            postgres_sql = postgres_sql.replace("/*staged*/ TRUE", _POSTGRES_NOT_STAGED)
+        staging = getattr(store, "stages", False)
+        postgres_sql = _STAGED_MARK.sub(
+            lambda m: _POSTGRES_NOT_STAGED.format(entity=m[1]) if staging else "TRUE",
+            postgres_sql,
+        )
 
         def pg(conn: Any) -> list[tuple[Any, ...]]:
             with conn.cursor() as cursor:

@@ -226,16 +226,17 @@ class Prepared:
     _keys: dict[Key, str] = field(default_factory=dict)
 
     def acknowledged(self, sent: Sequence[int], outcomes: Sequence[str]) -> None:
-        """The broker acknowledged the messages at ``sent`` (part of ``send``): ``sent``
-        or ``duplicate`` each."""
+        """The broker acknowledged the messages at ``sent`` (part of ``send``), each with
+        the ack's outcome: ``duplicate``, or anything else (recorded as ``sent``)."""
         if not self.resumed and "duplicate" not in outcomes:
             self._acked += len(sent)  # the usual case: nothing to record per key
             self._acked_parts.append(sent)
             return
         keys = self.keys
         mine: list[int] = []
-        for index, outcome in zip(sent, outcomes, strict=True):
+        for index, acked in zip(sent, outcomes, strict=True):
             key = keys[index]
+            outcome = "duplicate" if acked == "duplicate" else "sent"
             if key in self.resumed:
                 self._keys[key] = outcome
                 continue

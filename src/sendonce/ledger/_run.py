@@ -37,6 +37,8 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import timedelta
+from itertools import repeat
+from operator import attrgetter
 from typing import Any, Protocol, cast
 
 from .._entity import EntityProfile
@@ -61,6 +63,10 @@ unconfirmed key costs nothing (a broker window); elsewhere at most half of ``max
 (one transfer below 4), so one window is in flight while the next is written."""
 WRITE_AHEAD_MESSAGES = 256
 """Messages one write covers at most (a bigger transfer is a window of its own)."""
+
+_MESSAGE_ID = attrgetter("message_id")
+_OUTCOME = attrgetter("outcome")
+_PARTITION_KEY = attrgetter("partition_key")
 
 Fail = Callable[
     [Sequence[Message], SendError, SendReport, dict[object, SendError], Sequence[int]], None
@@ -94,12 +100,18 @@ class LedgerLayer:
 
     def keys(self, batch: Sequence[Message]) -> list[Key]:
         """The broker key of each message (the ledger's key)."""
-        # Plain tuples equal (and hash like) Key: cheaper by the 100k.
+        # Plain tuples equal (and hash like) Key: cheaper by the 100k, built in C here.
         if not self.profile.partitioned:
             if isinstance(batch, MessageColumns):
-                return cast(list[Key], [(mid, "") for mid in batch.message_ids])
-            return cast(list[Key], [(m.message_id, "") for m in batch])
-        dedup_key = self.profile.dedup_key
+                return cast(list[Key], list(zip(batch.message_ids, repeat(""))))
+            return cast(list[Key], list(zip(map(_MESSAGE_ID, batch), repeat(""))))
+        if isinstance(batch, MessageColumns):
+            ids, pks = batch.message_ids, batch.partition_keys
+        else:
+            ids, pks = list(map(_MESSAGE_ID, batch)), list(map(_PARTITION_KEY, batch))
+        if pks is not None and None not in pks and "" not in pks:  # each has its own key
+            return cast(list[Key], list(zip(ids, pks, strict=True)))
+        dedup_key = self.profile.dedup_key  # a session id or the message id stands in
         return cast(list[Key], [(mid, pk or "") for mid, pk in map(dedup_key, batch)])
 
     def intents(
@@ -488,7 +500,10 @@ class LedgerRun:
     def sent_at(self, index: int) -> list[int]:
         """The input position of each message transfer ``index`` sends."""
         at = self.window_at[self.window_of[index]]
-        return [at[i] for i in self.send_at[index]]
+        chosen = self.send_at[index]
+        if isinstance(chosen, range):  # the usual case: the whole transfer, one slice
+            return at[chosen.start : chosen.stop]
+        return [at[i] for i in chosen]
 
     def _indices(self, index: int, part: Part) -> Sequence[int]:
         """The write indices of ``part``'s messages (part of transfer ``index``)."""
@@ -520,10 +535,7 @@ class LedgerRun:
         released: list[Key] = []
         for part in parts:
             if part.attempted is not None:
-                outcomes = [
-                    "duplicate" if a.outcome == "duplicate" else "sent"
-                    for a in part.attempted.value
-                ]
+                outcomes = list(map(_OUTCOME, part.attempted.value))
                 prepared.acknowledged(self._indices(index, part), outcomes)
             elif isinstance(part.error, PermanentSendError):
                 released += prepared.refused(self._indices(index, part))  # nothing stored

@@ -12,6 +12,7 @@ import os
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from operator import itemgetter
 from typing import TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -213,6 +214,33 @@ def _packer(eid: int) -> Callable[[Key], str]:
         return f"{prefix}{len(pk):03d}{pk}{mid}"
 
     return pack
+
+
+_DIGEST_SIZE = 9
+"""The size of a body digest the ledger writes (a format byte and xxh3-64)."""
+_MESSAGE_ID = itemgetter(0)
+_PARTITION_KEY = itemgetter(1)
+# A transfer's keys, given as "digest/packed key" each in one JSON array.
+_INSERT_PACKED = (
+    "INSERT OR IGNORE INTO ledger_keys (k, tid, digest) "
+    "SELECT substr(value, instr(value, '/') + 1), ?1, "
+    "substr(value, 1, instr(value, '/') - 1) FROM json_each(?2)"
+)
+# The same keys: ?2 what each key's packing starts with ('' where ?4 holds packed keys),
+# ?3 the digests' hex one after the other as a BLOB (substr of a BLOB counts bytes, at
+# once; of a TEXT it walks characters from the start), ?4 the message ids (a JSON array).
+_INSERT_SPREAD = (
+    "INSERT OR IGNORE INTO ledger_keys (k, tid, digest) SELECT ?2 || value, ?1, "
+    f"CAST(substr(?3, key * {2 * _DIGEST_SIZE} + 1, {2 * _DIGEST_SIZE}) AS TEXT) "
+    "FROM json_each(?4)"
+)
+
+
+def _spread(pack: Callable[[Key], str], keys: Sequence[Key], digests: Sequence[bytes]) -> str:
+    """``keys`` with their digests as one JSON array of "digest/packed key"."""
+    return json.dumps(
+        [f"{d.hex()}/{pack(k)}" for k, d in zip(keys, digests, strict=True)], ensure_ascii=False
+    )
 
 
 def _select(conn: sqlite3.Connection, packed: Mapping[str, Key]) -> dict[Key, Entry]:
@@ -437,18 +465,23 @@ class SQLiteStore:
             return {}
         eid = self._entity_id(entity)
         pack, prefix = _packer(eid), f"{eid}:"
-        pairs = zip(keys, digests, strict=True)
-        if all(not pk for _mid, pk in keys):
-            packed = json.dumps(
-                [f"{d.hex()}/{prefix}000{mid}" for (mid, _pk), d in pairs], ensure_ascii=False
-            )
-        else:
-            packed = json.dumps(
-                [f"{d.hex()}/{pack(k)}" for k, d in pairs],
-                ensure_ascii=False,
-            )
-        when = _us(first_attempt)
         count = len(keys)
+        joined = b"".join(digests)
+        if len(joined) == _DIGEST_SIZE * count:
+            # The usual write: digests of one size, as one hex string SQLite cuts (json_each's
+            # ``key`` is the index); without partition keys the message ids go as one JSON
+            # array too and SQLite packs each key: all built in C.
+            if any(map(_PARTITION_KEY, keys)):
+                head, ids = "", json.dumps(list(map(pack, keys)), ensure_ascii=False)
+            else:
+                head = f"{prefix}000"
+                ids = json.dumps(list(map(_MESSAGE_ID, keys)), ensure_ascii=False)
+            spread: tuple[object, ...] = (head, joined.hex().encode(), ids)
+            spreading = _INSERT_SPREAD
+        else:
+            spread = (_spread(pack, keys, digests),)
+            spreading = _INSERT_PACKED
+        when = _us(first_attempt)
 
         def work(conn: sqlite3.Connection) -> dict[Key, Entry]:
             if confirm:
@@ -458,14 +491,9 @@ class SQLiteStore:
                 "ON CONFLICT (owner) DO UPDATE SET owner = excluded.owner RETURNING tid",
                 (owner, when, _STAGED if staged else None),
             ).fetchone()[0]
-            inserted = conn.execute(
-                "INSERT OR IGNORE INTO ledger_keys (k, tid, digest) "
-                "SELECT substr(value, instr(value, '/') + 1), ?, "
-                "substr(value, 1, instr(value, '/') - 1) FROM json_each(?)",
-                (tid, packed),
-            ).rowcount
+            inserted = conn.execute(spreading, (tid, *spread)).rowcount
             if inserted < count:
-                inserted += _take_staged(conn, tid, packed)
+                inserted += _take_staged(conn, tid, _spread(pack, keys, digests))
             if inserted:
                 conn.execute(
                     "UPDATE ledger_transfers SET keys = keys + ? WHERE tid = ?", (inserted, tid)

@@ -24,6 +24,8 @@ import psycopg
 
 from sendonce import EntityProfile, IdempotentSender, Ledger, Message
 from sendonce.backends.local import LocalBackend
+from sendonce.ledger import Key
+from sendonce.ledger._pgkeys import packed_key
 
 BATCH, MESSAGES, BLOCKED = 20, 60, "m-25"  # BLOCKED: a key of the second transfer
 IN_FLIGHT = (1, 4)  # runs alternate: transfers one at a time (inline) or in flight (a pool)
@@ -40,9 +42,9 @@ def one_run(url: str, broker: LocalBackend, ledger: Ledger, run: int) -> dict[st
     broker.create_entity(profile)
     blocker = psycopg.connect(url)  # a transaction of its own, holding the key's row lock
     blocker.execute(
-        "INSERT INTO sendonce_ledger (entity, message_id, partition_key, digest, first_attempt,"
-        " owner) VALUES (%s, %s, '', '\\x00', now(), 'blocker')",
-        (entity, BLOCKED),
+        "INSERT INTO sendonce_ledger (k, digest, first_attempt, owner) "
+        "VALUES (%s, '\\x00', now(), 'blocker')",
+        (packed_key(entity, Key(BLOCKED)),),
     )
     happened: dict[str, object] = {}  # never_waited: the scenario did not happen
 

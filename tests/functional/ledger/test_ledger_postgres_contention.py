@@ -17,7 +17,8 @@ import pytest
 
 from sendonce import ConfigurationError, LedgerError
 from sendonce.ledger import Confirmation, Key
-from sendonce.ledger._postgres import PostgresStore
+from sendonce.ledger._pgkeys import packed_key
+from sendonce.ledger._postgres import _SCHEMA_2, PostgresStore
 
 pytestmark = pytest.mark.postgres
 
@@ -109,7 +110,9 @@ def test_opening_never_waits_behind_an_open_write_transaction(pg_url: str) -> No
         psycopg.connect(pg_url, autocommit=True) as admin,
     ):
         writer.execute(
-            "INSERT INTO sendonce_ledger VALUES ('orders', 'order-1', '', '\\x01', now(), 'w')"
+            "INSERT INTO sendonce_ledger (k, digest, first_attempt, owner) "
+            "VALUES (%s, '\\x01', now(), 'w')",
+            (packed_key("orders", Key("order-1")),),
         )  # left open: its transaction holds the table's ROW EXCLUSIVE lock
 
         def open_store() -> None:
@@ -173,13 +176,12 @@ def test_attempts_from_the_url_bound_the_tries_on_an_unreachable_server(
 @pytest.mark.parametrize("ledger_url", ["postgres"], indirect=True)
 def test_a_database_written_before_the_version_row_is_adopted(pg_url: str) -> None:
     """The tables of an earlier sendonce, no version row: the first open writes it, keys kept."""
-    store = PostgresStore(pg_url)
-    store.record_intents(
-        "orders", [Key("order-1", "")], [b"\x01d"], first_attempt=datetime.now(UTC), owner="o"
-    )
-    store.close()
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute("DROP TABLE sendonce_ledger_meta")  # as an earlier sendonce left it
+        conn.execute(_SCHEMA_2)  # the first format's tables, as an earlier sendonce left them
+        conn.execute("DROP TABLE sendonce_ledger_meta")
+        conn.execute(
+            "INSERT INTO sendonce_ledger VALUES ('orders', 'order-1', '', '\\x0164', now(), 'o')"
+        )
     adopted = PostgresStore(pg_url)
     try:
         assert list(adopted.lookup("orders", [Key("order-1", "")])) == [Key("order-1", "")]
@@ -187,7 +189,7 @@ def test_a_database_written_before_the_version_row_is_adopted(pg_url: str) -> No
         adopted.close()
     with psycopg.connect(pg_url, autocommit=True) as conn:
         row = conn.execute("SELECT value FROM sendonce_ledger_meta").fetchone()
-        assert row == ("2",)
+        assert row == ("3",)
         conn.execute("UPDATE sendonce_ledger_meta SET value = '99'")
     with pytest.raises(ConfigurationError) as info:
         PostgresStore(pg_url)
@@ -209,7 +211,8 @@ def test_pruning_skips_a_key_a_producer_holds_and_keeps_its_confirmation(pg_url:
             psycopg.connect(pg_url, autocommit=True) as admin,
         ):
             writer.execute(  # a re-run's intent write, not committed yet, holds order-1
-                "UPDATE sendonce_ledger SET owner = owner WHERE message_id = 'order-1'"
+                "UPDATE sendonce_ledger SET owner = owner WHERE k = %s",
+                (packed_key("orders", Key("order-1")),),
             )
             done: list[int] = []
             pruner = threading.Thread(

@@ -111,8 +111,15 @@ def test_an_intent_is_durable_before_its_transfer_may_start(ledger_url: str) -> 
     with Ledger(ledger_url) as ledger:
         layer = LedgerLayer(ledger, profile, MARGIN, lambda: 0.0)
         run = LedgerRun(
-            layer, transfers, [[0, 1], [2, 3]], None, 2, SendReport(), {},
-            lambda *a: None, lambda m: m.message_id,
+            layer,
+            transfers,
+            [[0, 1], [2, 3]],
+            None,
+            2,
+            SendReport(),
+            {},
+            lambda *a: None,
+            lambda m: m.message_id,
         )
         assert not run.ready(0)
         request = run.next_write()
@@ -247,3 +254,29 @@ def test_a_kill_with_a_window_staged_leaves_each_message_once(
     produce(db, ledger_url, moment, n)
     assert max(stored(db).values(), default=1) == 1
     check_rerun(db, ledger_url, doubt)
+
+
+@pytest.mark.parametrize("partitioned", [False, True])
+def test_the_ledger_keys_are_the_brokers_keys(tmp_path: Any, partitioned: bool) -> None:
+    """Read in C where every message has its own partition key, through ``dedup_key``
+    where a session id or the message id stands in: the same keys either way."""
+    from sendonce._message import MessageFactory
+    from sendonce._message_columns import MessageColumns
+
+    profile = EntityProfile("orders", partitioned=partitioned)
+    own = [Message("b", message_id=f"m-{i}", partition_key=f"k{i % 3}") for i in range(6)]
+    standing_in = [
+        Message("b", message_id="s-1", session_id="sess"),
+        Message("b", message_id="s-2"),
+        Message("b", message_id="s-3", partition_key="k"),
+    ]
+    columns = MessageColumns.of(
+        MessageFactory(), [b"b"] * 4, [f"c-{i}" for i in range(4)], ["p", "q", "p", "r"]
+    )
+    plain_columns = MessageColumns.of(MessageFactory(), [b"b"] * 2, ["d-1", "d-2"])
+    assert columns is not None and plain_columns is not None
+    with Ledger(f"sqlite://{tmp_path / 'ledger.db'}") as ledger:
+        layer = LedgerLayer(ledger, profile, MARGIN, lambda: 0.0)
+        for batch in (own, standing_in, columns, plain_columns, columns[1:3]):
+            expected = [(mid, pk or "") for mid, pk in map(profile.dedup_key, batch)]
+            assert layer.keys(batch) == expected

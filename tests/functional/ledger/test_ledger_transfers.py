@@ -473,3 +473,38 @@ def test_a_cancelled_aio_call_releases_the_window_written_ahead_and_confirms_the
             rerun = again.send_many([msg(i) for i in range(600)])
     assert rerun.in_doubt == [] and rerun.sent == 350
     assert Counter(broker.message_ids("orders")) == Counter(f"order-{i}" for i in range(600))
+
+
+def test_both_intent_statements_write_the_same_rows(tmp_path: Path) -> None:
+    """SQLite: a write of unpartitioned keys packs them in SQL (ids and digests in one
+    piece each), any other in Python: the rows, and what a later write finds, are alike."""
+    from sendonce.ledger._sqlite import SQLiteStore
+
+    store = SQLiteStore(str(tmp_path / "ledger.db"))
+    try:
+        at = datetime(2026, 1, 1, tzinfo=UTC)
+        plain = [Key("é/1", ""), Key("b", "")]
+        mixed = [Key("c", ""), Key("d", "p/q")]
+        digests = [body_digest(msg(i)) for i in range(2)]
+        assert store.record_intents("orders", plain, digests, first_attempt=at, owner="a") == {}
+        assert store.record_intents("orders", mixed, digests, first_attempt=at, owner="b") == {}
+        rows = store.read(
+            lambda conn: conn.execute("SELECT k, digest FROM ledger_keys ORDER BY rowid").fetchall()
+        )
+        assert rows == [
+            ("1:000é/1", digests[0].hex()),
+            ("1:000b", digests[1].hex()),
+            ("1:000c", digests[0].hex()),
+            ("1:003p/qd", digests[1].hex()),
+        ]
+        again = store.record_intents(
+            "orders", [*plain, *mixed], digests * 2, first_attempt=at, owner="c"
+        )
+        assert {k: (e.digest, e.owner) for k, e in again.items()} == {
+            plain[0]: (digests[0], "a"),
+            plain[1]: (digests[1], "a"),
+            mixed[0]: (digests[0], "b"),
+            mixed[1]: (digests[1], "b"),
+        }
+    finally:
+        store.close()
