@@ -98,14 +98,14 @@ def test_a_write_lock_held_by_another_process_delays_only_writes(
             time.sleep(0.5)  # the send now waits for the lock
             assert not sent
             # New connections are answered, and reads (a new client's peek) are served.
-            assert _answers_header(emulator.port, timeout=3)
+            # (Bounds for a busy machine: the lock is held until the end, so a server that
+            # waited for it would never answer; no duration is asserted.)
+            assert _answers_header(emulator.port, timeout=15)
             other = ServiceBusClient.from_connection_string(
                 emulator.connection_string, retry_total=0
             )
             with other, other.get_queue_receiver("orders") as peeker:
-                started = time.monotonic()
-                peeked = peeker.peek_messages(max_message_count=10, timeout=10)
-                assert time.monotonic() - started < 8
+                peeked = peeker.peek_messages(max_message_count=10, timeout=30)
             assert [str(m) for m in peeked] == ["before"]
             assert not sent and blocked.is_alive()
         finally:
@@ -145,7 +145,7 @@ def test_a_consumer_waiting_on_a_locked_file_does_not_freeze_the_server(
             waiting.start()
             for _ in range(3):
                 time.sleep(0.5)
-                assert _answers_header(emulator.port, timeout=2)
+                assert _answers_header(emulator.port, timeout=15)  # served under the lock
             waiting.join(30)
             assert box == [[]]  # nothing could be handed out under the lock
         finally:
