@@ -49,8 +49,15 @@ _TESTS = Path(__file__).resolve().parent
 
 # No verdict may depend on how busy the machine is: Hypothesis's per-example deadline and its
 # "input generation is slow" health check both do (a loaded 2-core machine trips them), so the
-# suite's profile turns them off. HYPOTHESIS_PROFILE=default brings them back.
-settings.register_profile("sendonce", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# suite's profile turns them off. HYPOTHESIS_PROFILE=default brings them back. The default run
+# draws fewer examples (50 where a test names none, a quarter where it does: examples.py);
+# HYPOTHESIS_PROFILE=full, .ci/run's property step, draws them all.
+settings.register_profile(
+    "sendonce", deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=50
+)
+settings.register_profile(
+    "full", deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=100
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "sendonce"))
 
 _SPARK_DIR = Path(__file__).resolve().parent / "integration" / "spark"
@@ -157,6 +164,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     missing: list[str] = []
     unrunnable: list[pytest.Item] = []
     for item in items:
+        if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
+            item.add_marker(pytest.mark.property)
         if _SPARK_DIR in Path(str(item.path)).parents:
             item.add_marker(pytest.mark.spark)
         if _ARTEMIS_DIR in Path(str(item.path)).parents:

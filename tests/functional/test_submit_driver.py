@@ -31,6 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from _interrupts import sigint_default
+from property_budget import examples
 from sendonce import EntityProfile, IdempotentSender, Message, RetryPolicy
 from sendonce.backends import Ack, Backend, Capabilities, LocalBackend, capabilities_of
 from sendonce.errors import PermanentSendError
@@ -77,9 +78,7 @@ class Looped(Backend):
         future: Future[list[Ack]] = Future()
         key = messages[0].partition_key
         with self._lock:
-            self.threads.update(
-                t.name for t in threading.enumerate() if t not in self._preexisting
-            )
+            self.threads.update(t.name for t in threading.enumerate() if t not in self._preexisting)
             self.futures.append(future)
             self.outstanding += 1
             self.most = max(self.most, self.outstanding)
@@ -303,7 +302,9 @@ FAULTS = [Fault.NONE, Fault.BEFORE_COMMIT, Fault.AFTER_COMMIT, Fault.PERMANENT]
 
 
 @settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(25),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     ids=st.lists(st.integers(0, 60), min_size=1, max_size=80),
