@@ -17,8 +17,8 @@ by skipping. ``SENDONCE_PRETEND_MISSING=java,postgresql,maven`` makes components
 ``postgres_database`` makes a fresh database on it. Under pytest-xdist (the README's
 ``pytest`` runs ``-n 3``) "the run" is each worker: every worker starts its own peers on free
 ports in its own temporary folders. The scheduler sends a whole test module to one worker
-(module-scoped servers are started once) and splits the Spark suite's modules between two
-workers (a Spark session, one JVM, on each), the longest units first.
+(module-scoped servers are started once) and the Spark suite's modules to one worker (one
+Spark session, one JVM: ``xdist_units.SPARK_WORKERS``), the longest units first.
 
 Tests anywhere may run the CLI in this process (click's ``CliRunner``); what it does to
 logging is undone after each test.
