@@ -17,8 +17,8 @@ by skipping. ``SENDONCE_PRETEND_MISSING=java,postgresql,maven`` makes components
 ``postgres_database`` makes a fresh database on it. Under pytest-xdist (the README's
 ``pytest`` runs ``-n 3``) "the run" is each worker: every worker starts its own peers on free
 ports in its own temporary folders. The scheduler sends a whole test module to one worker
-(module-scoped servers are started once) and splits the Spark suite's modules between two
-workers (a Spark session, one JVM, on each), the longest units first.
+(module-scoped servers are started once) and the Spark suite's modules to one worker (one
+Spark session, one JVM: ``xdist_units.SPARK_WORKERS``), the longest units first.
 
 Tests anywhere may run the CLI in this process (click's ``CliRunner``); what it does to
 logging is undone after each test.
@@ -49,8 +49,15 @@ _TESTS = Path(__file__).resolve().parent
 
 # No verdict may depend on how busy the machine is: Hypothesis's per-example deadline and its
 # "input generation is slow" health check both do (a loaded 2-core machine trips them), so the
-# suite's profile turns them off. HYPOTHESIS_PROFILE=default brings them back.
-settings.register_profile("sendonce", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# suite's profile turns them off. HYPOTHESIS_PROFILE=default brings them back. The default run
+# draws fewer examples (50 where a test names none, a quarter where it does: examples.py);
+# HYPOTHESIS_PROFILE=full, .ci/run's property step, draws them all.
+settings.register_profile(
+    "sendonce", deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=50
+)
+settings.register_profile(
+    "full", deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=100
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "sendonce"))
 
 _SPARK_DIR = Path(__file__).resolve().parent / "integration" / "spark"
@@ -157,6 +164,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     missing: list[str] = []
     unrunnable: list[pytest.Item] = []
     for item in items:
+        if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
+            item.add_marker(pytest.mark.property)
         if _SPARK_DIR in Path(str(item.path)).parents:
             item.add_marker(pytest.mark.spark)
         if _ARTEMIS_DIR in Path(str(item.path)).parents:

@@ -180,7 +180,17 @@ def test_every_snippet_of_the_document_runs(
         assert skipped.why, f"{doc.name}:{skipped.line}: a skipped snippet must say why"
     if not blocks:
         pytest.skip("every snippet needs what this machine cannot give")
-    _run_blocks(doc, blocks, tmp_path, request)
+    # A Spark block that stands alone (it continues no block and none continues it) runs by
+    # itself in test_each_snippet_runs_on_its_own, in a fresh interpreter and directory, as a
+    # reader copies it; a second Spark JVM for it here (a minute on a busy machine) would
+    # prove nothing more. The page's other blocks run here in order, as before.
+    rest = [b for i, b in enumerate(blocks) if not _stands_alone_in_spark(blocks, i)]
+    _run_blocks(doc, rest or blocks, tmp_path, request)
+
+
+def _stands_alone_in_spark(blocks: list[Snippet], index: int) -> bool:
+    block, after = blocks[index], blocks[index + 1 : index + 2]
+    return block.mark == "spark" and not block.continues and not (after and after[0].continues)
 
 
 def _run_blocks(

@@ -34,6 +34,7 @@ from pyspark.sql import Row
 import sendonce._buffer
 import sendonce.aio
 import sendonce.aio._sender
+from property_budget import examples
 from sendonce import EntityProfile, IdempotentSender, Ledger, Message, MessageSpec, RetryPolicy
 from sendonce._ledger_layer import LedgerLayer
 from sendonce._message import MessageFactory
@@ -239,7 +240,7 @@ def script(case: Case) -> Any:
 
 ONE_ATTEMPT = RetryPolicy(max_attempts=1, jitter=False)
 PROPERTY = settings(
-    max_examples=40,
+    max_examples=examples(40),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

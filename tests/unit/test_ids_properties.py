@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import sendonce._ids as sendonce_ids
+from property_budget import examples
 from sendonce import MessageIdError, MessageIdTemplate
 from sendonce._ids import canonical_text
 
@@ -133,7 +134,7 @@ def splits(full: str, shape: Shape, limit: int = 64) -> list[tuple[str, ...]]:
 # ---------------------------------------------------------------- injectivity
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), shape=shapes())
 def test_injective_on_adversarial_values(data: st.DataObject, shape: Shape) -> None:
     t = MessageIdTemplate(shape.text, allow_empty=True, overflow="error", max_length=128)
@@ -161,7 +162,7 @@ def test_injective_on_adversarial_values(data: st.DataObject, shape: Shape) -> N
         assert other_id != id1, (shape.text, r1, other)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(data=st.data(), shape=shapes(max_fields=3))
 def test_injective_over_canonical_texts_of_mixed_types(data: st.DataObject, shape: Shape) -> None:
     t = MessageIdTemplate(shape.text, allow_empty=True, overflow="error")
@@ -188,7 +189,7 @@ def test_splits_finds_the_naive_collision() -> None:
 # ---------------------------------------------------------------- readability
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(data=st.data(), shape=shapes())
 def test_readable_values_appear_unchanged(data: st.DataObject, shape: Shape) -> None:
     t = MessageIdTemplate(shape.text, allow_empty=True)
@@ -201,7 +202,7 @@ def test_readable_values_appear_unchanged(data: st.DataObject, shape: Shape) -> 
 # ---------------------------------------------------------------- length bound
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(
     data=st.data(),
     shape=shapes(),
@@ -235,7 +236,7 @@ def test_every_id_within_max_length(data: st.DataObject, shape: Shape, max_lengt
         assert ei.value.field == "message_id"
 
 
-@settings(max_examples=50)
+@settings(max_examples=examples(50))
 @given(
     shape=shapes(max_fields=2),
     max_length=st.integers(34, 64),

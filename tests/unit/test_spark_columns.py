@@ -20,6 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from property_budget import examples
 from sendonce import MessageSpec
 from sendonce.spark import _columns
 from sendonce.spark._columns import Columns, naive_utc_column
@@ -50,7 +51,7 @@ def messages(spec: MessageSpec, plan: ColumnPlan, columns: dict[str, list[Any]])
     return [(m.message_id, m.body) for m in encoded.messages]
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(
     times=st.lists(NAIVE, min_size=1, max_size=8),
     spec_index=st.integers(0, len(SPECS) - 1),

@@ -26,6 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sendonce.aio._sender as aio_sender
+from property_budget import examples
 from sendonce import EntityProfile, IdempotentSender, Ledger, Message
 from sendonce._message import MessageFactory
 from sendonce._message_columns import MessageColumns
@@ -349,7 +350,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBackend]:
         yield backend
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(case=inputs())
 def test_planning_in_steps_gives_the_plan_and_the_error_of_planning_in_one_go(
     case: tuple[str, list[Any], list[Message], int, int], broker: LocalBackend

@@ -19,6 +19,7 @@ from _old_schemas import as_version_5
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from property_budget import examples
 from sendonce import EntityProfile, Message
 from sendonce.backends import Ack
 from sendonce.backends.local import LocalBackend
@@ -154,7 +155,7 @@ def test_a_clock_that_went_back_still_gets_its_ids_swept(
 
 
 @settings(
-    max_examples=40,
+    max_examples=examples(40),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

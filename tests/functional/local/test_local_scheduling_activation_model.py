@@ -16,6 +16,7 @@ from _clock import Clock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from property_budget import examples
 from sendonce import EntityProfile, Message
 from sendonce.backends.local import LocalBackend, MessageNotFoundError
 
@@ -33,7 +34,7 @@ STEPS = st.lists(
 
 
 @settings(
-    max_examples=60,
+    max_examples=examples(60),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

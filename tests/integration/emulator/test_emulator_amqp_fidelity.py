@@ -25,6 +25,7 @@ from azure.servicebus.amqp import AmqpAnnotatedMessage, AmqpMessageBodyType
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from property_budget import examples as drawn
 from sendonce.backends.local import LocalBackend
 from sendonce.emulator import Emulator, _codec
 
@@ -262,7 +263,7 @@ def links(emulator: Emulator) -> Iterator[tuple[Any, Any]]:
 
 
 @settings(
-    max_examples=40,
+    max_examples=drawn(40),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

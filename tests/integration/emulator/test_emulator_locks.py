@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -39,9 +39,13 @@ def test_auto_lock_renewer_keeps_the_lock(short_locks: Emulator, store: LocalBac
         with sb.get_queue_receiver("orders", auto_lock_renewer=renewer) as receiver:
             (m,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
             first_until = m.locked_until_utc
-            time.sleep(2.5)  # longer than the lock: only renewals keep it
-            assert m.locked_until_utc is not None and first_until is not None
-            assert m.locked_until_utc > first_until
+            assert first_until is not None
+            # Past the first lock's end (only renewals keep it now), the lock renewed: waited
+            # for, not slept (a busy machine renews later, never sooner).
+            deadline = time.monotonic() + 30
+            while datetime.now(UTC) <= first_until or m.locked_until_utc <= first_until:
+                assert time.monotonic() < deadline, "the lock was never renewed"
+                time.sleep(0.05)
             receiver.complete_message(m)
         renewer.close()
     assert store.peek("orders") == []

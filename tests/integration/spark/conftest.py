@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_helpers import spark_env
+from spark_helpers import QUICK_JVM, spark_env
 
 HERE = Path(__file__).resolve().parent
 LOG4J = HERE / "log4j2.properties"
@@ -29,7 +29,10 @@ def spark() -> Iterator[Any]:
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J}")
+        .config(
+            "spark.driver.extraJavaOptions",
+            f"-Dlog4j2.configurationFile=file:{LOG4J} {QUICK_JVM}",
+        )
         .getOrCreate()
     )
     yield session

@@ -9,6 +9,17 @@ from typing import Any
 
 from sendonce.backends.local import LocalBackend
 
+# The suite's JVMs run short jobs on small data: C1 alone compiles what they run (C2, the
+# optimising compiler, would spend CPU on code that runs for seconds, on a 2-core machine the
+# other tests need) and one GC thread does. How fast the JVM compiles, nothing it does.
+QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+def quick_jvm_env() -> dict[str, str]:
+    """For a process that starts its own Spark JVM (a sample, the demo): ``QUICK_JVM`` for
+    every JVM it starts (the JVM notes the option on stderr)."""
+    return {"JAVA_TOOL_OPTIONS": QUICK_JVM}
+
 
 def spark_env() -> dict[str, str]:
     """What a Spark driver process needs in its environment on this machine kind."""

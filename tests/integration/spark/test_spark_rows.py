@@ -14,6 +14,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from property_budget import examples
 from sendonce import MessageSpec
 from sendonce.spark._rows import BatchEncoder, ColumnPlan, encode_columns
 
@@ -63,7 +64,7 @@ def plan_for(
     return ColumnPlan(columns, (None,) * len(columns), tuple(kinds), whole)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     spec_index=st.integers(0, len(SPECS) - 1),
     rows=st.lists(
@@ -136,7 +137,7 @@ def test_an_int_too_long_for_text_fails_its_row_without_a_schema() -> None:
     assert [type(e).__name__ for _, e in encoded.errors] == ["MessageIdError"]
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     st.lists(
         st.one_of(st.none(), INSTANT, st.datetimes(datetime(1970, 1, 2), datetime(2100, 1, 1))),
@@ -167,7 +168,7 @@ def test_ids_the_template_refuses_fail_their_row_only() -> None:
     assert sorted(type(e).__name__ for _, e in encoded.errors) == ["MessageIdError"] * 2
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     column=st.one_of(
         st.lists(VALUE, max_size=6),

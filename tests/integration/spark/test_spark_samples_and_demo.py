@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from spark_helpers import spark_env
+from spark_helpers import quick_jvm_env, spark_env
 
 pytestmark = pytest.mark.spark
 
@@ -19,7 +19,7 @@ def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, *args],
         cwd=cwd,
-        env={**os.environ, **spark_env()},
+        env={**os.environ, **spark_env(), **quick_jvm_env()},
         capture_output=True,
         text=True,
         timeout=300,

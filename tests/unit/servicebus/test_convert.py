@@ -11,6 +11,7 @@ from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from property_budget import examples
 from sendonce import Message
 from sendonce.backends.servicebus._convert import from_servicebus_message, to_servicebus_message
 from sendonce.errors import MessageIdError, ValidationError
@@ -133,7 +134,7 @@ prop_values = st.one_of(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     body=st.one_of(st.binary(max_size=200), st.text(max_size=200)),
     message_id=keys,

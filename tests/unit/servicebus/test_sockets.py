@@ -71,11 +71,17 @@ def hang_up() -> Iterator[Peer]:
     peer.close()
 
 
-def _open_workers() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("sendonce-servicebus-open")]
+def _open_workers(before: set[threading.Thread]) -> list[threading.Thread]:
+    """The link-opening threads started since ``before`` (not another test's)."""
+    return [
+        t
+        for t in set(threading.enumerate()) - before
+        if t.name.startswith("sendonce-servicebus-open")
+    ]
 
 
 def test_a_silent_peer_cannot_hang_send_or_schedule(silent: Peer) -> None:
+    before = set(threading.enumerate())
     backend = AzureServiceBusBackend.from_connection_string(_conn_str(silent.port))
     try:
         with pytest.raises(TransientSendError, match="nothing was sent") as info:
@@ -91,7 +97,7 @@ def test_a_silent_peer_cannot_hang_send_or_schedule(silent: Peer) -> None:
         assert len(silent.accepted) == 2  # each attempt opened a new connection
     finally:
         backend.close()  # must not deadlock on the abandoned links
-    for worker in _open_workers():
+    for worker in _open_workers(before):
         worker.join(timeout=30)
         assert not worker.is_alive(), "the abandoned link-opening thread must end"
 
