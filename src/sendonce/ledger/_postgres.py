@@ -163,7 +163,7 @@ _PACK_SQL = (
 _UPGRADE_FROM_2 = [
     "LOCK TABLE sendonce_ledger IN ACCESS EXCLUSIVE MODE",
     "ALTER TABLE sendonce_ledger RENAME TO sendonce_ledger_v2",
-    "ALTER INDEX sendonce_ledger_age RENAME TO sendonce_ledger_v2_age",
+    "ALTER INDEX IF EXISTS sendonce_ledger_age RENAME TO sendonce_ledger_v2_age",
     _KEYS_TABLE.split(";")[0],
     "INSERT INTO sendonce_ledger (k, digest, first_attempt, owner, confirmed_at, outcome) "
     f"SELECT {_PACK_SQL}, digest, first_attempt, owner, confirmed_at, outcome "
