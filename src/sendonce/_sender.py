@@ -23,7 +23,7 @@ from typing import Any, cast
 from ._buffer import DEFAULT_MAX_BUFFER_BYTES, Chunks, check_buffer
 from ._entity import EntityProfile
 from ._flight import Retries, Submit, TransferFlight
-from ._inflight import KeyGate, Stopped, fly, gate_for, in_flight_limit
+from ._inflight import Flight, KeyGate, Pending, Stopped, fly, gate_for, in_flight_limit
 from ._ledger_layer import LEDGER_FAILURES, WriteAhead
 from ._message import Message
 from ._message_columns import MessageColumns
@@ -361,7 +361,7 @@ class IdempotentSender(SenderCore):
         submit = self._native_submit()
         retries = Retries(self.max_in_flight)
 
-        def launch(index: int) -> Future[list[Part]]:
+        def launch(index: int) -> Pending[list[Part]]:
             assert submit is not None
             return self._flight(submit, batches[index], started, stop, [0], retries)
 
@@ -499,10 +499,10 @@ class IdempotentSender(SenderCore):
         native = self._native_submit()
         retries = Retries(self.max_in_flight)
 
-        def launch(index: int) -> Future[list[Part]]:
+        def launch(index: int) -> Pending[list[Part]]:
             sends, start = run.to_send(index)
             if not sends:
-                nothing: Future[list[Part]] = Future()
+                nothing: Flight[list[Part]] = Flight()
                 nothing.set_result([])
                 return nothing
             assert native is not None

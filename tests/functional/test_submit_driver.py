@@ -46,9 +46,9 @@ class Looped(Backend):
     completes (as Artemis' event loop does); ``send`` waits on its own submission.
 
     It notes the threads alive at each submission that were not alive when it was made
-    (a thread another test of the same worker left behind is not this call's), how many transfers are outstanding
-    (most at once, and per key), and holds the first transfer until ``hold_until``
-    transfers are outstanding when that is set."""
+    (a thread another test of the same worker left behind is not this call's), how many
+    transfers are outstanding (most at once, and per key), and holds the first transfer
+    until ``hold_until`` transfers are outstanding when that is set."""
 
     capabilities = Capabilities(max_in_flight=16, messaging_system="looped", native_submit=True)
 
