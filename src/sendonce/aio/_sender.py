@@ -22,34 +22,28 @@ from functools import partial
 from types import TracebackType
 from typing import Any, Literal, cast
 
-from .._buffer import DEFAULT_MAX_BUFFER_BYTES, Chunks, check_buffer
+from .._buffer import DEFAULT_MAX_BUFFER_BYTES, check_buffer
+from .._calls import SenderCalls, TransactionCore
+from .._effects import Attempt, Effect, Fly, Mark, Pause, Read, Schedule, Store, Transfer, arun
 from .._entity import EntityProfile
 from .._inflight import gate_for, in_flight_limit
-from .._ledger_layer import LEDGER_FAILURES, LedgerLayer, WriteAhead
+from .._ledger_layer import LedgerLayer, WriteAhead
 from .._message import Message
-from .._message_columns import MessageColumns
-from .._report import Part, ack_results, sent_before
+from .._report import Part
 from .._retry import Attempted, RetryPolicy
 from .._sender import SendReport, SendResult, _open_ledger
 from .._sender_core import (
     DEFAULT_MAX_BATCH_MESSAGES,
     DEFAULT_MEMORY_SIZE,
-    SenderCore,
-    _Plan,
-    _Planning,
     transfer_key,
 )
 from ..backends._base import Ack
 from ..backends._dispatch import dispatch, reports_dispatch
 from ..errors import (
     ConfigurationError,
-    InDoubtError,
-    MessageSizeError,
-    PermanentSendError,
     SendError,
 )
 from ..ledger import Key, Ledger
-from ..ledger._ledger import Prepared
 from ..ledger._store import Confirmation
 from ._base import AsyncBackend
 from ._inflight import AsyncKeyGate, afly, cancelled_meanwhile, cancelling
@@ -69,7 +63,7 @@ PLAN_SLICE = 2048
 (~1-3 us each: a few ms per slice)."""
 
 
-class IdempotentSender(SenderCore):
+class IdempotentSender(SenderCalls):
     """Sends messages from an event loop so each business message lands exactly once.
 
     ``backend`` is an :class:`~sendonce.aio.AsyncBackend` (not closed by the
@@ -85,6 +79,8 @@ class IdempotentSender(SenderCore):
     overlap and start in input order. ``max_buffer_bytes`` bounds what ``send_many``
     holds of a streamed input (a generator), as with the sync sender.
     """
+
+    _plan_slice = PLAN_SLICE
 
     def __init__(
         self,
@@ -279,28 +275,7 @@ class IdempotentSender(SenderCore):
         original deadline (see the sync ``IdempotentSender.send``).
         """
         self._check_open()
-        before = cancelling()
-        started = self._started(first_attempt)
-        self._plan_remembered((message,), what="message", batch=False)
-        if self._ledger is not None:
-            report = SendReport()
-            await self._send_through_ledger([[message]], [(0,)], report, {}, started)
-        else:
-            # One transfer: straight to it, holding as little as possible while it waits
-            # for a lane (hundreds of callers may be waiting; see docs/benchmarks.md).
-            batch = (message,)
-            key = self._gate_key(batch)
-            if key is None:  # unordered: nothing to hold
-                parts = await self._transfer_held(batch, started, None)
-            else:
-                async with self._gate.hold(key):
-                    parts = await self._transfer_held(batch, started, None)
-            report = SendReport()
-            self._account_parts(parts, report, {}, (0,))  # failures name the message
-        cancelled_meanwhile(before)
-        if report.failures:
-            raise report.failures[0].error
-        return report.results[0]
+        return await arun(self._send_one_steps(message, first_attempt), self._perform)
 
     async def send_many(
         self, messages: Iterable[Message], *, first_attempt: float | datetime | None = None
@@ -316,71 +291,48 @@ class IdempotentSender(SenderCore):
         between slices.
         """
         self._check_open()
-        before = cancelling()
-        started = self._started(first_attempt)
-        if isinstance(messages, list | tuple | MessageColumns):
-            report = await self._send_planned(messages, started)
-            cancelled_meanwhile(before)
-            return report
-        report = SendReport()
-        chunks = Chunks(messages, self.max_buffer_bytes)
-        handled = 0  # messages whose outcome is in the report
-        try:
-            while True:
-                # The generator's own work (building each message) is done a slice at a
-                # time, other tasks running between slices; the input waits while the
-                # chunk before is sent.
-                while chunks.read(READ_SLICE):
-                    await asyncio.sleep(0)
-                chunk, base = chunks.take()
-                if chunk:
-                    report._absorb(await self._send_planned(chunk, started, base), base)
-                    handled = base + len(chunk)
-                if chunks.exhausted:
-                    break
-                await asyncio.sleep(0)
-            cancelled_meanwhile(before)
-        except BaseException as exc:
-            if handled:
-                sent_before(exc, report, handled)
-            raise
-        report._in_input_order()
-        return report
+        return await arun(self._send_many_steps(messages, first_attempt), self._perform)
 
-    async def _send_planned(
-        self, items: Sequence[Message], started: float | None, base: int = 0
-    ) -> SendReport:
-        """Plan ``items`` (a whole call, or a chunk of a streamed one from input position
-        ``base``), send them, and report with positions from 0."""
-        plan = await self._plan_yielding(items, base)
-        report = SendReport()
-        failed: dict[object, SendError] = {}
-        if self._ledger is not None:
-            plan.reordered |= await self._send_through_ledger(
-                plan.batches, plan.positions, report, failed, started
+    async def _perform(self, effect: Effect) -> Any:
+        """An effect of a call's steps (``_calls``), awaited: a store's call in a worker
+        thread, a pause as a turn of the event loop."""
+        kind = type(effect)
+        if kind is Attempt:
+            e = cast("Attempt", effect)
+            return await self._attempt_transfer(
+                e.batch, atomic=e.atomic, started=e.started, tried=e.tried
             )
-        else:
-            await self._send_transfers(plan.batches, plan.positions, report, failed, started)
-        self._account_repeats(items, plan, report, failed)
-        return report
-
-    async def _plan_yielding(self, items: Sequence[Message], base: int = 0) -> _Plan:
-        """``_plan_remembered``, a slice at a time for a big input: other tasks run
-        between slices (a cancellation too: nothing is sent then), and every message is
-        validated before any is sent."""
-        if len(items) <= PLAN_SLICE:
-            return self._plan_remembered(items, what="messages", base=base)
-        planning = _Planning(self, items, "messages", True, base)
-        additions = self._memory.additions
-        while True:
-            with self._state_lock:
-                more = planning.step(PLAN_SLICE)
-            if not more:
-                break
+        if kind is Transfer:
+            t = cast("Transfer", effect)
+            return await self._transfer(t.batch, t.started)
+        if kind is Fly:
+            f = cast("Fly", effect)
+            if self._ledger is not None:
+                return await self._send_through_ledger(
+                    f.batches, f.positions, f.report, f.failed, f.started
+                )
+            await self._send_transfers(f.batches, f.positions, f.report, f.failed, f.started)
+            return False
+        if kind is Mark:
+            mark = cast("Mark", effect)
+            if mark.check:
+                cancelled_meanwhile(mark.before)
+                return None
+            return cancelling()
+        if kind is Pause:
             await asyncio.sleep(0)
-        plan = planning.result()
-        self._remember_stepped(plan, items, "messages", additions, base)
-        return plan
+            return None
+        if kind is Store:
+            store = cast("Store", effect)
+            return await asyncio.to_thread(store.fn, *store.args)
+        if kind is Read:
+            # The generator's own work (building each message) is done a slice at a time,
+            # other tasks running between slices.
+            chunks = cast("Read", effect).chunks
+            while chunks.read(READ_SLICE):
+                await asyncio.sleep(0)
+            return None
+        return await self._scheduled(cast("Schedule", effect))
 
     async def _send_transfers(
         self,
@@ -409,39 +361,15 @@ class IdempotentSender(SenderCore):
             if not index % ACCOUNT_SLICE:
                 await asyncio.sleep(0)
 
-    def _gate_key(self, batch: Sequence[Message]) -> object:
-        key = transfer_key(batch)
-        return None if key is None else (self.profile.name, key)
-
     async def _transfer(
         self, batch: Sequence[Message], started: float | None, tried: list[int] | None = None
     ) -> list[Part]:
-        """One planned transfer with its retries, its key held (split if too big)."""
+        """One planned transfer with its retries (``_calls``), its key held."""
         key = self._gate_key(batch)
         if key is None:  # unordered: nothing to hold
-            return await self._transfer_held(batch, started, tried)
+            return await arun(self._transfer_steps(batch, started, tried), self._perform)
         async with self._gate.hold(key):
-            return await self._transfer_held(batch, started, tried)
-
-    async def _transfer_held(
-        self,
-        batch: Sequence[Message],
-        started: float | None,
-        tried: list[int] | None,
-        offset: int = 0,
-    ) -> list[Part]:
-        """``offset``: where ``batch`` starts in its planned transfer (once split)."""
-        try:
-            attempted = await self._attempt_transfer(batch, started=started, tried=tried)
-        except MessageSizeError:
-            if len(batch) == 1:
-                raise
-            half = len(batch) // 2  # the transport's real limit is below our estimate: split
-            first = await self._transfer_held(batch[:half], started, tried, offset)
-            return first + await self._transfer_held(batch[half:], started, tried, offset + half)
-        except (InDoubtError, PermanentSendError) as exc:
-            return [Part(batch, None, exc, offset)]
-        return [Part(batch, attempted, None, offset)]
+            return await arun(self._transfer_steps(batch, started, tried), self._perform)
 
     async def _send_through_ledger(
         self,
@@ -513,61 +441,24 @@ class IdempotentSender(SenderCore):
     ) -> SendResult:
         """Schedule one message for ``at``; it shares the duplicate-detection id space."""
         self._check_open()
-        self._check_schedule_time(message, at)
-        started = self._started(first_attempt)
-        self._plan_remembered((message,), what="message", batch=False)
-        entity = self.profile.name
-        backend = self._backend
-        layer = self._ledger_layer
-        prepared: Prepared | None = None
-        if layer is not None:
-            try:
-                written: Prepared | Exception = await asyncio.to_thread(
-                    layer.intents, [message], layer.keys([message]), None
-                )
-            except LEDGER_FAILURES as exc:
-                written = exc
-            decided = layer.schedule_start(message, written)
-            if isinstance(decided, SendResult):
-                return decided
-            prepared = decided
-            started = layer.resumed(prepared, started)
+        return await arun(self._schedule_steps(message, at, first_attempt), self._perform)
 
-        wire: Sequence[Message] = [message]
+    async def _scheduled(self, effect: Schedule) -> Attempted[list[Ack]]:
+        """The retried schedule of one message, its key held (a span around it if traced)."""
+        entity, backend, at = self.profile.name, self._backend, effect.at
+        wire: Sequence[Message] = [effect.message]
 
         async def attempt(timeout: float) -> list[Ack]:
             return await backend.schedule(entity, wire, at, timeout=timeout)
 
-        async def retried() -> Attempted[list[Ack]]:
-            return await self.retry.acall(attempt, **self._retry_terms((message,), started))
-
+        terms = self._retry_terms(wire, effect.started)
         telemetry = self._otel
-        before = cancelling()
-        try:
-            async with self._gate.hold(self._gate_key([message])):
-                if telemetry is None:
-                    attempted = await retried()
-                else:
-                    with telemetry.transfer(self, wire, "schedule") as scope:
-                        wire = scope.wire(wire)
-                        attempted = scope.acked(await retried())
-        except PermanentSendError:
-            if layer is not None and prepared is not None:  # refused: nothing was stored
-                keys = prepared.refused([0])
-                await asyncio.to_thread(layer.release_quietly, keys, prepared.owner)
-            raise
-        result = ack_results(
-            [message],
-            attempted.value,
-            attempted.attempts,
-            attempted.in_doubt_before,
-            scheduled=True,
-        )[0]
-        if layer is not None and prepared is not None:
-            confirmation = layer.scheduled(prepared, result)
-            await asyncio.to_thread(layer.confirm_quietly, confirmation)
-        cancelled_meanwhile(before)
-        return result
+        async with self._gate.hold(self._gate_key(wire)):
+            if telemetry is None:
+                return await self.retry.acall(attempt, **terms)
+            with telemetry.transfer(self, wire, "schedule") as scope:
+                wire = scope.wire(wire)
+                return scope.acked(await self.retry.acall(attempt, **terms))
 
     # -- transactions ----------------------------------------------------------------
 
@@ -588,36 +479,23 @@ class IdempotentSender(SenderCore):
 
     async def _send_atomic(self, messages: list[Message]) -> SendReport:
         self._check_open()
-        self._plan_remembered(messages, what="transaction", batch=False)
-        report = SendReport()
-        if messages:
-            attempted = await self._attempt_transfer(messages, atomic=True)
-            self._account(report, messages, attempted, {}, range(len(messages)))
-        return report
+        return await arun(self._atomic_steps(messages), self._perform)
 
 
-class Transaction:
+class Transaction(TransactionCore):
     """A group of messages committed all or nothing when its ``async with`` block exits.
 
     ``report`` holds the outcome once committed: members of a group the broker
     ignored (another member was a duplicate) are failures in it.
     """
 
-    def __init__(self, sender: IdempotentSender) -> None:
-        self._sender = sender
-        self.messages: list[Message] = []
-        self.report: SendReport | None = None
-
     def send(self, message: Message) -> None:
         """Validate ``message`` and add it to the group (sent on commit)."""
-        self._sender._plan((message,), what="message", batch=False)
-        self.messages.append(message)
+        self._add((message,), "message")
 
     def send_many(self, messages: Iterable[Message]) -> None:
         """Add ``messages`` to the group (validated now, sent when the ``async with`` exits)."""
-        batch = list(messages)
-        self._sender._plan(batch, what="messages", batch=False)
-        self.messages.extend(batch)
+        self._add(messages, "messages")
 
 
 def _settle(
