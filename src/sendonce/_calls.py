@@ -10,32 +10,51 @@ effects its own way and holds nothing of the logic.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
 from ._buffer import Chunks
-from ._effects import Attempt, Fly, Mark, Pause, Read, Schedule, Steps, Store, Transfer
-from ._ledger_layer import LEDGER_FAILURES
+from ._effects import (
+    Ahead,
+    Attempt,
+    Drain,
+    Flights,
+    LedgerFlights,
+    Mark,
+    Pause,
+    Read,
+    Schedule,
+    Steps,
+    Store,
+    Transfer,
+)
+from ._ledger_layer import LEDGER_FAILURES, LedgerLayer
 from ._message import Message
 from ._message_columns import MessageColumns
 from ._report import Part, SendReport, SendResult, ack_results, sent_before
 from ._sender_core import SenderCore, _Plan, _Planning, transfer_key
 from .errors import InDoubtError, MessageSizeError, PermanentSendError, SendError
+from .ledger import Key
 from .ledger._ledger import Prepared
+from .ledger._store import Confirmation
 
 __all__ = ["SenderCalls", "TransactionCore"]
 
 logger = logging.getLogger("sendonce.sender")
 
 MARK = Mark()
+LIGHT_RUN = 512
+"""Transfers a ledger run may be set up over in the event loop itself (a few ms at most)."""
 
 
 class SenderCalls(SenderCore):
     """The calls of both senders as steps; a shell runs them (``run`` or ``arun``)."""
 
-    _plan_slice: int | None = None
-    """Messages planned between two pauses (None: a whole input at once, the sync sender)."""
+    def _slice(self, what: str) -> int | None:
+        """How many messages (``"plan"``) or transfers (``"account"``) a call handles
+        between two pauses (None: all at once, as the sync sender does)."""
+        return None
 
     def _gate_key(self, batch: Sequence[Message]) -> object:
         """The key a transfer holds across calls and senders (None: unordered)."""
@@ -79,7 +98,7 @@ class SenderCalls(SenderCore):
         self._plan_remembered((message,), what="message", batch=False)
         report = SendReport()
         if self._ledger is not None:
-            yield Fly([[message]], [(0,)], report, {}, started)
+            yield from self._fly_steps([[message]], [(0,)], report, {}, started)
         else:
             # One transfer: straight to it, no lanes or tasks to set up (failures name it).
             parts = yield Transfer((message,), started)
@@ -129,8 +148,9 @@ class SenderCalls(SenderCore):
         plan = yield from self._plan_steps(items, base)
         report = SendReport()
         failed: dict[object, SendError] = {}
-        reordered = yield Fly(plan.batches, plan.positions, report, failed, started)
-        plan.reordered |= reordered
+        plan.reordered |= yield from self._fly_steps(
+            plan.batches, plan.positions, report, failed, started
+        )
         self._account_repeats(items, plan, report, failed)
         logger.debug(
             "send_many to %r: %d message(s) in %d transfer(s): %r",
@@ -145,7 +165,7 @@ class SenderCalls(SenderCore):
         """``_plan_remembered``, a slice at a time for a big input when the shell pauses
         (other tasks run between slices, a cancellation too: nothing is sent then); every
         message is validated before any is sent."""
-        step = self._plan_slice
+        step = self._slice("plan")
         if step is None or len(items) <= step:
             return self._plan_remembered(items, what="messages", base=base)
         planning = _Planning(self, items, "messages", True, base)
@@ -159,6 +179,73 @@ class SenderCalls(SenderCore):
         plan = planning.result()
         self._remember_stepped(plan, items, "messages", additions, base)
         return plan
+
+    # -- a planned call's transfers, with the ledger around them -------------------------
+
+    def _fly_steps(
+        self,
+        batches: Sequence[Sequence[Message]],
+        positions: Sequence[Sequence[int]],
+        report: SendReport,
+        failed: dict[object, SendError],
+        started: float | None,
+    ) -> Steps[bool]:
+        """Every transfer, up to ``max_in_flight`` at once, one per key at a time, then
+        the report in input order whatever order they ended in; through the ledger when
+        the sender has one. Whether the ledger took entries out of the transfers' order."""
+        if self._ledger is not None:
+            return (yield from self._ledger_steps(batches, positions, report, failed, started))
+        outcomes = yield Flights(batches, started)
+        yield from self._account_steps(outcomes, positions.__getitem__, report, failed)
+        return False
+
+    def _ledger_steps(
+        self,
+        batches: Sequence[Sequence[Message]],
+        positions: Sequence[Sequence[int]],
+        report: SendReport,
+        failed: dict[object, SendError],
+        started: float | None,
+    ) -> Steps[bool]:
+        """The transfers with the ledger's run around them (``sendonce.ledger._run``).
+
+        The next window's intents are written in a worker thread while this window's
+        transfers are in flight, as far ahead as the run allows; a transfer starts only
+        once its window is durable. On the way out, interrupted or not, intents never
+        attempted are released and acknowledged transfers confirmed.
+        """
+        layer = self._ledger_layer
+        assert layer is not None
+        setup = (batches, positions, report, failed, started)
+        run = yield Store(self._ledger_run, setup, light=len(batches) <= LIGHT_RUN)
+        outcomes: list[list[Part]] = [[] for _ in batches]
+        ahead = yield Ahead(run)
+        try:
+            ahead.launch()
+            yield LedgerFlights(run, ahead, outcomes)
+        finally:
+            yield Drain(ahead)  # a window written ahead: learn its owner, to release it
+            releases, confirmation = ahead.closing()
+            yield Store(settle, (layer, releases, confirmation))
+        yield from self._account_steps(outcomes, run.sent_at, report, failed)
+        yield Store(layer.ledger.maybe_prune)
+        return bool(run.reordered)
+
+    def _account_steps(
+        self,
+        outcomes: Sequence[Sequence[Part]],
+        at: Callable[[int], Sequence[int]],
+        report: SendReport,
+        failed: dict[object, SendError],
+    ) -> Steps[None]:
+        """Record what became of each transfer (``at(i)``: the input positions of the
+        messages transfer ``i`` sent), pausing between slices."""
+        step = self._slice("account")
+        for index, parts in enumerate(outcomes):
+            if parts:
+                self._account_parts(parts, report, failed, at(index))
+            if step is not None and index % step == step - 1:
+                yield Pause()
 
     # -- schedule, all-or-nothing groups -------------------------------------------------
 
@@ -228,3 +315,15 @@ class TransactionCore:
         batch = list(messages)
         self._sender._plan(batch, what=what, batch=False)
         self.messages.extend(batch)
+
+
+def settle(
+    layer: LedgerLayer,
+    releases: list[tuple[list[Key], str]],
+    confirmation: Confirmation | None,
+) -> None:
+    """The ledger writes of a call's way out (one worker-thread hop in aio)."""
+    for keys, owner in releases:
+        layer.release_quietly(keys, owner)
+    if confirmation:
+        layer.confirm_quietly(confirmation)

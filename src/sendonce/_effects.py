@@ -21,9 +21,12 @@ from typing import Any, TypeVar, cast
 from ._message import Message
 
 __all__ = [
+    "Ahead",
     "Attempt",
+    "Drain",
     "Effect",
-    "Fly",
+    "Flights",
+    "LedgerFlights",
     "Mark",
     "Pause",
     "Read",
@@ -55,6 +58,8 @@ class Store(Effect):
 
     fn: Callable[..., Any]
     args: tuple[Any, ...] = ()
+    light: bool = False
+    """Cheap enough for the event loop itself (no worker thread)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,15 +115,36 @@ class Schedule(Effect):
 
 
 @dataclass(frozen=True, slots=True)
-class Fly(Effect):
-    """A planned call's transfers, in flight up to the sender's limit, accounted into
-    ``report`` (through the ledger when the sender has one): whether the ledger reordered."""
+class Flights(Effect):
+    """A planned call's transfers (no ledger), up to the sender's limit in flight, one per
+    key at a time: what became of each (its ``Part`` list, in planned order)."""
 
     batches: Sequence[Sequence[Message]]
-    positions: Sequence[Sequence[int]]
-    report: Any
-    failed: dict[object, Any]
     started: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Ahead(Effect):
+    """The call's ``WriteAhead`` over ``run``: its writes in the shell's worker thread."""
+
+    run: Any
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerFlights(Effect):
+    """The run's transfers in flight, each once its window is durable (``ahead.ready``),
+    its outcome noted in the run and put in ``outcomes``."""
+
+    run: Any
+    ahead: Any
+    outcomes: list[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Drain(Effect):
+    """On a call's way out: wait for the ledger write still in flight and take its answer."""
+
+    ahead: Any
 
 
 def run(steps: Steps[T], perform: Callable[[Effect], Any]) -> T:

@@ -22,11 +22,23 @@ from typing import Any, cast
 
 from ._buffer import DEFAULT_MAX_BUFFER_BYTES, check_buffer
 from ._calls import SenderCalls, TransactionCore
-from ._effects import Attempt, Effect, Fly, Read, Schedule, Store, Transfer, run
+from ._effects import (
+    Ahead,
+    Attempt,
+    Drain,
+    Effect,
+    Flights,
+    LedgerFlights,
+    Read,
+    Schedule,
+    Store,
+    Transfer,
+    run,
+)
 from ._entity import EntityProfile
 from ._flight import Retries, Submit, TransferFlight
 from ._inflight import Flight, KeyGate, Pending, Stopped, fly, gate_for, in_flight_limit
-from ._ledger_layer import WriteAhead
+from ._ledger_layer import LedgerRun, WriteAhead
 from ._message import Message
 from ._report import (
     Outcome,
@@ -44,7 +56,6 @@ from ._sender_core import (
 from .backends._base import Ack, Backend, capabilities_of, submit_of
 from .errors import (
     ConfigurationError,
-    SendError,
 )
 from .ledger import Ledger
 
@@ -278,14 +289,11 @@ class IdempotentSender(SenderCalls):
                 return self._transfer(t.batch, t.started, None)
             with self._gate.hold(key):
                 return self._transfer(t.batch, t.started, None)
-        if kind is Fly:
-            f = cast("Fly", effect)
-            if self._ledger is not None:
-                return self._send_through_ledger(
-                    f.batches, f.positions, f.report, f.failed, f.started
-                )
-            self._send_transfers(f.batches, f.positions, f.report, f.failed, f.started)
-            return False
+        if kind is Flights:
+            flights = cast("Flights", effect)
+            return self._flights(flights.batches, flights.started)
+        if kind is LedgerFlights:
+            return self._ledger_flights(cast("LedgerFlights", effect))
         if kind is Store:
             store = cast("Store", effect)
             return store.fn(*store.args)
@@ -294,21 +302,22 @@ class IdempotentSender(SenderCalls):
             return None
         if kind is Schedule:
             return self._scheduled(cast("Schedule", effect))
+        if kind is Ahead:
+            return self._ahead(cast("Ahead", effect).run)
+        if kind is Drain:
+            ahead = cast("Drain", effect).ahead
+            if ahead.in_flight is not None:
+                ahead.collect(then_next=False)
+            self._ledger_writer().submit(int).result()  # every write queued has ended
+            return None
         return 0  # Mark, Pause: nothing to do in a thread
 
-    def _send_transfers(
-        self,
-        batches: Sequence[Sequence[Message]],
-        positions: Sequence[Sequence[int]],
-        report: SendReport,
-        failed: dict[object, SendError],
-        started: float | None,
-    ) -> None:
-        """Every transfer, up to ``max_in_flight`` at once, one per key at a time.
-
-        The report is written in input order once all are over, whatever order they
-        ended in. An interruption lets the transfers in flight end and starts no other.
-        """
+    def _flights(
+        self, batches: Sequence[Sequence[Message]], started: float | None
+    ) -> list[list[Part]]:
+        """Every transfer, up to ``max_in_flight`` at once, one per key at a time; what
+        became of each. An interruption lets the transfers in flight end and starts no
+        other."""
         stop = threading.Event()
         outcomes: list[list[Part]] = [[] for _ in batches]
 
@@ -323,7 +332,6 @@ class IdempotentSender(SenderCalls):
         def finish(index: int, parts: list[Part]) -> None:
             outcomes[index] = parts
 
-        keys = [transfer_key(batch) for batch in batches]
         submit = self._native_submit()
         retries = Retries(self.max_in_flight)
 
@@ -332,11 +340,11 @@ class IdempotentSender(SenderCalls):
             return self._flight(submit, batches[index], started, stop, [0], retries)
 
         try:
+            keys = [transfer_key(batch) for batch in batches]
             fly(keys, self.max_in_flight, step, finish, stop, launch=launch if submit else None)
         finally:
             retries.close()
-        for parts, at in zip(outcomes, positions, strict=True):
-            self._account_parts(parts, report, failed, at)
+        return outcomes
 
     def _native_submit(self) -> Submit | None:
         """The backend's own non-blocking ``submit`` where it has one (docs/engine.md) and
@@ -395,28 +403,9 @@ class IdempotentSender(SenderCalls):
                 self._ledger_pid = os.getpid()
             return self._ledger_pool
 
-    def _send_through_ledger(
-        self,
-        batches: Sequence[Sequence[Message]],
-        positions: Sequence[Sequence[int]],
-        report: SendReport,
-        failed: dict[object, SendError],
-        started: float | None,
-    ) -> bool:
-        """The transfers with the ledger around them (see ``_ledger_layer``).
-
-        The next window's intents are written in a worker thread while this window's
-        transfers are in flight (SQLite and psycopg release the GIL), as far ahead as
-        ``LedgerRun`` allows; a transfer starts only once its window is
-        durable. On the way out, interrupted or not, intents never attempted are released
-        and acknowledged transfers confirmed. Returns whether the report got entries from
-        the ledger (out of the transfers' order).
-        """
-        layer = self._ledger_layer
-        assert layer is not None
-        run = self._ledger_run(batches, positions, report, failed, started)
-        stop = threading.Event()
-        outcomes: list[list[Part]] = [[] for _ in batches]
+    def _ahead(self, run: LedgerRun) -> WriteAhead:
+        """The call's ledger writes, in the sender's worker thread (SQLite and psycopg
+        release the GIL), beside the transfers in flight."""
         pool = self._ledger_writer()
 
         def submit(fn: Any, *args: Any) -> Future[Any]:
@@ -427,7 +416,17 @@ class IdempotentSender(SenderCalls):
             return pool.submit(contextvars.copy_context().run, fn, *args)
 
         # ``room`` is never set: waited for beside the transfers in flight.
-        ahead = WriteAhead(run, submit, Future())
+        return WriteAhead(run, submit, Future())
+
+    def _ledger_flights(self, effect: LedgerFlights) -> None:
+        """The run's transfers in flight, each once its window is durable; a refused
+        transfer's intents released as it ends (before its window's confirmation)."""
+        run: LedgerRun = effect.run
+        ahead: WriteAhead = effect.ahead
+        outcomes = effect.outcomes
+        layer = self._ledger_layer
+        assert layer is not None
+        stop = threading.Event()
 
         def ready(index: int) -> Future[Any] | None:
             return cast("Future[Any] | None", ahead.ready(index))
@@ -459,8 +458,7 @@ class IdempotentSender(SenderCalls):
             return self._flight(native, sends, start, stop, run.tried[index], retries)
 
         try:
-            ahead.launch()
-            keys = [transfer_key(batch) for batch in batches]
+            keys = [transfer_key(batch) for batch in run.batches]
             fly(
                 keys,
                 self.max_in_flight,
@@ -472,19 +470,6 @@ class IdempotentSender(SenderCalls):
             )
         finally:
             retries.close()
-            if ahead.in_flight is not None:  # a window written ahead: learn its owner
-                ahead.collect(then_next=False)
-            pool.submit(int).result()  # every write queued has ended
-            releases, confirmation = ahead.closing()
-            for keys_, owner in releases:
-                layer.release_quietly(keys_, owner)
-            if confirmation:
-                layer.confirm_quietly(confirmation)
-        for index, parts in enumerate(outcomes):
-            if parts:
-                self._account_parts(parts, report, failed, run.sent_at(index))
-        layer.ledger.maybe_prune()
-        return run.reordered
 
     def schedule(
         self, message: Message, at: datetime, *, first_attempt: float | datetime | None = None

@@ -18,16 +18,29 @@ import logging
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
-from functools import partial
 from types import TracebackType
 from typing import Any, Literal, cast
 
 from .._buffer import DEFAULT_MAX_BUFFER_BYTES, check_buffer
 from .._calls import SenderCalls, TransactionCore
-from .._effects import Attempt, Effect, Fly, Mark, Pause, Read, Schedule, Store, Transfer, arun
+from .._effects import (
+    Ahead,
+    Attempt,
+    Drain,
+    Effect,
+    Flights,
+    LedgerFlights,
+    Mark,
+    Pause,
+    Read,
+    Schedule,
+    Store,
+    Transfer,
+    arun,
+)
 from .._entity import EntityProfile
 from .._inflight import gate_for, in_flight_limit
-from .._ledger_layer import LedgerLayer, WriteAhead
+from .._ledger_layer import LedgerRun, WriteAhead
 from .._message import Message
 from .._report import Part
 from .._retry import Attempted, RetryPolicy
@@ -41,10 +54,8 @@ from ..backends._base import Ack
 from ..backends._dispatch import dispatch, reports_dispatch
 from ..errors import (
     ConfigurationError,
-    SendError,
 )
-from ..ledger import Key, Ledger
-from ..ledger._store import Confirmation
+from ..ledger import Ledger
 from ._base import AsyncBackend
 from ._inflight import AsyncKeyGate, afly, cancelled_meanwhile, cancelling
 
@@ -80,7 +91,8 @@ class IdempotentSender(SenderCalls):
     holds of a streamed input (a generator), as with the sync sender.
     """
 
-    _plan_slice = PLAN_SLICE
+    def _slice(self, what: str) -> int | None:
+        return PLAN_SLICE if what == "plan" else ACCOUNT_SLICE
 
     def __init__(
         self,
@@ -305,14 +317,11 @@ class IdempotentSender(SenderCalls):
         if kind is Transfer:
             t = cast("Transfer", effect)
             return await self._transfer(t.batch, t.started)
-        if kind is Fly:
-            f = cast("Fly", effect)
-            if self._ledger is not None:
-                return await self._send_through_ledger(
-                    f.batches, f.positions, f.report, f.failed, f.started
-                )
-            await self._send_transfers(f.batches, f.positions, f.report, f.failed, f.started)
-            return False
+        if kind is Flights:
+            flights = cast("Flights", effect)
+            return await self._flights(flights.batches, flights.started)
+        if kind is LedgerFlights:
+            return await self._ledger_flights(cast("LedgerFlights", effect))
         if kind is Mark:
             mark = cast("Mark", effect)
             if mark.check:
@@ -324,7 +333,24 @@ class IdempotentSender(SenderCalls):
             return None
         if kind is Store:
             store = cast("Store", effect)
+            if store.light:
+                return store.fn(*store.args)
             return await asyncio.to_thread(store.fn, *store.args)
+        if kind is Ahead:
+
+            def submit(fn: Any, *args: Any) -> asyncio.Future[Any]:
+                return asyncio.ensure_future(asyncio.to_thread(fn, *args))
+
+            # ``room`` is never set: waited for beside the transfers in flight.
+            loop = asyncio.get_running_loop()
+            return WriteAhead(cast("Ahead", effect).run, submit, loop.create_future())
+        if kind is Drain:
+            ahead = cast("Drain", effect).ahead
+            writing = ahead.in_flight
+            if writing is not None:
+                await asyncio.wait([cast("asyncio.Future[Any]", writing)])
+                ahead.collect(then_next=False)
+            return None
         if kind is Read:
             # The generator's own work (building each message) is done a slice at a time,
             # other tasks running between slices.
@@ -334,18 +360,11 @@ class IdempotentSender(SenderCalls):
             return None
         return await self._scheduled(cast("Schedule", effect))
 
-    async def _send_transfers(
-        self,
-        batches: Sequence[Sequence[Message]],
-        positions: Sequence[Sequence[int]],
-        report: SendReport,
-        failed: dict[object, SendError],
-        started: float | None,
-    ) -> None:
-        """Every transfer, up to ``max_in_flight`` at once, one per key at a time.
-
-        The report is written in input order once all are over.
-        """
+    async def _flights(
+        self, batches: Sequence[Sequence[Message]], started: float | None
+    ) -> list[list[Part]]:
+        """Every transfer, up to ``max_in_flight`` at once as tasks, one per key at a
+        time; what became of each."""
         outcomes: list[list[Part]] = [[] for _ in batches]
 
         async def step(index: int) -> list[Part]:
@@ -356,10 +375,7 @@ class IdempotentSender(SenderCalls):
 
         keys = [transfer_key(batch) for batch in batches]
         await afly(keys, self.max_in_flight, step, finish)
-        for index, (parts, at) in enumerate(zip(outcomes, positions, strict=True), 1):
-            self._account_parts(parts, report, failed, at)
-            if not index % ACCOUNT_SLICE:
-                await asyncio.sleep(0)
+        return outcomes
 
     async def _transfer(
         self, batch: Sequence[Message], started: float | None, tried: list[int] | None = None
@@ -371,33 +387,15 @@ class IdempotentSender(SenderCalls):
         async with self._gate.hold(key):
             return await arun(self._transfer_steps(batch, started, tried), self._perform)
 
-    async def _send_through_ledger(
-        self,
-        batches: Sequence[Sequence[Message]],
-        positions: Sequence[Sequence[int]],
-        report: SendReport,
-        failed: dict[object, SendError],
-        started: float | None,
-    ) -> bool:
-        """The sync sender's ledger protocol (``_ledger_layer``), the store's calls in a
-        worker thread so the event loop never waits on it.
-
-        The next window's intents are written while this window's transfers are in
-        flight, as far ahead as ``LedgerRun`` allows. On the way out, cancelled
-        or not, intents never attempted are released and acknowledged transfers
-        confirmed; then the cancellation propagates.
-        """
+    async def _ledger_flights(self, effect: LedgerFlights) -> None:
+        """The run's transfers in flight as tasks, each once its window is durable; a
+        refused transfer's intents released (in a worker thread) before its window's
+        confirmation can be written."""
+        run: LedgerRun = effect.run
+        ahead: WriteAhead = effect.ahead
+        outcomes = effect.outcomes
         layer = self._ledger_layer
         assert layer is not None
-        setup = partial(self._ledger_run, batches, positions, report, failed, started)
-        run = setup() if len(batches) <= ACCOUNT_SLICE else await asyncio.to_thread(setup)
-        outcomes: list[list[Part]] = [[] for _ in batches]
-
-        def submit(fn: Any, *args: Any) -> asyncio.Future[Any]:
-            return asyncio.ensure_future(asyncio.to_thread(fn, *args))
-
-        # ``room`` is never set: waited for beside the transfers in flight.
-        ahead = WriteAhead(run, submit, asyncio.get_running_loop().create_future())
 
         def ready(index: int) -> asyncio.Future[Any] | None:
             return cast("asyncio.Future[Any] | None", ahead.ready(index))
@@ -408,7 +406,7 @@ class IdempotentSender(SenderCalls):
                 return []
             parts = await self._transfer(sends, start, run.tried[index])
             refused, owner = run.refused(index, parts)
-            if refused:  # released before its window's confirmation can be written
+            if refused:
                 await asyncio.to_thread(layer.release_quietly, refused, owner)
             return parts
 
@@ -417,24 +415,8 @@ class IdempotentSender(SenderCalls):
             run.done(index, parts)
             ahead.after_transfer()  # its confirmation may make room for the next write
 
-        try:
-            ahead.launch()
-            keys = [transfer_key(batch) for batch in batches]
-            await afly(keys, self.max_in_flight, step, finish, ready=ready)
-        finally:
-            writing = ahead.in_flight
-            if writing is not None:  # a window written ahead: learn its owner, to release it
-                await asyncio.wait([cast("asyncio.Future[Any]", writing)])
-                ahead.collect(then_next=False)
-            left, confirmation = ahead.closing()
-            await asyncio.to_thread(_settle, layer, left, confirmation)
-        for index, parts in enumerate(outcomes):
-            if parts:
-                self._account_parts(parts, report, failed, run.sent_at(index))
-            if index % ACCOUNT_SLICE == ACCOUNT_SLICE - 1:
-                await asyncio.sleep(0)
-        await asyncio.to_thread(layer.ledger.maybe_prune)
-        return run.reordered
+        keys = [transfer_key(batch) for batch in run.batches]
+        await afly(keys, self.max_in_flight, step, finish, ready=ready)
 
     async def schedule(
         self, message: Message, at: datetime, *, first_attempt: float | datetime | None = None
@@ -496,15 +478,3 @@ class Transaction(TransactionCore):
     def send_many(self, messages: Iterable[Message]) -> None:
         """Add ``messages`` to the group (validated now, sent when the ``async with`` exits)."""
         self._add(messages, "messages")
-
-
-def _settle(
-    layer: LedgerLayer,
-    releases: list[tuple[list[Key], str]],
-    confirmation: Confirmation | None,
-) -> None:
-    """The ledger writes of a call's way out, in one worker-thread hop."""
-    for keys, owner in releases:
-        layer.release_quietly(keys, owner)
-    if confirmation:
-        layer.confirm_quietly(confirmation)
