@@ -445,23 +445,33 @@ def _drive_beside(
     driver = threading.Thread(
         target=contextvars.copy_context().run, args=(body,), name="sendonce-call", daemon=True
     )
-    driver.start()
     try:
-        over.wait()
+        driver.start()  # Ctrl-C may land as it returns, the driver already launching
+        _await(over)
     except BaseException:
+        if driver.ident is None:  # it never started: nothing was launched
+            raise
         ended.put(_INTERRUPTED)
         try:
-            over.wait()
+            _await(over)
         except BaseException:
             ended.put(_ABANDONED)  # it stops at its next look: no finish after we leave
             with contextlib.suppress(BaseException):  # a third Ctrl-C: leave at once
-                over.wait()
+                _await(over)
             raise
         driver.join()
         raise
     driver.join()
     if failure:
         raise failure[0]
+
+
+def _await(event: threading.Event) -> None:
+    """Wait for ``event`` in the main thread, a short wait at a time: a Ctrl-C that lands
+    just as the thread blocks (its handler pending, no wait left to interrupt) is raised
+    at the next turn instead of when the call ends."""
+    while not event.wait(0.05):
+        pass
 
 
 def _land(

@@ -29,6 +29,7 @@ from ._effects import (
     Effect,
     Flights,
     LedgerFlights,
+    Mark,
     Read,
     Schedule,
     Store,
@@ -277,6 +278,8 @@ class IdempotentSender(SenderCalls):
     def _perform(self, effect: Effect) -> Any:
         """An effect of a call's steps (``_calls``), in the calling thread."""
         kind = type(effect)
+        if kind is Mark:  # the task's cancellations: none in a thread
+            return 0
         if kind is Attempt:
             e = cast("Attempt", effect)
             return self._attempt_transfer(
@@ -310,7 +313,7 @@ class IdempotentSender(SenderCalls):
                 ahead.collect(then_next=False)
             self._ledger_writer().submit(int).result()  # every write queued has ended
             return None
-        return 0  # Mark, Pause: nothing to do in a thread
+        return None  # Pause: nothing to do in a thread
 
     def _flights(
         self, batches: Sequence[Sequence[Message]], started: float | None
