@@ -270,8 +270,7 @@ class TransferFlight(Flight[list[Part]]):
             attempt.cancel()
 
     def _end(self, error: BaseException) -> None:
-        if not self.done():
-            self.set_exception(error)
+        self.set_exception(error)  # unless it has ended already (the first outcome wins)
 
     def interrupt(self) -> None:
         """Give up what has not reached the broker: the queue for the key's turn, or an

@@ -15,6 +15,7 @@ backend); :func:`fly` is the sync driver (a thread pool; the aio driver is in
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import heapq
 import queue
@@ -25,7 +26,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from typing import Any, TypeVar, cast
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from . import _sender_telemetry
 from .errors import ConfigurationError
@@ -33,6 +34,7 @@ from .errors import ConfigurationError
 __all__ = ["Flight", "KeyGate", "Lanes", "Stopped", "fly", "gate_for", "in_flight_limit"]
 
 R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
 
 
 class Stopped(Exception):
@@ -160,15 +162,13 @@ class KeyGate:
     def enter(self, key: Hashable) -> Future[None]:
         """Queue for ``key``: a ticket, done once it is this caller's turn (at once if the
         key is free). Give it back with :meth:`leave` (or :meth:`withdraw` unused)."""
-        ticket: Future[None] = Future()
         with self._lock:
             queue = self._queues.get(key)
-            if queue is None:
-                queue = self._queues[key] = deque()
+            if queue is None:  # free: the shared done ticket (its holder is queue[0])
+                self._queues[key] = deque((_FREE,))
+                return _FREE
+            ticket: Future[None] = Future()
             queue.append(ticket)
-            first = queue[0] is ticket
-        if first:
-            ticket.set_result(None)
         return ticket
 
     def leave(self, key: Hashable, ticket: Future[None]) -> None:
@@ -197,6 +197,12 @@ class KeyGate:
         return True
 
 
+_FREE: Future[None] = Future()
+"""The ticket of a key entered while free: done already, and shared (a key's queue holds it
+only at its head, so it never stands twice in one queue); a Future less per transfer."""
+_FREE.set_result(None)
+
+
 def _entity_of(key: Hashable) -> str:
     """The entity of a gate key (the sender's keys are ``(entity, (pk, sid))``)."""
     return str(key[0]) if isinstance(key, tuple) and key else str(key)
@@ -218,13 +224,37 @@ def gate_for(backend: object, make: Callable[[], R]) -> R:
     return gate
 
 
-class Flight(Future[R]):
+class Pending(Protocol[R_co]):
+    """What the driver needs of a transfer in flight: a ``concurrent.futures.Future`` (a
+    pool's) or a :class:`Flight`."""
+
+    def add_done_callback(self, fn: Callable[[Any], object], /) -> None: ...
+
+    def done(self) -> bool: ...
+
+    def result(self) -> R_co: ...
+
+
+class Flight(Generic[R]):
     """A transfer the engine drives without a thread: done when the transfer is over.
 
     :func:`fly` calls :meth:`interrupt` when its call is interrupted (give up what has
     not reached the broker) and :meth:`settle` once the flight is done (give its key's
     turn back), both in the driver's thread.
+
+    Not a ``concurrent.futures.Future``: nobody blocks on a flight (the driver learns of
+    its end through its queue), so it needs no condition variable, only the first outcome
+    and the callbacks to run with it (a future's condition is a few microseconds a transfer).
     """
+
+    __slots__ = ("_callbacks", "_error", "_over", "_result", "_settling")
+
+    def __init__(self) -> None:
+        self._settling = threading.Lock()
+        self._over = False
+        self._result: R | None = None
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[Any], object]] = []
 
     def start(self) -> None:
         """Begin (the driver calls it once the flight is in its books)."""
@@ -235,6 +265,41 @@ class Flight(Future[R]):
     def settle(self) -> None:
         """The flight is done and its outcome read: release what it holds."""
 
+    def done(self) -> bool:
+        """Whether the flight is over."""
+        return self._over
+
+    def result(self) -> R:
+        """What the transfer came to (raises its error); only once :meth:`done`."""
+        if self._error is not None:
+            raise self._error
+        return cast("R", self._result)
+
+    def add_done_callback(self, fn: Callable[[Any], object], /) -> None:
+        """Call ``fn(self)`` once the flight is over (at once if it is)."""
+        with self._settling:
+            if not self._over:
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def set_result(self, result: R) -> None:
+        """End the flight with ``result`` (the first outcome wins)."""
+        self._complete(result, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        """End the flight with ``error`` (the first outcome wins)."""
+        self._complete(None, error)
+
+    def _complete(self, result: R | None, error: BaseException | None) -> None:
+        with self._settling:
+            if self._over:
+                return
+            self._result, self._error, self._over = result, error, True
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn(self)
+
 
 def fly(
     keys: Sequence[Hashable | None],
@@ -244,7 +309,7 @@ def fly(
     stop: threading.Event,
     *,
     ready: Callable[[int], Future[Any] | None] | None = None,
-    launch: Callable[[int], Future[R]] | None = None,
+    launch: Callable[[int], Pending[R]] | None = None,
 ) -> None:
     """Run every transfer, up to ``limit`` at once, and ``finish`` each.
 
@@ -254,29 +319,59 @@ def fly(
     (the adapter for a backend with no non-blocking submission). A limit of 1
     runs ``step`` in the calling thread.
 
-    ``finish`` runs in the calling thread, in completion order. ``ready(i)`` returns
+    ``finish`` runs in the driving thread, in completion order. ``ready(i)`` returns
     None when transfer ``i`` may start, or a future to wait for first (its intents
     being written). An exception or interruption (``KeyboardInterrupt``) sets
     ``stop`` so that no transfer starts another attempt, interrupts the flights, waits
     for those in flight, finishes them, and propagates.
+
+    Flights called for on the main thread are driven from one thread of the call's
+    (:func:`_drive_beside`): Ctrl-C lands only in the main thread, never inside a
+    backend's ``submit``, and the thread that submits is the one that learns of each
+    end, so a transfer costs no hand-over between the caller and a submitting thread.
     """
     lanes = Lanes(keys)
     if limit <= 1 or len(keys) <= 1:
         _fly_inline(lanes, step, finish, stop, ready)
         return
-    pool: ThreadPoolExecutor | None = None
-    if launch is None:
-        pool = ThreadPoolExecutor(max_workers=min(limit, len(keys)), thread_name_prefix="sendonce")
-        threads = pool
-
-        def launch(index: int) -> Future[R]:
-            # In the caller's context (a transfer's span is a child of its call's).
-            return threads.submit(contextvars.copy_context().run, step, index)
-
-    running: dict[Future[R], int] = {}
     # Each future, as it ends, lands here: the driver waits on one queue, not on every
     # future in flight (which costs a waiter per future per wake-up).
-    ended: queue.SimpleQueue[Future[Any]] = queue.SimpleQueue()
+    ended: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    if launch is not None:
+        if threading.current_thread() is threading.main_thread():
+            _drive_beside(lanes, limit, launch, finish, stop, ready, ended)
+        else:
+            _drive(lanes, limit, launch, finish, stop, ready, ended)
+        return
+    pool = ThreadPoolExecutor(max_workers=min(limit, len(keys)), thread_name_prefix="sendonce")
+
+    def on_thread(index: int) -> Future[R]:
+        # In the caller's context (a transfer's span is a child of its call's).
+        return pool.submit(contextvars.copy_context().run, step, index)
+
+    try:
+        _drive(lanes, limit, on_thread, finish, stop, ready, ended)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+_INTERRUPTED = object()
+"""Put in a driver's queue by the caller's thread: Ctrl-C landed there."""
+_ABANDONED = object()
+"""Put in a driver's queue by the caller's thread: a second Ctrl-C; stop landing."""
+
+
+def _drive(
+    lanes: Lanes,
+    limit: int,
+    launch: Callable[[int], Pending[R]],
+    finish: Callable[[int, R], None],
+    stop: threading.Event,
+    ready: Callable[[int], Future[Any] | None] | None,
+    ended: queue.SimpleQueue[Any],
+) -> None:
+    """Launch transfers as lanes and ``ready`` allow, and finish each as it ends."""
+    running: dict[Pending[R], int] = {}
     hooked: set[Future[Any]] = set()
     try:
         while lanes:
@@ -304,6 +399,8 @@ def fly(
                     continue
                 done = ended.get()
             while True:
+                if done is _INTERRUPTED:
+                    raise KeyboardInterrupt
                 index_ = running.pop(done, None)
                 if index_ is not None:
                     lanes.finish(index_)
@@ -317,38 +414,96 @@ def fly(
     except BaseException:
         stop.set()
         lanes.drain()
-        _land(running, finish)
+        _land(running, finish, ended)
         raise
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _land(running: dict[Future[R], int], finish: Callable[[int, R], None]) -> None:
+def _drive_beside(
+    lanes: Lanes,
+    limit: int,
+    launch: Callable[[int], Pending[R]],
+    finish: Callable[[int, R], None],
+    stop: threading.Event,
+    ready: Callable[[int], Future[Any] | None] | None,
+    ended: queue.SimpleQueue[Any],
+) -> None:
+    """:func:`_drive` in a thread of the call's (``sendonce-call``, in the caller's
+    context) while the main thread waits for it: a Ctrl-C there is handed to the driver,
+    which lands the call as :func:`_drive` does; a second one tells it to stop landing
+    (each flight gives its key back when it ends) and propagates."""
+    failure: list[BaseException] = []
+    over = threading.Event()
+
+    def body() -> None:
+        try:
+            _drive(lanes, limit, launch, finish, stop, ready, ended)
+        except BaseException as exc:
+            failure.append(exc)
+        finally:
+            over.set()
+
+    driver = threading.Thread(
+        target=contextvars.copy_context().run, args=(body,), name="sendonce-call", daemon=True
+    )
+    try:
+        driver.start()  # Ctrl-C may land as it returns, the driver already launching
+        _await(over)
+    except BaseException:
+        if driver.ident is None:  # it never started: nothing was launched
+            raise
+        ended.put(_INTERRUPTED)
+        try:
+            _await(over)
+        except BaseException:
+            ended.put(_ABANDONED)  # it stops at its next look: no finish after we leave
+            with contextlib.suppress(BaseException):  # a third Ctrl-C: leave at once
+                _await(over)
+            raise
+        driver.join()
+        raise
+    driver.join()
+    if failure:
+        raise failure[0]
+
+
+def _await(event: threading.Event) -> None:
+    """Wait for ``event`` in the main thread, a short wait at a time: a Ctrl-C that lands
+    just as the thread blocks (its handler pending, no wait left to interrupt) is raised
+    at the next turn instead of when the call ends."""
+    while not event.wait(0.05):
+        pass
+
+
+def _land(
+    running: dict[Pending[R], int], finish: Callable[[int, R], None], ended: queue.SimpleQueue[Any]
+) -> None:
     """After an interruption: interrupt the flights, let the transfers in flight end, and
-    finish those that did."""
+    finish those that did (until the caller's thread abandons the call)."""
     for future in running:
         if isinstance(future, Flight):
             future.interrupt()
-    left = dict(running)
     try:
-        for future, index in running.items():
+        while running:
+            done = ended.get()
+            if done is _ABANDONED:
+                break
+            index = running.pop(done, None)
+            if index is None:  # a blocker, or a repeated interruption
+                continue
+            if isinstance(done, Flight):
+                done.settle()
             try:
-                result = future.result()
+                result = done.result()
             except Exception:  # a stopped or failed transfer is not finished
                 continue
-            finally:
-                del left[future]
-                if isinstance(future, Flight):
-                    future.settle()
             finish(index, result)
     finally:
-        for future in left:  # interrupted again while landing: each settles as it ends
+        for future in running:  # interrupted again while landing: each settles as it ends
             if isinstance(future, Flight):
                 future.add_done_callback(_settle_later)
 
 
-def _settle_later(future: Future[Any]) -> None:
+def _settle_later(future: Pending[Any]) -> None:
     cast("Flight[Any]", future).settle()
 
 

@@ -20,39 +20,45 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, cast
 
-from ._buffer import DEFAULT_MAX_BUFFER_BYTES, Chunks, check_buffer
+from ._buffer import DEFAULT_MAX_BUFFER_BYTES, check_buffer
+from ._calls import SenderCalls, TransactionCore
+from ._effects import (
+    Ahead,
+    Attempt,
+    Drain,
+    Effect,
+    Flights,
+    LedgerFlights,
+    Mark,
+    Read,
+    Schedule,
+    Store,
+    Transfer,
+    run,
+)
 from ._entity import EntityProfile
 from ._flight import Retries, Submit, TransferFlight
-from ._inflight import KeyGate, Stopped, fly, gate_for, in_flight_limit
-from ._ledger_layer import LEDGER_FAILURES, WriteAhead
+from ._inflight import Flight, KeyGate, Pending, Stopped, fly, gate_for, in_flight_limit
+from ._ledger_layer import LedgerRun, WriteAhead
 from ._message import Message
-from ._message_columns import MessageColumns
 from ._report import (
     Outcome,
     Part,
     SendFailure,
     SendReport,
     SendResult,
-    ack_results,
-    sent_before,
 )
 from ._retry import Attempted, RetryPolicy
 from ._sender_core import (
     DEFAULT_MAX_BATCH_MESSAGES,
     DEFAULT_MEMORY_SIZE,
-    SenderCore,
     transfer_key,
 )
 from .backends._base import Ack, Backend, capabilities_of, submit_of
 from .errors import (
     ConfigurationError,
-    InDoubtError,
-    MessageSizeError,
-    PermanentSendError,
-    SendError,
 )
 from .ledger import Ledger
-from .ledger._ledger import Prepared
 
 __all__ = [
     "DEFAULT_MAX_BATCH_MESSAGES",
@@ -69,7 +75,7 @@ __all__ = [
 logger = logging.getLogger("sendonce.sender")
 
 
-class IdempotentSender(SenderCore):
+class IdempotentSender(SenderCalls):
     """Sends messages so each business message lands exactly once.
 
     ``backend`` is a :class:`~sendonce.backends.Backend` (not closed by the
@@ -250,24 +256,7 @@ class IdempotentSender(SenderCore):
         wall-clock time you recorded (an aware ``datetime``) or a time on the policy's clock.
         """
         self._check_open()
-        started = self._started(first_attempt)
-        self._plan_remembered((message,), what="message", batch=False)
-        report = SendReport()
-        if self._ledger is not None:
-            self._send_through_ledger([[message]], [(0,)], report, {}, started)
-        else:
-            # One transfer: straight to it, no lanes or pool to set up (failures name it).
-            batch = (message,)
-            key = self._gate_key(batch)
-            if key is None:
-                parts = self._transfer(batch, started, None)
-            else:
-                with self._gate.hold(key):
-                    parts = self._transfer(batch, started, None)
-            self._account_parts(parts, report, {}, (0,))
-        if report.failures:
-            raise report.failures[0].error
-        return report.results[0]
+        return run(self._send_one_steps(message, first_attempt), self._perform)
 
     def send_many(
         self, messages: Iterable[Message], *, first_attempt: float | datetime | None = None
@@ -284,65 +273,54 @@ class IdempotentSender(SenderCore):
         ``first_attempt`` resumes a crashed call with its original deadline (see ``send``).
         """
         self._check_open()
-        started = self._started(first_attempt)
-        if isinstance(messages, list | tuple | MessageColumns):
-            return self._send_planned(messages, started)
-        report = SendReport()
-        chunks = Chunks(messages, self.max_buffer_bytes)
-        handled = 0  # messages whose outcome is in the report
-        try:
-            while True:
-                chunks.fill()  # the input waits while the chunk before is sent
-                chunk, base = chunks.take()
-                if chunk:
-                    report._absorb(self._send_planned(chunk, started, base), base)
-                    handled = base + len(chunk)
-                if chunks.exhausted:
-                    break
-        except BaseException as exc:
-            if handled:
-                sent_before(exc, report, handled)
-            raise
-        report._in_input_order()
-        return report
+        return run(self._send_many_steps(messages, first_attempt), self._perform)
 
-    def _send_planned(
-        self, items: Sequence[Message], started: float | None, base: int = 0
-    ) -> SendReport:
-        """Plan ``items`` (a whole call, or a chunk of a streamed one from input position
-        ``base``), send them, and report with positions from 0."""
-        plan = self._plan_remembered(items, what="messages", base=base)
-        report = SendReport()
-        failed: dict[object, SendError] = {}
-        if self._ledger is not None:
-            plan.reordered |= self._send_through_ledger(
-                plan.batches, plan.positions, report, failed, started
+    def _perform(self, effect: Effect) -> Any:
+        """An effect of a call's steps (``_calls``), in the calling thread."""
+        kind = type(effect)
+        if kind is Mark:  # the task's cancellations: none in a thread
+            return 0
+        if kind is Attempt:
+            e = cast("Attempt", effect)
+            return self._attempt_transfer(
+                e.batch, atomic=e.atomic, started=e.started, stop=e.stop, tried=e.tried
             )
-        else:
-            self._send_transfers(plan.batches, plan.positions, report, failed, started)
-        self._account_repeats(items, plan, report, failed)
-        logger.debug(
-            "send_many to %r: %d message(s) in %d transfer(s): %r",
-            self.profile.name,
-            len(items),
-            len(plan.batches),
-            report,
-        )
-        return report
+        if kind is Transfer:
+            t = cast("Transfer", effect)
+            key = self._gate_key(t.batch)
+            if key is None:
+                return self._transfer(t.batch, t.started, None)
+            with self._gate.hold(key):
+                return self._transfer(t.batch, t.started, None)
+        if kind is Flights:
+            flights = cast("Flights", effect)
+            return self._flights(flights.batches, flights.started)
+        if kind is LedgerFlights:
+            return self._ledger_flights(cast("LedgerFlights", effect))
+        if kind is Store:
+            store = cast("Store", effect)
+            return store.fn(*store.args)
+        if kind is Read:
+            cast("Read", effect).chunks.fill()
+            return None
+        if kind is Schedule:
+            return self._scheduled(cast("Schedule", effect))
+        if kind is Ahead:
+            return self._ahead(cast("Ahead", effect).run)
+        if kind is Drain:
+            ahead = cast("Drain", effect).ahead
+            if ahead.in_flight is not None:
+                ahead.collect(then_next=False)
+            self._ledger_writer().submit(int).result()  # every write queued has ended
+            return None
+        return None  # Pause: nothing to do in a thread
 
-    def _send_transfers(
-        self,
-        batches: Sequence[Sequence[Message]],
-        positions: Sequence[Sequence[int]],
-        report: SendReport,
-        failed: dict[object, SendError],
-        started: float | None,
-    ) -> None:
-        """Every transfer, up to ``max_in_flight`` at once, one per key at a time.
-
-        The report is written in input order once all are over, whatever order they
-        ended in. An interruption lets the transfers in flight end and starts no other.
-        """
+    def _flights(
+        self, batches: Sequence[Sequence[Message]], started: float | None
+    ) -> list[list[Part]]:
+        """Every transfer, up to ``max_in_flight`` at once, one per key at a time; what
+        became of each. An interruption lets the transfers in flight end and starts no
+        other."""
         stop = threading.Event()
         outcomes: list[list[Part]] = [[] for _ in batches]
 
@@ -357,20 +335,19 @@ class IdempotentSender(SenderCore):
         def finish(index: int, parts: list[Part]) -> None:
             outcomes[index] = parts
 
-        keys = [transfer_key(batch) for batch in batches]
         submit = self._native_submit()
         retries = Retries(self.max_in_flight)
 
-        def launch(index: int) -> Future[list[Part]]:
+        def launch(index: int) -> Pending[list[Part]]:
             assert submit is not None
             return self._flight(submit, batches[index], started, stop, [0], retries)
 
         try:
+            keys = [transfer_key(batch) for batch in batches]
             fly(keys, self.max_in_flight, step, finish, stop, launch=launch if submit else None)
         finally:
             retries.close()
-        for parts, at in zip(outcomes, positions, strict=True):
-            self._account_parts(parts, report, failed, at)
+        return outcomes
 
     def _native_submit(self) -> Submit | None:
         """The backend's own non-blocking ``submit`` where it has one (docs/engine.md) and
@@ -406,10 +383,6 @@ class IdempotentSender(SenderCore):
             retries=retries,
         )
 
-    def _gate_key(self, batch: Sequence[Message]) -> object:
-        key = transfer_key(batch)
-        return None if key is None else (self.profile.name, key)
-
     def _transfer(
         self,
         batch: Sequence[Message],
@@ -418,21 +391,9 @@ class IdempotentSender(SenderCore):
         tried: list[int] | None = None,
         offset: int = 0,
     ) -> list[Part]:
-        """One planned transfer with its retries (split in two if the transport finds it
-        too big); what became of each part. ``Stopped`` leaves if ``stop`` is set;
-        ``tried`` counts the attempts made; ``offset``: where ``batch`` starts in its
-        planned transfer (once split)."""
-        try:
-            attempted = self._attempt_transfer(batch, started=started, stop=stop, tried=tried)
-        except MessageSizeError:
-            if len(batch) == 1:
-                raise
-            half = len(batch) // 2  # the transport's real limit is below our estimate: split
-            first = self._transfer(batch[:half], started, stop, tried, offset)
-            return first + self._transfer(batch[half:], started, stop, tried, offset + half)
-        except (InDoubtError, PermanentSendError) as exc:
-            return [Part(batch, None, exc, offset)]
-        return [Part(batch, attempted, None, offset)]
+        """One planned transfer with its retries (``_calls``), in this thread. ``Stopped``
+        leaves if ``stop`` is set."""
+        return run(self._transfer_steps(batch, started, tried, stop, offset), self._perform)
 
     def _ledger_writer(self) -> ThreadPoolExecutor:
         """The worker thread intents are written in (one per sender, made on first use)."""
@@ -445,28 +406,9 @@ class IdempotentSender(SenderCore):
                 self._ledger_pid = os.getpid()
             return self._ledger_pool
 
-    def _send_through_ledger(
-        self,
-        batches: Sequence[Sequence[Message]],
-        positions: Sequence[Sequence[int]],
-        report: SendReport,
-        failed: dict[object, SendError],
-        started: float | None,
-    ) -> bool:
-        """The transfers with the ledger around them (see ``_ledger_layer``).
-
-        The next window's intents are written in a worker thread while this window's
-        transfers are in flight (SQLite and psycopg release the GIL), as far ahead as
-        ``LedgerRun`` allows; a transfer starts only once its window is
-        durable. On the way out, interrupted or not, intents never attempted are released
-        and acknowledged transfers confirmed. Returns whether the report got entries from
-        the ledger (out of the transfers' order).
-        """
-        layer = self._ledger_layer
-        assert layer is not None
-        run = self._ledger_run(batches, positions, report, failed, started)
-        stop = threading.Event()
-        outcomes: list[list[Part]] = [[] for _ in batches]
+    def _ahead(self, run: LedgerRun) -> WriteAhead:
+        """The call's ledger writes, in the sender's worker thread (SQLite and psycopg
+        release the GIL), beside the transfers in flight."""
         pool = self._ledger_writer()
 
         def submit(fn: Any, *args: Any) -> Future[Any]:
@@ -477,7 +419,17 @@ class IdempotentSender(SenderCore):
             return pool.submit(contextvars.copy_context().run, fn, *args)
 
         # ``room`` is never set: waited for beside the transfers in flight.
-        ahead = WriteAhead(run, submit, Future())
+        return WriteAhead(run, submit, Future())
+
+    def _ledger_flights(self, effect: LedgerFlights) -> None:
+        """The run's transfers in flight, each once its window is durable; a refused
+        transfer's intents released as it ends (before its window's confirmation)."""
+        run: LedgerRun = effect.run
+        ahead: WriteAhead = effect.ahead
+        outcomes = effect.outcomes
+        layer = self._ledger_layer
+        assert layer is not None
+        stop = threading.Event()
 
         def ready(index: int) -> Future[Any] | None:
             return cast("Future[Any] | None", ahead.ready(index))
@@ -499,18 +451,17 @@ class IdempotentSender(SenderCore):
         native = self._native_submit()
         retries = Retries(self.max_in_flight)
 
-        def launch(index: int) -> Future[list[Part]]:
+        def launch(index: int) -> Pending[list[Part]]:
             sends, start = run.to_send(index)
             if not sends:
-                nothing: Future[list[Part]] = Future()
+                nothing: Flight[list[Part]] = Flight()
                 nothing.set_result([])
                 return nothing
             assert native is not None
             return self._flight(native, sends, start, stop, run.tried[index], retries)
 
         try:
-            ahead.launch()
-            keys = [transfer_key(batch) for batch in batches]
+            keys = [transfer_key(batch) for batch in run.batches]
             fly(
                 keys,
                 self.max_in_flight,
@@ -522,19 +473,6 @@ class IdempotentSender(SenderCore):
             )
         finally:
             retries.close()
-            if ahead.in_flight is not None:  # a window written ahead: learn its owner
-                ahead.collect(then_next=False)
-            pool.submit(int).result()  # every write queued has ended
-            releases, confirmation = ahead.closing()
-            for keys_, owner in releases:
-                layer.release_quietly(keys_, owner)
-            if confirmation:
-                layer.confirm_quietly(confirmation)
-        for index, parts in enumerate(outcomes):
-            if parts:
-                self._account_parts(parts, report, failed, run.sent_at(index))
-        layer.ledger.maybe_prune()
-        return run.reordered
 
     def schedule(
         self, message: Message, at: datetime, *, first_attempt: float | datetime | None = None
@@ -546,57 +484,24 @@ class IdempotentSender(SenderCore):
         after an in-doubt attempt the sequence number may be unknown (None).
         """
         self._check_open()
-        self._check_schedule_time(message, at)
-        started = self._started(first_attempt)
-        self._plan_remembered((message,), what="message", batch=False)
-        entity = self.profile.name
-        backend = self._backend
-        layer = self._ledger_layer
-        prepared: Prepared | None = None
-        if layer is not None:
-            try:
-                written: Prepared | Exception = layer.intents(
-                    [message], layer.keys([message]), None
-                )
-            except LEDGER_FAILURES as exc:
-                written = exc
-            decided = layer.schedule_start(message, written)
-            if isinstance(decided, SendResult):
-                return decided
-            prepared = decided
-            started = layer.resumed(prepared, started)
+        return run(self._schedule_steps(message, at, first_attempt), self._perform)
 
-        wire: Sequence[Message] = [message]
+    def _scheduled(self, effect: Schedule) -> Attempted[list[Ack]]:
+        """The retried schedule of one message, its key held (a span around it if traced)."""
+        entity, backend, at = self.profile.name, self._backend, effect.at
+        wire: Sequence[Message] = [effect.message]
 
         def attempt(timeout: float) -> list[Ack]:
             return backend.schedule(entity, wire, at, timeout=timeout)
 
-        def retried() -> Attempted[list[Ack]]:
-            return self.retry.call(attempt, **self._retry_terms((message,), started))
-
+        terms = self._retry_terms(wire, effect.started)
         telemetry = self._otel
-        try:
-            with self._gate.hold(self._gate_key([message])):
-                if telemetry is None:
-                    attempted = retried()
-                else:
-                    with telemetry.transfer(self, wire, "schedule") as scope:
-                        wire = scope.wire(wire)
-                        attempted = scope.acked(retried())
-        except PermanentSendError:
-            if layer is not None and prepared is not None:  # refused: nothing was stored
-                layer.release_quietly(prepared.refused([0]), prepared.owner)
-            raise
-        result = ack_results(
-            [message],
-            attempted.value,
-            attempted.attempts,
-            attempted.in_doubt_before,
-            scheduled=True,
-        )[0]
-        if layer is not None and prepared is not None:
-            layer.confirm_quietly(layer.scheduled(prepared, result))
-        return result
+        with self._gate.hold(self._gate_key(wire)):
+            if telemetry is None:
+                return self.retry.call(attempt, **terms)
+            with telemetry.transfer(self, wire, "schedule") as scope:
+                wire = scope.wire(wire)
+                return scope.acked(self.retry.call(attempt, **terms))
 
     # -- transactions ----------------------------------------------------------------
 
@@ -627,12 +532,7 @@ class IdempotentSender(SenderCore):
         tx._commit()
 
     def _send_atomic(self, messages: list[Message], started: float | None = None) -> SendReport:
-        self._plan_remembered(messages, what="transaction", batch=False)
-        report = SendReport()
-        if messages:
-            attempted = self._attempt_transfer(messages, atomic=True, started=started)
-            self._account(report, messages, attempted, {}, range(len(messages)))
-        return report
+        return run(self._atomic_steps(messages, started), self._perform)
 
 
 def _open_ledger(ledger: Ledger | str | None) -> Ledger | None:
@@ -643,25 +543,17 @@ def _open_ledger(ledger: Ledger | str | None) -> Ledger | None:
     raise ConfigurationError("ledger must be a Ledger, a ledger url or None", field="ledger")
 
 
-class Transaction:
+class Transaction(TransactionCore):
     """A group of messages committed all or nothing when its ``with`` block exits."""
-
-    def __init__(self, sender: IdempotentSender, started: float | None = None) -> None:
-        self._sender = sender
-        self._started = started
-        self.messages: list[Message] = []
-        self.report: SendReport | None = None
 
     def send(self, message: Message) -> None:
         """Add ``message`` to the group (validated now, sent when the ``with`` block exits)."""
-        self._sender._plan((message,), what="message", batch=False)
-        self.messages.append(message)
+        self._add((message,), "message")
 
     def send_many(self, messages: Iterable[Message]) -> None:
         """Add ``messages`` to the group (validated now, sent when the ``with`` block exits)."""
-        batch = list(messages)
-        self._sender._plan(batch, what="messages", batch=False)
-        self.messages.extend(batch)
+        self._add(messages, "messages")
 
     def _commit(self) -> None:
-        self.report = self._sender._send_atomic(self.messages, self._started)
+        sender = cast("IdempotentSender", self._sender)
+        self.report = sender._send_atomic(self.messages, self._started)

@@ -37,11 +37,13 @@ FLOORS: list[tuple[str, ...]] = [
     ("backends",),  # where messages go
     ("_report",),  # what a send call reports, per message
     ("_flight",),  # one transfer's way through a backend's native submit, and its retries
+    ("_effects",),  # what a sender call asks its shell to do, and the two ways to run a call
     # what was sent, durably, and the run protocol a call follows around its transfers
     # (reconcile reads the local broker; a run reports what the ledger decided)
     ("ledger",),
     ("_ledger_layer",),  # where the sender core finds the ledger's run protocol (names only)
     ("_sender_core",),  # what every sender does: validation, batching, memory, accounting
+    ("_calls",),  # every sender call written once as sans-I/O steps (both shells run them)
     # The senders and what serves or wraps a backend.
     ("_sender", "emulator", "testing"),
     ("aio", "spark", "outbox"),  # the asyncio mirror; Spark publishing; the outbox relay

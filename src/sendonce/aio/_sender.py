@@ -18,39 +18,44 @@ import logging
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
-from functools import partial
 from types import TracebackType
 from typing import Any, Literal, cast
 
-from .._buffer import DEFAULT_MAX_BUFFER_BYTES, Chunks, check_buffer
+from .._buffer import DEFAULT_MAX_BUFFER_BYTES, check_buffer
+from .._calls import SenderCalls, TransactionCore
+from .._effects import (
+    Ahead,
+    Attempt,
+    Drain,
+    Effect,
+    Flights,
+    LedgerFlights,
+    Mark,
+    Pause,
+    Read,
+    Schedule,
+    Store,
+    Transfer,
+    arun,
+)
 from .._entity import EntityProfile
 from .._inflight import gate_for, in_flight_limit
-from .._ledger_layer import LEDGER_FAILURES, LedgerLayer, WriteAhead
+from .._ledger_layer import LedgerRun, WriteAhead
 from .._message import Message
-from .._message_columns import MessageColumns
-from .._report import Part, ack_results, sent_before
+from .._report import Part
 from .._retry import Attempted, RetryPolicy
 from .._sender import SendReport, SendResult, _open_ledger
 from .._sender_core import (
     DEFAULT_MAX_BATCH_MESSAGES,
     DEFAULT_MEMORY_SIZE,
-    SenderCore,
-    _Plan,
-    _Planning,
     transfer_key,
 )
 from ..backends._base import Ack
 from ..backends._dispatch import dispatch, reports_dispatch
 from ..errors import (
     ConfigurationError,
-    InDoubtError,
-    MessageSizeError,
-    PermanentSendError,
-    SendError,
 )
-from ..ledger import Key, Ledger
-from ..ledger._ledger import Prepared
-from ..ledger._store import Confirmation
+from ..ledger import Ledger
 from ._base import AsyncBackend
 from ._inflight import AsyncKeyGate, afly, cancelled_meanwhile, cancelling
 
@@ -69,7 +74,7 @@ PLAN_SLICE = 2048
 (~1-3 us each: a few ms per slice)."""
 
 
-class IdempotentSender(SenderCore):
+class IdempotentSender(SenderCalls):
     """Sends messages from an event loop so each business message lands exactly once.
 
     ``backend`` is an :class:`~sendonce.aio.AsyncBackend` (not closed by the
@@ -85,6 +90,9 @@ class IdempotentSender(SenderCore):
     overlap and start in input order. ``max_buffer_bytes`` bounds what ``send_many``
     holds of a streamed input (a generator), as with the sync sender.
     """
+
+    def _slice(self, what: str) -> int | None:
+        return PLAN_SLICE if what == "plan" else ACCOUNT_SLICE
 
     def __init__(
         self,
@@ -279,28 +287,7 @@ class IdempotentSender(SenderCore):
         original deadline (see the sync ``IdempotentSender.send``).
         """
         self._check_open()
-        before = cancelling()
-        started = self._started(first_attempt)
-        self._plan_remembered((message,), what="message", batch=False)
-        if self._ledger is not None:
-            report = SendReport()
-            await self._send_through_ledger([[message]], [(0,)], report, {}, started)
-        else:
-            # One transfer: straight to it, holding as little as possible while it waits
-            # for a lane (hundreds of callers may be waiting; see docs/benchmarks.md).
-            batch = (message,)
-            key = self._gate_key(batch)
-            if key is None:  # unordered: nothing to hold
-                parts = await self._transfer_held(batch, started, None)
-            else:
-                async with self._gate.hold(key):
-                    parts = await self._transfer_held(batch, started, None)
-            report = SendReport()
-            self._account_parts(parts, report, {}, (0,))  # failures name the message
-        cancelled_meanwhile(before)
-        if report.failures:
-            raise report.failures[0].error
-        return report.results[0]
+        return await arun(self._send_one_steps(message, first_attempt), self._perform)
 
     async def send_many(
         self, messages: Iterable[Message], *, first_attempt: float | datetime | None = None
@@ -316,84 +303,68 @@ class IdempotentSender(SenderCore):
         between slices.
         """
         self._check_open()
-        before = cancelling()
-        started = self._started(first_attempt)
-        if isinstance(messages, list | tuple | MessageColumns):
-            report = await self._send_planned(messages, started)
-            cancelled_meanwhile(before)
-            return report
-        report = SendReport()
-        chunks = Chunks(messages, self.max_buffer_bytes)
-        handled = 0  # messages whose outcome is in the report
-        try:
-            while True:
-                # The generator's own work (building each message) is done a slice at a
-                # time, other tasks running between slices; the input waits while the
-                # chunk before is sent.
-                while chunks.read(READ_SLICE):
-                    await asyncio.sleep(0)
-                chunk, base = chunks.take()
-                if chunk:
-                    report._absorb(await self._send_planned(chunk, started, base), base)
-                    handled = base + len(chunk)
-                if chunks.exhausted:
-                    break
-                await asyncio.sleep(0)
-            cancelled_meanwhile(before)
-        except BaseException as exc:
-            if handled:
-                sent_before(exc, report, handled)
-            raise
-        report._in_input_order()
-        return report
+        return await arun(self._send_many_steps(messages, first_attempt), self._perform)
 
-    async def _send_planned(
-        self, items: Sequence[Message], started: float | None, base: int = 0
-    ) -> SendReport:
-        """Plan ``items`` (a whole call, or a chunk of a streamed one from input position
-        ``base``), send them, and report with positions from 0."""
-        plan = await self._plan_yielding(items, base)
-        report = SendReport()
-        failed: dict[object, SendError] = {}
-        if self._ledger is not None:
-            plan.reordered |= await self._send_through_ledger(
-                plan.batches, plan.positions, report, failed, started
+    async def _perform(self, effect: Effect) -> Any:
+        """An effect of a call's steps (``_calls``), awaited: a store's call in a worker
+        thread, a pause as a turn of the event loop."""
+        kind = type(effect)
+        if kind is Attempt:
+            e = cast("Attempt", effect)
+            return await self._attempt_transfer(
+                e.batch, atomic=e.atomic, started=e.started, tried=e.tried
             )
-        else:
-            await self._send_transfers(plan.batches, plan.positions, report, failed, started)
-        self._account_repeats(items, plan, report, failed)
-        return report
-
-    async def _plan_yielding(self, items: Sequence[Message], base: int = 0) -> _Plan:
-        """``_plan_remembered``, a slice at a time for a big input: other tasks run
-        between slices (a cancellation too: nothing is sent then), and every message is
-        validated before any is sent."""
-        if len(items) <= PLAN_SLICE:
-            return self._plan_remembered(items, what="messages", base=base)
-        planning = _Planning(self, items, "messages", True, base)
-        additions = self._memory.additions
-        while True:
-            with self._state_lock:
-                more = planning.step(PLAN_SLICE)
-            if not more:
-                break
+        if kind is Transfer:
+            t = cast("Transfer", effect)
+            return await self._transfer(t.batch, t.started)
+        if kind is Flights:
+            flights = cast("Flights", effect)
+            return await self._flights(flights.batches, flights.started)
+        if kind is LedgerFlights:
+            return await self._ledger_flights(cast("LedgerFlights", effect))
+        if kind is Mark:
+            mark = cast("Mark", effect)
+            if mark.check:
+                cancelled_meanwhile(mark.before)
+                return None
+            return cancelling()
+        if kind is Pause:
             await asyncio.sleep(0)
-        plan = planning.result()
-        self._remember_stepped(plan, items, "messages", additions, base)
-        return plan
+            return None
+        if kind is Store:
+            store = cast("Store", effect)
+            if store.light:
+                return store.fn(*store.args)
+            return await asyncio.to_thread(store.fn, *store.args)
+        if kind is Ahead:
 
-    async def _send_transfers(
-        self,
-        batches: Sequence[Sequence[Message]],
-        positions: Sequence[Sequence[int]],
-        report: SendReport,
-        failed: dict[object, SendError],
-        started: float | None,
-    ) -> None:
-        """Every transfer, up to ``max_in_flight`` at once, one per key at a time.
+            def submit(fn: Any, *args: Any) -> asyncio.Future[Any]:
+                return asyncio.ensure_future(asyncio.to_thread(fn, *args))
 
-        The report is written in input order once all are over.
-        """
+            # ``room`` is never set: waited for beside the transfers in flight.
+            loop = asyncio.get_running_loop()
+            return WriteAhead(cast("Ahead", effect).run, submit, loop.create_future())
+        if kind is Drain:
+            ahead = cast("Drain", effect).ahead
+            writing = ahead.in_flight
+            if writing is not None:
+                await asyncio.wait([cast("asyncio.Future[Any]", writing)])
+                ahead.collect(then_next=False)
+            return None
+        if kind is Read:
+            # The generator's own work (building each message) is done a slice at a time,
+            # other tasks running between slices.
+            chunks = cast("Read", effect).chunks
+            while chunks.read(READ_SLICE):
+                await asyncio.sleep(0)
+            return None
+        return await self._scheduled(cast("Schedule", effect))
+
+    async def _flights(
+        self, batches: Sequence[Sequence[Message]], started: float | None
+    ) -> list[list[Part]]:
+        """Every transfer, up to ``max_in_flight`` at once as tasks, one per key at a
+        time; what became of each."""
         outcomes: list[list[Part]] = [[] for _ in batches]
 
         async def step(index: int) -> list[Part]:
@@ -404,72 +375,27 @@ class IdempotentSender(SenderCore):
 
         keys = [transfer_key(batch) for batch in batches]
         await afly(keys, self.max_in_flight, step, finish)
-        for index, (parts, at) in enumerate(zip(outcomes, positions, strict=True), 1):
-            self._account_parts(parts, report, failed, at)
-            if not index % ACCOUNT_SLICE:
-                await asyncio.sleep(0)
-
-    def _gate_key(self, batch: Sequence[Message]) -> object:
-        key = transfer_key(batch)
-        return None if key is None else (self.profile.name, key)
+        return outcomes
 
     async def _transfer(
         self, batch: Sequence[Message], started: float | None, tried: list[int] | None = None
     ) -> list[Part]:
-        """One planned transfer with its retries, its key held (split if too big)."""
+        """One planned transfer with its retries (``_calls``), its key held."""
         key = self._gate_key(batch)
         if key is None:  # unordered: nothing to hold
-            return await self._transfer_held(batch, started, tried)
+            return await arun(self._transfer_steps(batch, started, tried), self._perform)
         async with self._gate.hold(key):
-            return await self._transfer_held(batch, started, tried)
+            return await arun(self._transfer_steps(batch, started, tried), self._perform)
 
-    async def _transfer_held(
-        self,
-        batch: Sequence[Message],
-        started: float | None,
-        tried: list[int] | None,
-        offset: int = 0,
-    ) -> list[Part]:
-        """``offset``: where ``batch`` starts in its planned transfer (once split)."""
-        try:
-            attempted = await self._attempt_transfer(batch, started=started, tried=tried)
-        except MessageSizeError:
-            if len(batch) == 1:
-                raise
-            half = len(batch) // 2  # the transport's real limit is below our estimate: split
-            first = await self._transfer_held(batch[:half], started, tried, offset)
-            return first + await self._transfer_held(batch[half:], started, tried, offset + half)
-        except (InDoubtError, PermanentSendError) as exc:
-            return [Part(batch, None, exc, offset)]
-        return [Part(batch, attempted, None, offset)]
-
-    async def _send_through_ledger(
-        self,
-        batches: Sequence[Sequence[Message]],
-        positions: Sequence[Sequence[int]],
-        report: SendReport,
-        failed: dict[object, SendError],
-        started: float | None,
-    ) -> bool:
-        """The sync sender's ledger protocol (``_ledger_layer``), the store's calls in a
-        worker thread so the event loop never waits on it.
-
-        The next window's intents are written while this window's transfers are in
-        flight, as far ahead as ``LedgerRun`` allows. On the way out, cancelled
-        or not, intents never attempted are released and acknowledged transfers
-        confirmed; then the cancellation propagates.
-        """
+    async def _ledger_flights(self, effect: LedgerFlights) -> None:
+        """The run's transfers in flight as tasks, each once its window is durable; a
+        refused transfer's intents released (in a worker thread) before its window's
+        confirmation can be written."""
+        run: LedgerRun = effect.run
+        ahead: WriteAhead = effect.ahead
+        outcomes = effect.outcomes
         layer = self._ledger_layer
         assert layer is not None
-        setup = partial(self._ledger_run, batches, positions, report, failed, started)
-        run = setup() if len(batches) <= ACCOUNT_SLICE else await asyncio.to_thread(setup)
-        outcomes: list[list[Part]] = [[] for _ in batches]
-
-        def submit(fn: Any, *args: Any) -> asyncio.Future[Any]:
-            return asyncio.ensure_future(asyncio.to_thread(fn, *args))
-
-        # ``room`` is never set: waited for beside the transfers in flight.
-        ahead = WriteAhead(run, submit, asyncio.get_running_loop().create_future())
 
         def ready(index: int) -> asyncio.Future[Any] | None:
             return cast("asyncio.Future[Any] | None", ahead.ready(index))
@@ -480,7 +406,7 @@ class IdempotentSender(SenderCore):
                 return []
             parts = await self._transfer(sends, start, run.tried[index])
             refused, owner = run.refused(index, parts)
-            if refused:  # released before its window's confirmation can be written
+            if refused:
                 await asyncio.to_thread(layer.release_quietly, refused, owner)
             return parts
 
@@ -489,85 +415,32 @@ class IdempotentSender(SenderCore):
             run.done(index, parts)
             ahead.after_transfer()  # its confirmation may make room for the next write
 
-        try:
-            ahead.launch()
-            keys = [transfer_key(batch) for batch in batches]
-            await afly(keys, self.max_in_flight, step, finish, ready=ready)
-        finally:
-            writing = ahead.in_flight
-            if writing is not None:  # a window written ahead: learn its owner, to release it
-                await asyncio.wait([cast("asyncio.Future[Any]", writing)])
-                ahead.collect(then_next=False)
-            left, confirmation = ahead.closing()
-            await asyncio.to_thread(_settle, layer, left, confirmation)
-        for index, parts in enumerate(outcomes):
-            if parts:
-                self._account_parts(parts, report, failed, run.sent_at(index))
-            if index % ACCOUNT_SLICE == ACCOUNT_SLICE - 1:
-                await asyncio.sleep(0)
-        await asyncio.to_thread(layer.ledger.maybe_prune)
-        return run.reordered
+        keys = [transfer_key(batch) for batch in run.batches]
+        await afly(keys, self.max_in_flight, step, finish, ready=ready)
 
     async def schedule(
         self, message: Message, at: datetime, *, first_attempt: float | datetime | None = None
     ) -> SendResult:
         """Schedule one message for ``at``; it shares the duplicate-detection id space."""
         self._check_open()
-        self._check_schedule_time(message, at)
-        started = self._started(first_attempt)
-        self._plan_remembered((message,), what="message", batch=False)
-        entity = self.profile.name
-        backend = self._backend
-        layer = self._ledger_layer
-        prepared: Prepared | None = None
-        if layer is not None:
-            try:
-                written: Prepared | Exception = await asyncio.to_thread(
-                    layer.intents, [message], layer.keys([message]), None
-                )
-            except LEDGER_FAILURES as exc:
-                written = exc
-            decided = layer.schedule_start(message, written)
-            if isinstance(decided, SendResult):
-                return decided
-            prepared = decided
-            started = layer.resumed(prepared, started)
+        return await arun(self._schedule_steps(message, at, first_attempt), self._perform)
 
-        wire: Sequence[Message] = [message]
+    async def _scheduled(self, effect: Schedule) -> Attempted[list[Ack]]:
+        """The retried schedule of one message, its key held (a span around it if traced)."""
+        entity, backend, at = self.profile.name, self._backend, effect.at
+        wire: Sequence[Message] = [effect.message]
 
         async def attempt(timeout: float) -> list[Ack]:
             return await backend.schedule(entity, wire, at, timeout=timeout)
 
-        async def retried() -> Attempted[list[Ack]]:
-            return await self.retry.acall(attempt, **self._retry_terms((message,), started))
-
+        terms = self._retry_terms(wire, effect.started)
         telemetry = self._otel
-        before = cancelling()
-        try:
-            async with self._gate.hold(self._gate_key([message])):
-                if telemetry is None:
-                    attempted = await retried()
-                else:
-                    with telemetry.transfer(self, wire, "schedule") as scope:
-                        wire = scope.wire(wire)
-                        attempted = scope.acked(await retried())
-        except PermanentSendError:
-            if layer is not None and prepared is not None:  # refused: nothing was stored
-                keys = prepared.refused([0])
-                await asyncio.to_thread(layer.release_quietly, keys, prepared.owner)
-            raise
-        result = ack_results(
-            [message],
-            attempted.value,
-            attempted.attempts,
-            attempted.in_doubt_before,
-            scheduled=True,
-        )[0]
-        if layer is not None and prepared is not None:
-            confirmation = layer.scheduled(prepared, result)
-            await asyncio.to_thread(layer.confirm_quietly, confirmation)
-        cancelled_meanwhile(before)
-        return result
+        async with self._gate.hold(self._gate_key(wire)):
+            if telemetry is None:
+                return await self.retry.acall(attempt, **terms)
+            with telemetry.transfer(self, wire, "schedule") as scope:
+                wire = scope.wire(wire)
+                return scope.acked(await self.retry.acall(attempt, **terms))
 
     # -- transactions ----------------------------------------------------------------
 
@@ -588,45 +461,20 @@ class IdempotentSender(SenderCore):
 
     async def _send_atomic(self, messages: list[Message]) -> SendReport:
         self._check_open()
-        self._plan_remembered(messages, what="transaction", batch=False)
-        report = SendReport()
-        if messages:
-            attempted = await self._attempt_transfer(messages, atomic=True)
-            self._account(report, messages, attempted, {}, range(len(messages)))
-        return report
+        return await arun(self._atomic_steps(messages), self._perform)
 
 
-class Transaction:
+class Transaction(TransactionCore):
     """A group of messages committed all or nothing when its ``async with`` block exits.
 
     ``report`` holds the outcome once committed: members of a group the broker
     ignored (another member was a duplicate) are failures in it.
     """
 
-    def __init__(self, sender: IdempotentSender) -> None:
-        self._sender = sender
-        self.messages: list[Message] = []
-        self.report: SendReport | None = None
-
     def send(self, message: Message) -> None:
         """Validate ``message`` and add it to the group (sent on commit)."""
-        self._sender._plan((message,), what="message", batch=False)
-        self.messages.append(message)
+        self._add((message,), "message")
 
     def send_many(self, messages: Iterable[Message]) -> None:
         """Add ``messages`` to the group (validated now, sent when the ``async with`` exits)."""
-        batch = list(messages)
-        self._sender._plan(batch, what="messages", batch=False)
-        self.messages.extend(batch)
-
-
-def _settle(
-    layer: LedgerLayer,
-    releases: list[tuple[list[Key], str]],
-    confirmation: Confirmation | None,
-) -> None:
-    """The ledger writes of a call's way out, in one worker-thread hop."""
-    for keys, owner in releases:
-        layer.release_quietly(keys, owner)
-    if confirmation:
-        layer.confirm_quietly(confirmation)
+        self._add(messages, "messages")
