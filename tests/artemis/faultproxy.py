@@ -146,8 +146,14 @@ class FaultProxy:
 
     def close(self) -> None:
         self._closed = True
+        # close() alone does not wake a thread blocked in accept() (Linux): shutdown() does,
+        # and the accepting thread ends here rather than outliving the test in its worker.
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._listener.close()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
         with self._lock:
             sockets, self._sockets = self._sockets, []
         for sock in sockets:

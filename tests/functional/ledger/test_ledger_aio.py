@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -19,18 +20,28 @@ def msg(i: int) -> Message:
     return Message(f"body {i}", message_id=f"order-{i}")
 
 
+@pytest.fixture
+def closing() -> Iterator[list[aio.ThreadedBackend]]:
+    """Thread adapters closed after the test, whatever its outcome (the sender does not close
+    the backend it is given): a worker thread left alive is a later test's in this worker."""
+    made: list[aio.ThreadedBackend] = []
+    yield made
+    for backend in made:
+        asyncio.run(backend.close())
+
+
 def test_aio_sender_skips_confirmed_keys_and_reports_doubt_past_the_window(
-    tmp_path: Path, ledger_url: str
+    tmp_path: Path, ledger_url: str, closing: list[aio.ThreadedBackend]
 ) -> None:
     now = [datetime(2026, 1, 1, tzinfo=UTC)]
     broker = LocalBackend(tmp_path / "b.db", clock=lambda: now[0])
+    threaded = aio.ThreadedBackend(broker)
+    closing.append(threaded)
     profile = EntityProfile("orders", duplicate_detection_window=WINDOW)
 
     async def main() -> tuple[int, list[str], list[str], int]:
         with Ledger(ledger_url, clock=lambda: now[0]) as ledger:
-            async with aio.IdempotentSender(
-                aio.ThreadedBackend(broker), profile, ledger=ledger
-            ) as sender:
+            async with aio.IdempotentSender(threaded, profile, ledger=ledger) as sender:
                 first = await sender.send_many([msg(i) for i in range(4)])
                 crashed = msg(9)
                 ledger.store.record_intents(

@@ -155,7 +155,7 @@ def test_aio_sender_opens_without_waiting_and_reports_not_stored(opening: str) -
 
 @pytest.mark.parametrize("sender_kind", ["sync", "aio"])
 def test_a_sender_opens_on_a_missing_entity_without_waiting_and_its_first_send_creates_it(
-    created: str, sender_kind: str
+    created: str, sender_kind: str, request: pytest.FixtureRequest
 ) -> None:
     """Another process holds the write lock past the open: the entity cannot be created
     then. The open does not wait for it (it used to wait the whole busy timeout and fail);
@@ -167,9 +167,11 @@ def test_a_sender_opens_on_a_missing_entity_without_waiting_and_its_first_send_c
             if sender_kind == "sync":
                 sender = IdempotentSender(broker, audit, retry=retry())
             else:
-                sender = sendonce_aio.IdempotentSender(
-                    sendonce_aio.ThreadedBackend(broker), audit, retry=retry()
-                )
+                threaded = sendonce_aio.ThreadedBackend(broker)
+                # The sender does not close the backend it is given: its worker thread would
+                # outlive the test (a later test's in this worker), whatever the outcome.
+                request.addfinalizer(lambda: asyncio.run(threaded.close()))
+                sender = sendonce_aio.IdempotentSender(threaded, audit, retry=retry())
                 asyncio.run(sender.open())
             assert holder.poll() is None  # opened while the lock is still held
             assert broker.describe("audit") == audit  # what the first send will create

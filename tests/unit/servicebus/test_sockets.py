@@ -6,6 +6,7 @@ AMQP peer is the emulator, exercised by the emulator tests.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from collections.abc import Iterator
@@ -52,7 +53,12 @@ class Peer:
                 self.accepted.append(conn)
 
     def close(self) -> None:
+        # close() alone does not wake the thread blocked in accept() (Linux): shutdown() does,
+        # and the thread ends here rather than outliving the test in its worker.
+        with contextlib.suppress(OSError):
+            self.server.shutdown(socket.SHUT_RDWR)
         self.server.close()
+        self.thread.join(timeout=30)
         for conn in self.accepted:
             conn.close()
 
