@@ -18,6 +18,7 @@ from azure.servicebus._common.constants import (
     MAX_MESSAGE_LENGTH_BYTES,
 )
 from azure.servicebus._common.utils import create_authentication, transform_outbound_messages
+from azure.servicebus._pyamqp.error import AMQPException
 from azure.servicebus._pyamqp.message import BatchMessage
 from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
 from azure.servicebus.exceptions import OperationTimeoutError
@@ -66,10 +67,13 @@ class SharedLink:
             return
         if self._auth is None:
             self._auth = create_authentication(self._client_sender)
-        self._link, self._generation = _loop.run(
-            self._shared.open_link(self._client_sender._entity_uri, self._auth, timeout),
-            timeout + _GRACE,
-        )
+        try:
+            self._link, self._generation = _loop.run(
+                self._shared.open_link(self._client_sender._entity_uri, self._auth, timeout),
+                timeout + _GRACE,
+            )
+        except AMQPException as exc:  # pyamqp's own: the client's class for it, as it raises
+            raise PyamqpTransport.create_servicebus_exception(logger, exc) from None
         link = self._link
         size = link.remote_max_message_size or MAX_MESSAGE_LENGTH_BYTES
         vendor = None
