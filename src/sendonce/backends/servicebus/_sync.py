@@ -124,7 +124,8 @@ class AzureServiceBusBackend(shared.ServiceBusShared, Backend):
         with self._lock:
             self._profiles[profile.name] = profile
             opened_as = self._kinds.get(profile.name, "queue")
-            if profile.name in self._lanes and opened_as != profile.kind:
+            opened = profile.name in self._lanes or profile.name in self._own_lanes
+            if opened and opened_as != profile.kind:
                 self._retire_lanes(profile.name, "the entity kind changed")
             self._kinds[profile.name] = profile.kind
 
@@ -159,7 +160,7 @@ class AzureServiceBusBackend(shared.ServiceBusShared, Backend):
             return lanes
 
     def _take_lane(
-        self, entity: str, timeout: float, messages: list[Message], on_shared: bool
+        self, entity: str, timeout: float, messages: list[Message], on_shared: bool = False
     ) -> tuple[Lanes[Any], Lane[Any], float]:
         """A lane for one transfer and the time left of ``timeout`` once it is free."""
         started = time.monotonic()
