@@ -1,6 +1,6 @@
 """One shared connection vs one connection per lane, through the emulator, in one run.
 
-    python bench/bench_servicebus_sharing.py                 # 3,000 keyed messages, 5 rounds each, 5 ms
+    python bench/bench_servicebus_sharing.py         # 3,000 keyed messages, 5 rounds, 5 ms
     python bench/bench_servicebus_sharing.py --rtt-ms 0 5 --messages 2000 --rounds 3
     python bench/bench_servicebus_sharing.py --smoke
 
