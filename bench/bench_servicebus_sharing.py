@@ -37,8 +37,7 @@ LANES = 16
 def one_round(conn_str: str, sharing: bool, n: int, tag: str) -> tuple[int, float, float]:
     """(connections opened, msg/s, CPU µs per message) of one fresh backend's ``send_many``."""
     messages = [
-        Message(b"x" * 64, message_id=f"{tag}-{i}", partition_key=f"k{i % KEYS}")
-        for i in range(n)
+        Message(b"x" * 64, message_id=f"{tag}-{i}", partition_key=f"k{i % KEYS}") for i in range(n)
     ]
     wall, cpu = time.perf_counter(), time.process_time()
     with AzureServiceBusBackend.from_connection_string(
