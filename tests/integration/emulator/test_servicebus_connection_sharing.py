@@ -296,3 +296,25 @@ def test_an_untested_client_release_falls_back_to_a_connection_per_lane(
         assert sender.send_many(sent).failed == 0
     assert emulator.connections_accepted > 1
     stored_once(store, "parts", sent)
+
+
+def test_an_idle_shared_connection_outlives_the_brokers_idle_timeout(tmp_path: Path) -> None:
+    """The reader waits on the socket without a timeout; a keep-alive task sends the empty
+    frames the broker's idle timeout asks for, so an idle connection is not dropped."""
+    path = tmp_path / "broker.db"
+    with LocalBackend(path) as store:
+        store.create_entity(ORDERS)
+        with (
+            Emulator(path, poll_interval=0.02, idle_timeout=2.0) as emulator,
+            AzureServiceBusBackend.from_connection_string(
+                emulator.connection_string, profiles={"orders": ORDERS}
+            ) as backend,
+        ):
+            backend.send("orders", [Message("a", message_id="idle-1")], timeout=10)
+            quiet_until = time.monotonic() + 3 * 2.0  # three idle timeouts with no transfer
+            while time.monotonic() < quiet_until:
+                assert emulator.open_connections == 1
+                time.sleep(0.1)
+            backend.send("orders", [Message("b", message_id="idle-2")], timeout=10)
+            assert emulator.connections_accepted == 1
+        assert Counter(store.message_ids("orders")) == {"idle-1": 1, "idle-2": 1}

@@ -66,7 +66,9 @@ __all__ = [
 logger = logging.getLogger("sendonce.servicebus")
 
 _WINDOW = 64 * 1024  # the client's session windows
-_READ_WAIT = 1.0  # the reader's wait for a frame; idle keep-alives are checked between reads
+_KEEP_ALIVE_CHECK = 5.0
+"""How often the keep-alive task asks pyamqp whether an empty frame is due (the peer's idle
+timeout): the reader blocks on the socket until the next frame, so it cannot."""
 _CLOSED_STATES = (
     ConnectionState.END,
     ConnectionState.CLOSE_RCVD,
@@ -211,9 +213,11 @@ class SharedConnection:
     async def _read(self, conn: Any, generation: int) -> None:
         """Read and dispatch every frame of ``conn`` until it ends; then fan the loss out."""
         error: BaseException | None = None
+        keep_alive = asyncio.ensure_future(_keep_alive(conn))
         try:
             while True:
-                await conn.listen(wait=_READ_WAIT)
+                # Without a timeout: pyamqp would wrap each read in a task of its own.
+                await conn.listen(wait=True)
                 if conn._error is not None or conn.state in _CLOSED_STATES:
                     error = conn._error
                     break
@@ -221,6 +225,8 @@ class SharedConnection:
             return
         except Exception as exc:
             error = exc
+        finally:
+            keep_alive.cancel()
         self._lost(conn, generation, error)
 
     def _lost(self, conn: Any, generation: int, error: BaseException | None) -> None:
@@ -345,21 +351,22 @@ class SharedConnection:
         delivery = await link.send_transfer(message, on_send_complete=settled, timeout=None)
         transfer = _Transfer(delivery, outcome)
         self._inflight.add(transfer)
+        timer = loop.call_later(timeout, _expire, outcome)  # cheaper than wait_for's task
         try:
-            try:
-                reason, state = await asyncio.wait_for(asyncio.shield(outcome), timeout)
-            except TimeoutError:
-                _forget(link, delivery)
-                if not delivery.sent:
-                    raise NotWritten(
-                        OperationTimeoutError(message="the link had no credit for the transfer")
-                    ) from None
-                raise OperationTimeoutError(message="Send operation timed out") from None
-            except asyncio.CancelledError:
-                _forget(link, delivery)
-                raise
+            reason, state = await outcome
+        except asyncio.CancelledError:
+            _forget(link, delivery)
+            raise
         finally:
+            timer.cancel()
             self._inflight.discard(transfer)
+        if reason == _EXPIRED:
+            _forget(link, delivery)
+            if not delivery.sent:
+                raise NotWritten(
+                    OperationTimeoutError(message="the link had no credit for the transfer")
+                )
+            raise OperationTimeoutError(message="Send operation timed out")
         _raise_for(reason, state, delivery, link)
 
     # -- lifecycle --------------------------------------------------------------------
@@ -416,6 +423,29 @@ def _raise_for(reason: Any, state: Any, delivery: Any, link: Any) -> None:
 
 def _client_error(exc: Exception) -> BaseException:
     return PyamqpTransport.create_servicebus_exception(logger, exc)
+
+
+_EXPIRED = "expired"
+
+
+def _expire(outcome: asyncio.Future[tuple[Any, Any]]) -> None:
+    if not outcome.done():
+        outcome.set_result((_EXPIRED, None))
+
+
+async def _keep_alive(conn: Any) -> None:
+    """Send the empty frames the peer's idle timeout asks for, while the reader waits."""
+    while True:
+        # Half the peer's idle timeout, known once its Open frame is read (or None: none).
+        due = conn._remote_idle_timeout_send_frame
+        opened = conn.state == ConnectionState.OPENED
+        await asyncio.sleep(
+            min(_KEEP_ALIVE_CHECK, due / 2) if due else _KEEP_ALIVE_CHECK if opened else 0.05
+        )
+        if conn._error is not None or conn.state in _CLOSED_STATES:
+            return
+        with contextlib.suppress(Exception):
+            await conn._get_remote_timeout(time.time())
 
 
 def _forget(link: Any, delivery: Any) -> None:
