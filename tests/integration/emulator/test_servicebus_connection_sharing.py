@@ -318,3 +318,39 @@ def test_an_idle_shared_connection_outlives_the_brokers_idle_timeout(tmp_path: P
             backend.send("orders", [Message("b", message_id="idle-2")], timeout=10)
             assert emulator.connections_accepted == 1
         assert Counter(store.message_ids("orders")) == {"idle-1": 1, "idle-2": 1}
+
+
+def test_each_audiences_token_is_put_again_before_it_expires(
+    broker: tuple[Emulator, LocalBackend],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The refresh margin widened to all but ~2 s of the token's hour: the one ``$cbs`` link
+    puts each entity's token again on its own, and the links carry on with it."""
+    from sendonce.backends.servicebus import _cbs
+
+    emulator, store = broker
+    monkeypatch.setattr(_cbs, "_REFRESH_SHARE", 1 - 2 / 3600)
+    caplog.set_level(logging.DEBUG, logger="sendonce.servicebus")
+
+    def puts(entity: str) -> int:
+        return sum(
+            1
+            for r in caplog.records
+            if r.getMessage().startswith("authorised sb://")
+            and r.getMessage().split()[1].endswith(f"/{entity}")
+        )
+
+    with AzureServiceBusBackend.from_connection_string(
+        emulator.connection_string, profiles={"orders": ORDERS, "parts": PARTS}
+    ) as backend:
+        backend.send("orders", [Message("a", message_id="tok-1")], timeout=10)
+        backend.send("parts", [Message("b", message_id="tok-2", partition_key="p")], timeout=10)
+        assert (puts("orders"), puts("parts")) == (1, 1)
+        deadline = time.monotonic() + 60
+        while (puts("orders") < 2 or puts("parts") < 2) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert puts("orders") >= 2 and puts("parts") >= 2
+        backend.send("orders", [Message("c", message_id="tok-3")], timeout=10)
+        assert emulator.connections_accepted == 1
+    assert Counter(store.message_ids("orders")) == {"tok-1": 1, "tok-3": 1}

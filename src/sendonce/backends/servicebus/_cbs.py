@@ -57,6 +57,7 @@ class TokenLink:
         self._grants: dict[str, _Grant] = {}
         self._lock = asyncio.Lock()  # one put at a time: answers are matched by message id
         self._refresher: asyncio.Task[None] | None = None
+        self._granted = asyncio.Event()  # a grant was added or renewed: recompute the wait
 
     def __repr__(self) -> str:
         return f"TokenLink(audiences={len(self._grants)})"
@@ -130,6 +131,7 @@ class TokenLink:
         now = time.time()
         lifetime = max(float(token.expires_on) - now, 0.0)
         lead = max(lifetime * _REFRESH_SHARE, min(_MIN_REFRESH_LEAD, lifetime / 2))
+        self._granted.set()
         self._grants[audience] = _Grant(
             auth, float(token.expires_on), float(token.expires_on) - lead
         )
@@ -138,8 +140,10 @@ class TokenLink:
     async def _refresh_loop(self) -> None:
         """Put each audience's token again before it expires, for as long as the link lives."""
         while True:
-            soonest = min((g.refresh_at for g in self._grants.values()), default=time.time() + 60)
-            await asyncio.sleep(max(soonest - time.time(), 0.05))
+            soonest = min((g.refresh_at for g in self._grants.values()), default=time.time() + 3600)
+            self._granted.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._granted.wait(), max(soonest - time.time(), 0.05))
             for audience, grant in list(self._grants.items()):
                 if time.time() < grant.refresh_at:
                     continue
