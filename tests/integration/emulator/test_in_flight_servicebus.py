@@ -76,8 +76,8 @@ def faults_among_lanes(emulator: Emulator, entity: str) -> None:
 
 
 def lanes_were_open_at_once(emulator: Emulator, backend: Any = None) -> bool:
-    """Several lanes open together: links on the process's one shared connection (the sync
-    backend, sharing on), else one client connection per lane (one link each)."""
+    """Several lanes open together: links on the process's one shared connection (sharing
+    on), else one client connection per lane (one link each)."""
     if backend is not None and backend.connection_sharing:
         from sendonce.backends.servicebus._connection import registered
 
@@ -148,7 +148,7 @@ def test_aio_send_many_with_lanes_in_flight_survives_faults_on_one_lane(
             aio.IdempotentSender(backend, PARTS, retry=policy()) as sender,
         ):
             report = await sender.send_many(sent)
-            assert lanes_were_open_at_once(emulator)
+            assert lanes_were_open_at_once(emulator, backend)
             return report
 
     report = asyncio.run(main())
@@ -175,7 +175,7 @@ def test_concurrent_aio_sends_share_the_lanes_and_land_once(
             aio.IdempotentSender(backend, ORDERS, retry=policy()) as sender,
         ):
             results = await asyncio.gather(*(sender.send(m) for m in sent))
-            assert lanes_were_open_at_once(emulator)
+            assert lanes_were_open_at_once(emulator, backend)
             return results
 
     results = asyncio.run(main())

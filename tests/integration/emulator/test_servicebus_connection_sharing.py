@@ -27,7 +27,7 @@ pytest.importorskip("azure.servicebus")
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.exceptions import ServiceBusError
 
-from sendonce import EntityProfile, IdempotentSender, Message, RetryPolicy
+from sendonce import EntityProfile, IdempotentSender, Message, RetryPolicy, aio
 from sendonce.backends import connect
 from sendonce.backends.local import LocalBackend
 from sendonce.backends.servicebus import AzureServiceBusBackend
@@ -354,3 +354,91 @@ def test_each_audiences_token_is_put_again_before_it_expires(
         backend.send("orders", [Message("c", message_id="tok-3")], timeout=10)
         assert emulator.connections_accepted == 1
     assert Counter(store.message_ids("orders")) == {"tok-1": 1, "tok-3": 1}
+
+
+# -- the aio backend: the same connection, awaited from the caller's loop --------------------
+
+
+def aio_send_many(conn_str: str, sent: list[Message], **options: object) -> tuple[object, bool]:
+    async def main() -> tuple[object, bool]:
+        async with (
+            aio.AzureServiceBusBackend.from_connection_string(
+                conn_str, profiles={"parts": PARTS}, **options
+            ) as backend,
+            aio.IdempotentSender(backend, PARTS, retry=policy()) as sender,
+        ):
+            return await sender.send_many(sent), backend.connection_sharing
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize(("sharing", "connections"), [(True, 1), (False, 16)])
+def test_aio_3000_keyed_messages_take_one_connection(
+    broker: tuple[Emulator, LocalBackend], sharing: bool, connections: int
+) -> None:
+    emulator, store = broker
+    sent = keyed(3000, 32, "aio")
+    report, shared = aio_send_many(
+        emulator.connection_string, sent, max_in_flight=16, connection_sharing=sharing
+    )
+    assert shared is sharing
+    assert report.failed == 0, report.failures  # type: ignore[attr-defined]
+    assert emulator.connections_accepted == connections
+    assert closed_soon(emulator)
+    stored_once(store, "parts", sent)
+
+
+def test_aio_the_shared_connection_cut_with_16_links_in_flight(
+    broker: tuple[Emulator, LocalBackend], caplog: pytest.LogCaptureFixture
+) -> None:
+    emulator, store = broker
+    sent = keyed(64, 16, "acut")
+    emulator.faults.add(
+        *[Fault(FaultAction.WITHHOLD, entity="parts")] * 15,
+        Fault(FaultAction.DROP_AFTER_COMMIT, entity="parts"),
+    )
+    caplog.set_level(logging.INFO, logger="sendonce")
+    report, _ = aio_send_many(emulator.connection_string, sent, max_in_flight=16)
+    assert report.failed == 0, report.failures  # type: ignore[attr-defined]
+    assert emulator.faults.pending == 0
+    lost = [r.getMessage() for r in caplog.records if "was lost" in r.getMessage()]
+    assert len(lost) == 1 and "16 transfer(s) in flight end now" in lost[0], lost
+    assert len([r for r in report.results if r.attempts > 1]) == 16  # type: ignore[attr-defined]
+    assert emulator.connections_accepted == 2
+    stored_once(store, "parts", sent)
+
+
+def test_aio_a_link_detached_by_the_broker_while_its_siblings_carry_on(
+    broker: tuple[Emulator, LocalBackend],
+) -> None:
+    emulator, store = broker
+    sent = keyed(120, 8, "adet")
+    emulator.faults.add(
+        *[Fault(FaultAction.NONE, entity="parts")] * 20,
+        Fault(FaultAction.DETACH_AFTER_COMMIT, entity="parts"),
+    )
+    report, _ = aio_send_many(emulator.connection_string, sent, max_in_flight=8)
+    assert report.failed == 0, report.failures  # type: ignore[attr-defined]
+    assert emulator.faults.pending == 0
+    assert [r.attempts for r in report.results].count(2) == 1  # type: ignore[attr-defined]
+    assert emulator.connections_accepted == 1
+    stored_once(store, "parts", sent)
+
+
+def test_a_sync_and_an_aio_backend_share_one_connection(
+    broker: tuple[Emulator, LocalBackend],
+) -> None:
+    emulator, store = broker
+    sent_sync, sent_aio = keyed(100, 8, "s"), keyed(100, 8, "a")
+    with (
+        AzureServiceBusBackend.from_connection_string(
+            emulator.connection_string, profiles={"parts": PARTS}, max_in_flight=8
+        ) as backend,
+        IdempotentSender(backend, PARTS) as sender,
+    ):
+        assert sender.send_many(sent_sync).failed == 0
+        report, shared = aio_send_many(emulator.connection_string, sent_aio, max_in_flight=8)
+        assert shared and report.failed == 0  # type: ignore[attr-defined]
+    assert emulator.connections_accepted == 1
+    assert closed_soon(emulator)
+    stored_once(store, "parts", [*sent_sync, *sent_aio])

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
 from dataclasses import dataclass
@@ -99,6 +100,8 @@ class TokenLink:
         token = await asyncio.wait_for(
             loop.run_in_executor(None, auth.get_token), max(deadline - time.monotonic(), 0.001)
         )
+        if inspect.isawaitable(token):  # an aio credential (the aio backend: a SAS key's)
+            token = await asyncio.wait_for(token, max(deadline - time.monotonic(), 0.001))
         raw = token.token.decode() if isinstance(token.token, bytes) else token.token
         token_type = auth.token_type
         token_type = token_type.decode() if isinstance(token_type, bytes) else token_type

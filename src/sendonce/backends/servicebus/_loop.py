@@ -15,7 +15,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["loop", "run"]
+__all__ = ["awaited", "loop", "run"]
 
 T = TypeVar("T")
 
@@ -53,3 +53,9 @@ def run(coro: Coroutine[Any, Any, T], timeout: float) -> T:
         if not future.done():
             future.cancel()  # Ctrl-C in the waiting thread: stop the work on the loop too
         raise
+
+
+async def awaited(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on the connection loop and await it from another event loop (the aio
+    backend's). Cancelling the caller cancels it there too."""
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop()))
