@@ -12,7 +12,9 @@ The client's senders are not safe for concurrent use (one transfer per link at
 a time), so the backend keeps up to ``max_in_flight`` of them per entity
 (lanes, ``_lanes``) and lends each to one task at a time:
 that many transfers can be outstanding at once. A call that fails, times out or
-is cancelled discards its lane's sender; the other lanes carry on.
+is cancelled discards its lane's sender; the other lanes carry on. Built from a connection
+string, a send's lane is a link on the process's one connection to the namespace
+(``_connection``, ``_link.AsyncSharedLink``), awaited across to the connection's loop.
 
 Cancellation stays cancellation: on Python 3.11 ``asyncio.wait_for`` inside the
 client swallows a cancel that lands as its inner wait finishes (CPython

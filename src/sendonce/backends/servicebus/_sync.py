@@ -8,8 +8,10 @@ sender decides the transfer boundaries by the partition-key and size rules.
 Concurrency: a ``ServiceBusSender`` carries one transfer at a time and is not
 thread-safe, so the backend keeps up to ``max_in_flight`` senders per entity
 (lanes, see ``_lanes``) and lends each to one thread at a time. Up to
-``max_in_flight`` threads may call ``send`` / ``schedule`` at once; each lane is
-its own AMQP connection (the client shares none between senders).
+``max_in_flight`` threads may call ``send`` / ``schedule`` at once. A send's lane is a link
+on the process's one connection to the namespace (``_connection``, ``_link``); a schedule's
+lane, and every lane with ``connection_sharing=False``, is a client sender with its own
+AMQP connection (the client shares none between senders).
 """
 
 from __future__ import annotations
