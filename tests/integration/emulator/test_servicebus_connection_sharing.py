@@ -442,3 +442,30 @@ def test_a_sync_and_an_aio_backend_share_one_connection(
     assert emulator.connections_accepted == 1
     assert closed_soon(emulator)
     stored_once(store, "parts", [*sent_sync, *sent_aio])
+
+
+def _send_in_child(conn_str: str) -> None:
+    with AzureServiceBusBackend.from_connection_string(
+        conn_str, profiles={"orders": ORDERS}
+    ) as backend:
+        backend.send("orders", [Message("child", message_id="fork-2")], timeout=20)
+
+
+def test_a_forked_child_opens_its_own_connection(broker: tuple[Emulator, LocalBackend]) -> None:
+    """The child inherits the loop object and the registry but not their thread or socket."""
+    import multiprocessing
+
+    emulator, store = broker
+    with AzureServiceBusBackend.from_connection_string(
+        emulator.connection_string, profiles={"orders": ORDERS}
+    ) as backend:
+        backend.send("orders", [Message("parent", message_id="fork-1")], timeout=10)
+        child = multiprocessing.get_context("fork").Process(
+            target=_send_in_child, args=(emulator.connection_string,)
+        )
+        child.start()
+        child.join(60)
+        assert child.exitcode == 0
+        backend.send("orders", [Message("parent", message_id="fork-3")], timeout=10)
+    assert emulator.connections_accepted == 2
+    assert Counter(store.message_ids("orders")) == {"fork-1": 1, "fork-2": 1, "fork-3": 1}

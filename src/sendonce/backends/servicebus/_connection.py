@@ -494,14 +494,19 @@ def _close_transport(conn: Any) -> None:
 
 _registry: dict[ConnectionKey, SharedConnection] = {}
 _registry_lock = threading.Lock()
+_registry_pid = os.getpid()
 
 
 def acquire(client: Any, timeout: float) -> SharedConnection:
     """The process's shared connection for ``client``'s namespace and credential, counted."""
     from azure.servicebus._common.utils import create_properties
 
+    global _registry_pid
     key = connection_key(client)
     with _registry_lock:
+        if _registry_pid != os.getpid():  # a forked child: the parent's connections are not its
+            _registry.clear()
+            _registry_pid = os.getpid()
         shared = _registry.get(key)
         if shared is None:
             properties = create_properties(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -21,13 +22,16 @@ T = TypeVar("T")
 
 _guard = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
+_pid = 0
 
 
 def loop() -> asyncio.AbstractEventLoop:
-    """The process's connection loop, started on first use."""
-    global _loop
+    """The process's connection loop, started on first use (again in a forked child, which
+    inherits the loop object but not its thread)."""
+    global _loop, _pid
     with _guard:
-        if _loop is None or _loop.is_closed():
+        if _loop is None or _loop.is_closed() or _pid != os.getpid():
+            _pid = os.getpid()
             started = asyncio.new_event_loop()
             thread = threading.Thread(
                 target=started.run_forever, name="sendonce-servicebus-io", daemon=True
