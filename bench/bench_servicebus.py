@@ -86,7 +86,7 @@ def main() -> None:
             sender.send_messages(batch, timeout=30.0)
 
     with mock.patch.object(ServiceBusClient, "get_queue_sender", return_value=stub_sender()):
-        backend = AzureServiceBusBackend.from_connection_string(CONN)
+        backend = AzureServiceBusBackend.from_connection_string(CONN, connection_sharing=False)
 
         def ours_send() -> None:
             for group in transfers:

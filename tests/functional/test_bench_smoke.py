@@ -41,6 +41,7 @@ RUNS: dict[str, list[tuple[list[str], list[pytest.MarkDecorator]]]] = {
     "bench_sender.py": [([], [])],
     "bench_sender_memory.py": [([], [])],
     "bench_servicebus.py": [([], [])],
+    "bench_servicebus_sharing.py": [([], [pytest.mark.emulator])],
     "bench_spark.py": [([], _SPARK)],
     "bench_spark_rows.py": [([], [])],
     "bench_spark_servicebus.py": [([], [*_SPARK, pytest.mark.emulator])],

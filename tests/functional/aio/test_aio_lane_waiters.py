@@ -63,7 +63,7 @@ PATIENT = RetryPolicy(initial_backoff=0.01, max_backoff=0.05, jitter=False, atte
 
 async def queued(backend: aio.AzureServiceBusBackend, entity: str, waiters: int) -> None:
     """Wait until ``waiters`` callers wait for a link to ``entity`` (the event, not a clock)."""
-    lanes = backend._entity_lanes(entity)
+    lanes = backend._entity_lanes(entity, backend.connection_sharing)  # sends' lanes
     deadline = time.monotonic() + 60
     while len(lanes._waiters) < waiters:
         assert time.monotonic() < deadline, f"{len(lanes._waiters)} of {waiters} callers queued"

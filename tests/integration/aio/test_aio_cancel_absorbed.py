@@ -59,7 +59,11 @@ def test_a_cancel_absorbed_by_the_client_raises_cancelled_error(
         loop = asyncio.get_running_loop()
         async with (
             AzureServiceBusBackend.from_connection_string(
-                emulator.connection_string, profiles={"orders": ORDERS}
+                # The client's own send path (its wait_for absorbs the cancel): a lane of
+                # its own connection; the shared connection's links await no wait_for.
+                emulator.connection_string,
+                profiles={"orders": ORDERS},
+                connection_sharing=False,
             ) as backend,
             IdempotentSender(backend, ORDERS, retry=retry) as sender,
         ):

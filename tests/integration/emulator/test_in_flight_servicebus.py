@@ -75,8 +75,14 @@ def faults_among_lanes(emulator: Emulator, entity: str) -> None:
     )
 
 
-def lanes_were_open_at_once(emulator: Emulator) -> bool:
-    """Several client connections open together: one per lane (one link each)."""
+def lanes_were_open_at_once(emulator: Emulator, backend: Any = None) -> bool:
+    """Several lanes open together: links on the process's one shared connection (sharing
+    on), else one client connection per lane (one link each)."""
+    if backend is not None and backend.connection_sharing:
+        from sendonce.backends.servicebus._connection import registered
+
+        [shared] = registered()
+        return emulator.open_connections == 1 and len(shared._links) > 1
     return emulator.open_connections > 1
 
 
@@ -101,20 +107,24 @@ def assert_once_and_in_key_order(store: LocalBackend, entity: str, sent: list[Me
         assert indexes == sorted(indexes), f"key {key} stored out of input order: {indexes}"
 
 
+@pytest.mark.parametrize("sharing", [True, False], ids=["shared", "per-lane"])
 def test_sync_send_many_with_lanes_in_flight_survives_faults_on_one_lane(
-    broker: tuple[Emulator, LocalBackend],
+    broker: tuple[Emulator, LocalBackend], sharing: bool
 ) -> None:
     emulator, store = broker
     sent = keyed(90)
     faults_among_lanes(emulator, "parts")
     with (
         AzureServiceBusBackend.from_connection_string(
-            emulator.connection_string, profiles={"parts": PARTS}, max_in_flight=LANES
+            emulator.connection_string,
+            profiles={"parts": PARTS},
+            max_in_flight=LANES,
+            connection_sharing=sharing,
         ) as backend,
         IdempotentSender(backend, PARTS, retry=policy()) as sender,
     ):
         report = sender.send_many(sent)
-        assert lanes_were_open_at_once(emulator)
+        assert lanes_were_open_at_once(emulator, backend)
     assert all_links_closed(emulator)  # closing the backend closed every lane
     assert report.failed == 0, report.failures
     assert report.sent + report.duplicates == len(sent)
@@ -138,7 +148,7 @@ def test_aio_send_many_with_lanes_in_flight_survives_faults_on_one_lane(
             aio.IdempotentSender(backend, PARTS, retry=policy()) as sender,
         ):
             report = await sender.send_many(sent)
-            assert lanes_were_open_at_once(emulator)
+            assert lanes_were_open_at_once(emulator, backend)
             return report
 
     report = asyncio.run(main())
@@ -165,7 +175,7 @@ def test_concurrent_aio_sends_share_the_lanes_and_land_once(
             aio.IdempotentSender(backend, ORDERS, retry=policy()) as sender,
         ):
             results = await asyncio.gather(*(sender.send(m) for m in sent))
-            assert lanes_were_open_at_once(emulator)
+            assert lanes_were_open_at_once(emulator, backend)
             return results
 
     results = asyncio.run(main())
@@ -175,8 +185,9 @@ def test_concurrent_aio_sends_share_the_lanes_and_land_once(
     assert Counter(store.message_ids("orders")) == {m.message_id: 1 for m in sent}
 
 
+@pytest.mark.parametrize("sharing", [True, False], ids=["shared", "per-lane"])
 def test_threads_share_one_sync_backend_and_land_once(
-    broker: tuple[Emulator, LocalBackend],
+    broker: tuple[Emulator, LocalBackend], sharing: bool
 ) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
@@ -185,13 +196,16 @@ def test_threads_share_one_sync_backend_and_land_once(
     faults_among_lanes(emulator, "orders")
     with (
         AzureServiceBusBackend.from_connection_string(
-            emulator.connection_string, profiles={"orders": ORDERS}, max_in_flight=LANES
+            emulator.connection_string,
+            profiles={"orders": ORDERS},
+            max_in_flight=LANES,
+            connection_sharing=sharing,
         ) as backend,
         IdempotentSender(backend, ORDERS, retry=policy()) as sender,
         ThreadPoolExecutor(8) as pool,
     ):
         results = list(pool.map(sender.send, sent))
-        assert lanes_were_open_at_once(emulator)
+        assert lanes_were_open_at_once(emulator, backend)
     assert all_links_closed(emulator)
     assert [r.message_id for r in results] == [m.message_id for m in sent]
     assert emulator.faults.pending == 0

@@ -179,6 +179,14 @@ class FakeLink:
         return sender
 
 
+@pytest.fixture(autouse=True)
+def _lanes_of_their_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests script the client's sender (a fake link): one connection per lane. The
+    shared connection's links are proven against the emulator
+    (tests/integration/emulator/test_servicebus_connection_sharing.py)."""
+    monkeypatch.setenv("SENDONCE_SERVICEBUS_CONNECTION_SHARING", "0")
+
+
 @pytest.fixture
 def link(mocker: Any) -> Iterator[FakeLink]:
     fake = FakeLink()

@@ -12,7 +12,9 @@ The client's senders are not safe for concurrent use (one transfer per link at
 a time), so the backend keeps up to ``max_in_flight`` of them per entity
 (lanes, ``_lanes``) and lends each to one task at a time:
 that many transfers can be outstanding at once. A call that fails, times out or
-is cancelled discards its lane's sender; the other lanes carry on.
+is cancelled discards its lane's sender; the other lanes carry on. Built from a connection
+string, a send's lane is a link on the process's one connection to the namespace
+(``_connection``, ``_link.AsyncSharedLink``), awaited across to the connection's loop.
 
 Cancellation stays cancellation: on Python 3.11 ``asyncio.wait_for`` inside the
 client swallows a cancel that lands as its inner wait finishes (CPython
@@ -45,10 +47,14 @@ from ...errors import (
 )
 from .._base import Ack, AsyncBackend
 from .._dispatch import dispatching
+from . import _loop
 from . import _shared as shared
+from ._connection import NotWritten, SharedConnection, acquire, release
 from ._convert import to_servicebus_message
 from ._errors import is_connection_level, is_sdk_error, map_error
 from ._lanes import AsyncLanes, Lane
+from ._link import AsyncSharedLink
+from ._sharing import sharing_enabled
 
 __all__ = ["AzureServiceBusBackend"]
 
@@ -85,8 +91,22 @@ class AzureServiceBusBackend(shared.ServiceBusShared, AsyncBackend):
         return _default_async_credential()
 
     def _start(self) -> None:
-        self._lanes: ByName[AsyncLanes[ServiceBusSender]] = ByName()  # any spelling
+        # Sends use the shared connection's links when sharing is on; schedules (and every
+        # call when it is off) use lanes of their own connection each.
+        self._lanes: ByName[AsyncLanes[Any]] = ByName()  # any spelling
+        self._own_lanes: ByName[AsyncLanes[Any]] = ByName()
         self._closing: set[asyncio.Task[None]] = set()
+        self._connection: SharedConnection | None = None
+
+    def _sharing_wanted(self, option: bool | None) -> bool:
+        # Only with a connection string's key: an async token credential (azure.identity.aio)
+        # is bound to the loop it was first used on, and the connection has its own.
+        return sharing_enabled(option, self._client) and self._connection_string is not None
+
+    @property
+    def connection_sharing(self) -> bool:
+        """Whether sends go as links on the process's one connection to the namespace."""
+        return self._sharing
 
     supports_atomic = False
 
@@ -109,10 +129,11 @@ class AzureServiceBusBackend(shared.ServiceBusShared, AsyncBackend):
         if not isinstance(profile, EntityProfile):
             raise ConfigurationError("declare() takes an EntityProfile", field="profile")
         self._profiles[profile.name] = profile
-        lanes = self._lanes.get(profile.name)
-        if lanes is not None and self._kinds.get(profile.name) != profile.kind:
-            del self._lanes[profile.name]  # busy lanes are closed when given back
-            self._closing_task(lanes.close(0.0), profile.name)
+        for table in (self._lanes, self._own_lanes):
+            lanes = table.get(profile.name)
+            if lanes is not None and self._kinds.get(profile.name) != profile.kind:
+                del table[profile.name]  # busy lanes are closed when given back
+                self._closing_task(lanes.close(0.0), profile.name)
         self._kinds[profile.name] = profile.kind
 
     def _admin_client(self, entity: str) -> Any:
@@ -149,27 +170,37 @@ class AzureServiceBusBackend(shared.ServiceBusShared, AsyncBackend):
 
     # -- sending ----------------------------------------------------------------------
 
-    def _entity_lanes(self, entity: str) -> AsyncLanes[ServiceBusSender]:
+    def _entity_lanes(self, entity: str, on_shared: bool = False) -> AsyncLanes[Any]:
         self._check_open(entity)
-        lanes = self._lanes.get(entity)
+        table = self._lanes if on_shared else self._own_lanes
+        lanes = table.get(entity)
         if lanes is None:
-            lanes = self._lanes[entity] = AsyncLanes(self.capabilities.max_in_flight)
+            lanes = table[entity] = AsyncLanes(self.capabilities.max_in_flight)
         return lanes
 
-    def _new_sender(self, entity: str) -> ServiceBusSender:
+    def _new_sender(self, entity: str, on_shared: bool = False) -> Any:
         if self._kinds.get(entity) == "topic":
-            return self._client.get_topic_sender(topic_name=entity)
-        return self._client.get_queue_sender(queue_name=entity)
+            sender = self._client.get_topic_sender(topic_name=entity)
+        else:
+            sender = self._client.get_queue_sender(queue_name=entity)
+        if not on_shared:
+            return sender
+        if self._connection is None:
+            self._connection = acquire(self._client, self._link_timeout)
+        return AsyncSharedLink(self._connection, sender)
 
     async def _open_link(
-        self, entity: str, lane: Lane[ServiceBusSender], timeout: float, messages: list[Message]
+        self, entity: str, lane: Lane[Any], timeout: float, messages: list[Message]
     ) -> None:
         """Open the lane's link within ``timeout`` (nothing is sent while opening)."""
-        if lane.opened:
+        if lane.opened and not isinstance(lane.sender, AsyncSharedLink):
             return
         try:
             async with asyncio.timeout(timeout):
-                await lane.sender.create_message_batch()
+                if isinstance(lane.sender, AsyncSharedLink):
+                    await lane.sender.open(timeout)
+                else:
+                    await lane.sender.create_message_batch()
         except TimeoutError:
             raise shared.link_too_slow(entity, self._namespace, timeout, messages) from None
         lane.opened = True
@@ -177,8 +208,8 @@ class AzureServiceBusBackend(shared.ServiceBusShared, AsyncBackend):
     def _give_back(
         self,
         entity: str,
-        lanes: AsyncLanes[ServiceBusSender],
-        lane: Lane[ServiceBusSender],
+        lanes: AsyncLanes[Any],
+        lane: Lane[Any],
         reason: str | None,
     ) -> None:
         """Return ``lane``; ``reason`` (a failure) closes its sender in the background (a
@@ -216,6 +247,8 @@ class AzureServiceBusBackend(shared.ServiceBusShared, AsyncBackend):
         timeout: float,
         transfer: Any,
         prepare: Any = None,
+        *,
+        shared_ok: bool = True,
     ) -> Any:
         """Run ``transfer(sender, time_left)`` on a free lane, under the timeout and the
         error map; a cancel the client swallowed is raised again.
@@ -229,7 +262,8 @@ class AzureServiceBusBackend(shared.ServiceBusShared, AsyncBackend):
         task = asyncio.current_task()
         cancels = task.cancelling() if task is not None else 0
         started = time.monotonic()
-        lanes = self._entity_lanes(entity)
+        on_shared = self._sharing and shared_ok
+        lanes = self._entity_lanes(entity, on_shared)
         taken, got = lanes.take_now()
         if not got:  # every link busy: wait for one
             taken, got = await lanes.take(timeout)
@@ -238,13 +272,13 @@ class AzureServiceBusBackend(shared.ServiceBusShared, AsyncBackend):
             raise shared.no_free_link(lanes.size, entity, timeout, messages)
         if taken is None:
             try:
-                taken = Lane(self._new_sender(entity))
+                taken = Lane(self._new_sender(entity, on_shared))
             except BaseException:
                 lanes.cancel()  # the permit goes back: no lane was made
                 raise
         lane = taken
         failed: str | None = f"{operation} was interrupted"
-        opened = lane.opened
+        opened = lane.sender.opened if on_shared else lane.opened
         try:
             left = timeout - (time.monotonic() - started)
             if left <= shared.MIN_TRANSFER_TIME:
@@ -283,6 +317,16 @@ class AzureServiceBusBackend(shared.ServiceBusShared, AsyncBackend):
         except asyncio.CancelledError:
             failed = f"{operation} was cancelled"
             raise
+        except NotWritten as exc:  # the shared connection never wrote it: nothing stored
+            failed = "connection-level error"
+            raise map_error(
+                exc.error,
+                operation=operation,
+                entity=entity,
+                count=len(messages),
+                reached=False,
+                **shared.ids(messages),
+            ) from None
         except Exception as exc:
             if not is_sdk_error(exc):
                 raise
@@ -314,7 +358,7 @@ class AzureServiceBusBackend(shared.ServiceBusShared, AsyncBackend):
         def convert() -> list[Any]:
             return [to_servicebus_message(m) for m in batch]
 
-        async def transfer(sender: ServiceBusSender, left: float, converted: list[Any]) -> None:
+        async def transfer(sender: Any, left: float, converted: list[Any]) -> None:
             # One message goes as itself: wrapping it in a batch encodes it twice.
             payload = (
                 converted[0]
@@ -327,7 +371,7 @@ class AzureServiceBusBackend(shared.ServiceBusShared, AsyncBackend):
         return [Ack("accepted") for _ in batch]
 
     async def _batch(
-        self, sender: ServiceBusSender, entity: str, messages: list[Message], converted: list[Any]
+        self, sender: Any, entity: str, messages: list[Message], converted: list[Any]
     ) -> Any:
         batch = await sender.create_message_batch(**self._batch_size())
         return shared.fill_batch(batch, entity, messages, converted)
@@ -348,7 +392,10 @@ class AzureServiceBusBackend(shared.ServiceBusShared, AsyncBackend):
         async def transfer(sender: ServiceBusSender, left: float) -> list[int]:
             return list(await sender.schedule_messages(converted, at, timeout=left))
 
-        numbers: list[int] = await self._guarded("schedule", entity, batch, timeout, transfer)
+        # A schedule is a management request: on a lane of its own connection.
+        numbers: list[int] = await self._guarded(
+            "schedule", entity, batch, timeout, transfer, shared_ok=False
+        )
         return shared.scheduled_acks(numbers, len(batch), entity)
 
     # -- lifecycle --------------------------------------------------------------------
@@ -359,15 +406,22 @@ class AzureServiceBusBackend(shared.ServiceBusShared, AsyncBackend):
         if self._closed:
             return
         self._closed = True
-        every, self._lanes = self._lanes, ByName()
+        every = [*self._lanes.items(), *self._own_lanes.items()]
+        self._lanes, self._own_lanes = ByName(), ByName()
+        connection, self._connection = self._connection, None
         deadline = time.monotonic() + self._link_timeout
         closing = []
-        for entity, lanes in every.items():
+        for entity, lanes in every:
             idle = await lanes.close(max(deadline - time.monotonic(), 0.0))
             closing.append(_close_lanes(idle, entity))
         await asyncio.gather(*closing)
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
+        if connection is not None and release(connection):
+            try:
+                await asyncio.wait_for(_loop.awaited(connection.shutdown()), _CLOSE_TIMEOUT)
+            except Exception as exc:
+                logger.debug("closing the shared connection failed: %s", type(exc).__name__)
         for name, closable in (("client", self._client), ("admin client", self._admin)):
             if closable is None:
                 continue
@@ -377,12 +431,12 @@ class AzureServiceBusBackend(shared.ServiceBusShared, AsyncBackend):
                 logger.debug("closing the %s failed: %s", name, redact(repr(exc)))
 
 
-async def _close_lanes(lanes: list[Lane[ServiceBusSender]], entity: str) -> None:
+async def _close_lanes(lanes: list[Lane[Any]], entity: str) -> None:
     """Close side by side: each close waits for the peer's answer."""
     await asyncio.gather(*(_close_quietly(lane.sender, entity) for lane in lanes))
 
 
-async def _close_quietly(sender: ServiceBusSender, entity: str) -> None:
+async def _close_quietly(sender: Any, entity: str) -> None:
     try:
         await asyncio.wait_for(sender.close(), _CLOSE_TIMEOUT)
     except Exception as exc:  # a dead link may fail to close; it is dropped either way

@@ -236,6 +236,7 @@ class ServiceBusShared:
         admin_timeout: float = DEFAULT_ADMIN_TIMEOUT,
         max_batch_size: int | None = None,
         max_in_flight: int | None = None,
+        connection_sharing: bool | None = None,
         **client_kwargs: Any,
     ) -> None:
         settings = settle(
@@ -269,6 +270,7 @@ class ServiceBusShared:
         self._entity_path = settings.entity_path
         self._admin: Any = admin_client
         self._closed = False
+        self._sharing = self._sharing_wanted(connection_sharing)
         self.capabilities = Capabilities(
             max_in_flight=settings.max_in_flight,
             messaging_system="servicebus",
@@ -284,6 +286,11 @@ class ServiceBusShared:
 
     def _start(self) -> None:
         """Set up the half's own state (its lanes, its lock)."""
+
+    def _sharing_wanted(self, option: bool | None) -> bool:
+        """Whether lanes are links on the process's shared connection (``_sharing``)."""
+        del option
+        return False
 
     @classmethod
     def from_connection_string(cls, conn_str: str, **options: Any) -> Self:

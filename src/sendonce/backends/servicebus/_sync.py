@@ -8,8 +8,10 @@ sender decides the transfer boundaries by the partition-key and size rules.
 Concurrency: a ``ServiceBusSender`` carries one transfer at a time and is not
 thread-safe, so the backend keeps up to ``max_in_flight`` senders per entity
 (lanes, see ``_lanes``) and lends each to one thread at a time. Up to
-``max_in_flight`` threads may call ``send`` / ``schedule`` at once; each lane is
-its own AMQP connection (the client shares none between senders).
+``max_in_flight`` threads may call ``send`` / ``schedule`` at once. A send's lane is a link
+on the process's one connection to the namespace (``_connection``, ``_link``); a schedule's
+lane, and every lane with ``connection_sharing=False``, is a client sender with its own
+AMQP connection (the client shares none between senders).
 """
 
 from __future__ import annotations
@@ -37,10 +39,14 @@ from ...errors import (
     redact,
 )
 from .._base import Ack, Backend
+from . import _loop
 from . import _shared as shared
+from ._connection import NotWritten, SharedConnection, acquire, release
 from ._convert import to_servicebus_message
 from ._errors import is_connection_level, is_sdk_error, map_error
 from ._lanes import Lane, Lanes
+from ._link import SharedLink
+from ._sharing import sharing_enabled
 
 __all__ = ["AzureServiceBusBackend"]
 
@@ -72,8 +78,26 @@ class AzureServiceBusBackend(shared.ServiceBusShared, Backend):
         return _default_sync_credential()
 
     def _start(self) -> None:
-        self._lanes: ByName[Lanes[ServiceBusSender]] = ByName()  # any spelling
+        # Sends use the shared connection's links when sharing is on; schedules (and every
+        # call when it is off) use lanes of their own connection each.
+        self._lanes: ByName[Lanes[Any]] = ByName()  # any spelling
+        self._own_lanes: ByName[Lanes[Any]] = ByName()
         self._lock = threading.RLock()
+        self._connection: SharedConnection | None = None
+
+    def _sharing_wanted(self, option: bool | None) -> bool:
+        return sharing_enabled(option, self._client)
+
+    @property
+    def connection_sharing(self) -> bool:
+        """Whether sends go as links on the process's one connection to the namespace."""
+        return self._sharing
+
+    def _shared_connection(self) -> SharedConnection:
+        with self._lock:
+            if self._connection is None:
+                self._connection = acquire(self._client, self._link_timeout)
+            return self._connection
 
     # -- entities ---------------------------------------------------------------------
 
@@ -102,7 +126,8 @@ class AzureServiceBusBackend(shared.ServiceBusShared, Backend):
         with self._lock:
             self._profiles[profile.name] = profile
             opened_as = self._kinds.get(profile.name, "queue")
-            if profile.name in self._lanes and opened_as != profile.kind:
+            opened = profile.name in self._lanes or profile.name in self._own_lanes
+            if opened and opened_as != profile.kind:
                 self._retire_lanes(profile.name, "the entity kind changed")
             self._kinds[profile.name] = profile.kind
 
@@ -127,20 +152,21 @@ class AzureServiceBusBackend(shared.ServiceBusShared, Backend):
 
     # -- sending ----------------------------------------------------------------------
 
-    def _entity_lanes(self, entity: str) -> Lanes[ServiceBusSender]:
+    def _entity_lanes(self, entity: str, on_shared: bool) -> Lanes[Any]:
         with self._lock:
             self._check_open(entity)
-            lanes = self._lanes.get(entity)
+            table = self._lanes if on_shared else self._own_lanes
+            lanes = table.get(entity)
             if lanes is None:
-                lanes = self._lanes[entity] = Lanes(self.capabilities.max_in_flight)
+                lanes = table[entity] = Lanes(self.capabilities.max_in_flight)
             return lanes
 
     def _take_lane(
-        self, entity: str, timeout: float, messages: list[Message]
-    ) -> tuple[Lanes[ServiceBusSender], Lane[ServiceBusSender], float]:
+        self, entity: str, timeout: float, messages: list[Message], on_shared: bool = False
+    ) -> tuple[Lanes[Any], Lane[Any], float]:
         """A lane for one transfer and the time left of ``timeout`` once it is free."""
         started = time.monotonic()
-        lanes = self._entity_lanes(entity)
+        lanes = self._entity_lanes(entity, on_shared)
         lane, got = lanes.take_now()
         if not got:  # every link busy: wait for one
             lane, got = lanes.take(timeout)
@@ -154,18 +180,19 @@ class AzureServiceBusBackend(shared.ServiceBusShared, Backend):
                         sender = self._client.get_topic_sender(topic_name=entity)
                     else:
                         sender = self._client.get_queue_sender(queue_name=entity)
+                link: Any = SharedLink(self._shared_connection(), sender) if on_shared else sender
             except BaseException:
                 lanes.cancel()
                 raise
             logger.debug("opened a sender for %s (%d lanes at most)", entity, lanes.size)
-            lane = Lane(sender)
+            lane = Lane(link)
         return lanes, lane, timeout - (time.monotonic() - started)
 
     def _give_back(
         self,
         entity: str,
-        lanes: Lanes[ServiceBusSender],
-        lane: Lane[ServiceBusSender],
+        lanes: Lanes[Any],
+        lane: Lane[Any],
         reason: str | None,
     ) -> None:
         """Return ``lane``; ``reason`` (a failure) closes its sender: the next call opens a new
@@ -180,7 +207,7 @@ class AzureServiceBusBackend(shared.ServiceBusShared, Backend):
     def _open_link(
         self,
         entity: str,
-        lane: Lane[ServiceBusSender],
+        lane: Lane[Any],
         timeout: float,
         messages: list[Message],
     ) -> float:
@@ -193,6 +220,8 @@ class AzureServiceBusBackend(shared.ServiceBusShared, Backend):
         call stops waiting for at its timeout; the abandoned sender is dropped and
         its socket shut so that thread ends too. Nothing is sent while opening.
         """
+        if isinstance(lane.sender, SharedLink):
+            return self._open_shared(entity, lane.sender, timeout, messages)
         if lane.opened:
             return timeout
         if timeout <= shared.MIN_TRANSFER_TIME:
@@ -238,10 +267,26 @@ class AzureServiceBusBackend(shared.ServiceBusShared, Backend):
             raise shared.no_time_left("opening a link", entity, timeout, messages)
         return left
 
+    @staticmethod
+    def _open_shared(
+        entity: str, link: SharedLink, timeout: float, messages: list[Message]
+    ) -> float:
+        """Attach a shared-connection lane (bounded on the loop: no helper thread)."""
+        if link.opened:
+            return timeout
+        if timeout <= shared.MIN_TRANSFER_TIME:
+            raise shared.no_time_left("waiting for a free link", entity, timeout, messages)
+        started = time.monotonic()
+        link.open(timeout)
+        left = timeout - (time.monotonic() - started)
+        if left <= shared.MIN_TRANSFER_TIME:
+            raise shared.no_time_left("opening a link", entity, timeout, messages)
+        return left
+
     def _open_mapped(
         self,
         entity: str,
-        lane: Lane[ServiceBusSender],
+        lane: Lane[Any],
         timeout: float,
         messages: list[Message],
         *,
@@ -261,11 +306,12 @@ class AzureServiceBusBackend(shared.ServiceBusShared, Backend):
 
     def _retire_lanes(self, entity: str, reason: str) -> None:
         """Stop using ``entity``'s lanes: idle ones close now, busy ones when given back."""
-        lanes = self._lanes.pop(entity, None)
-        if lanes is None:
-            return
-        logger.info("closing the senders for %s (%s)", entity, reason)
-        _close_together([(entity, lane.sender) for lane in lanes.close(0.0)], _CLOSE_BOUND)
+        for table in (self._lanes, self._own_lanes):
+            lanes = table.pop(entity, None)
+            if lanes is None:
+                continue
+            logger.info("closing the senders for %s (%s)", entity, reason)
+            _close_together([(entity, lane.sender) for lane in lanes.close(0.0)], _CLOSE_BOUND)
 
     @staticmethod
     def _failure_reason(exc: BaseException) -> str:
@@ -298,11 +344,13 @@ class AzureServiceBusBackend(shared.ServiceBusShared, Backend):
         entity: str,
         messages: list[Message],
         timeout: float,
-        transfer: Callable[[ServiceBusSender, float], Any],
+        transfer: Callable[[Any, float], Any],
+        *,
+        shared_ok: bool = True,
     ) -> Any:
         """Run ``transfer(sender, time_left)`` on a free lane, its link opened, under the
         error map; a failure closes the lane's sender, a refusal before sending keeps it."""
-        lanes, lane, left = self._take_lane(entity, timeout, messages)
+        lanes, lane, left = self._take_lane(entity, timeout, messages, self._sharing and shared_ok)
         failed: str | None = "interrupted"
         try:
             left = self._open_mapped(entity, lane, left, messages, operation=operation)
@@ -312,6 +360,11 @@ class AzureServiceBusBackend(shared.ServiceBusShared, Backend):
             if isinstance(exc, ValidationError):
                 failed = None  # refused before anything was sent: the link is fine
             raise
+        except NotWritten as exc:  # the shared connection never wrote it: nothing stored
+            failed = self._failure_reason(exc.error)
+            raise self._fail(
+                exc.error, operation=operation, entity=entity, messages=messages, reached=False
+            ) from None
         except Exception as exc:
             if not is_sdk_error(exc):
                 raise
@@ -335,7 +388,7 @@ class AzureServiceBusBackend(shared.ServiceBusShared, Backend):
             return []
         converted = [to_servicebus_message(m) for m in messages]
 
-        def transfer(sender: ServiceBusSender, left: float) -> None:
+        def transfer(sender: Any, left: float) -> None:
             # One message goes as itself: wrapping it in a batch encodes it twice.
             payload: Any = (
                 converted[0]
@@ -349,7 +402,7 @@ class AzureServiceBusBackend(shared.ServiceBusShared, Backend):
         return [Ack("accepted") for _ in messages]
 
     def _batch(
-        self, sender: ServiceBusSender, entity: str, messages: list[Message], converted: list[Any]
+        self, sender: Any, entity: str, messages: list[Message], converted: list[Any]
     ) -> Any:
         batch = sender.create_message_batch(**self._batch_size())
         return shared.fill_batch(batch, entity, messages, converted)
@@ -371,7 +424,9 @@ class AzureServiceBusBackend(shared.ServiceBusShared, Backend):
         def transfer(sender: ServiceBusSender, left: float) -> Any:
             return sender.schedule_messages(converted, at, timeout=left)
 
-        numbers = self._on_lane("schedule", entity, messages, timeout, transfer)
+        # The shared connection carries sends only: a schedule is a management request,
+        # sent on a lane of its own connection (see docs/servicebus.md, Connections).
+        numbers = self._on_lane("schedule", entity, messages, timeout, transfer, shared_ok=False)
         acks = shared.scheduled_acks(numbers, len(messages), entity)
         logger.debug("scheduled %d message(s) to %s for %s", len(messages), entity, at)
         return acks
@@ -384,8 +439,10 @@ class AzureServiceBusBackend(shared.ServiceBusShared, Backend):
             if self._closed:
                 return
             self._closed = True
-            every = list(self._lanes.items())
+            every = list(self._lanes.items()) + list(self._own_lanes.items())
             self._lanes.clear()
+            self._own_lanes.clear()
+            connection, self._connection = self._connection, None
         self._stop_submissions()
         # Transfers in flight end within their timeouts; wait for them (bounded), then close.
         deadline = time.monotonic() + self._link_timeout
@@ -395,6 +452,11 @@ class AzureServiceBusBackend(shared.ServiceBusShared, Backend):
             for lane in lanes.close(max(deadline - time.monotonic(), 0.0))
         ]
         _close_together(closing, max(deadline - time.monotonic(), _CLOSE_BOUND))
+        if connection is not None and release(connection):
+            try:
+                _loop.run(connection.shutdown(), _CLOSE_BOUND)
+            except Exception as exc:
+                logger.debug("closing the shared connection failed: %s", type(exc).__name__)
         with self._lock:
             for name, closable in (("client", self._client), ("admin client", self._admin)):
                 if closable is None:
@@ -405,14 +467,14 @@ class AzureServiceBusBackend(shared.ServiceBusShared, Backend):
                     logger.debug("closing the %s failed: %s", name, redact(repr(exc)))
 
 
-def _close_quietly(sender: ServiceBusSender, entity: str) -> None:
+def _close_quietly(sender: Any, entity: str) -> None:
     try:
         sender.close()
     except Exception as exc:  # a dead link may fail to close; it is dropped either way
         logger.debug("closing the sender for %s failed: %s", entity, redact(repr(exc)))
 
 
-def _close_together(closing: list[tuple[str, ServiceBusSender]], bound: float) -> None:
+def _close_together(closing: list[tuple[str, Any]], bound: float) -> None:
     """Close senders side by side, waiting at most ``bound`` seconds.
 
     Each close waits for the peer's answer and the client's keep-alive thread (about
