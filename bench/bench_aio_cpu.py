@@ -74,7 +74,7 @@ async def measure(callers: list[int], total: int, repeats: int) -> dict[int, dic
     null = NullSender()
     with mock.patch.object(ServiceBusClient, "get_queue_sender", return_value=null):
         backend = aio.AzureServiceBusBackend.from_connection_string(
-            CONN, profiles={"orders": PROFILE}
+            CONN, profiles={"orders": PROFILE}, connection_sharing=False  # the null sender
         )
         async with backend, aio.IdempotentSender(backend, PROFILE) as sender:
             rounds = 0
@@ -115,7 +115,7 @@ async def profiled(callers: int, total: int) -> None:
     null = NullSender()
     with mock.patch.object(ServiceBusClient, "get_queue_sender", return_value=null):
         backend = aio.AzureServiceBusBackend.from_connection_string(
-            CONN, profiles={"orders": PROFILE}
+            CONN, profiles={"orders": PROFILE}, connection_sharing=False  # the null sender
         )
         async with backend, aio.IdempotentSender(backend, PROFILE) as sender:
             batch = messages(total, "p")
