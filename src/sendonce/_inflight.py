@@ -482,6 +482,10 @@ def _land(
     for future in running:
         if isinstance(future, Flight):
             future.interrupt()
+        # Hook each again: a Ctrl-C may have landed between a pool future's launch and its
+        # hook, or after the driver took it from the queue and before it left ``running``;
+        # waiting on the queue alone would then wait forever. A second put is skipped below.
+        future.add_done_callback(ended.put)
     try:
         while running:
             done = ended.get()
