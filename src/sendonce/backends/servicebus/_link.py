@@ -87,12 +87,10 @@ def _token_auth(client_sender: Any) -> Any:
     )
 
 
-class SharedLink:
-    """One sender link to one entity on a :class:`SharedConnection`, one transfer at a time.
-
-    ``client_sender`` is the client's ``ServiceBusSender`` for the entity, never opened: it
-    gives the link's address, the token audience and the client's token source.
-    """
+class _LinkState:
+    """What a sync and an aio shared link both hold: the connection, the client's unopened
+    sender (address, token audience, token source), and the attached link with the
+    connection's generation it belongs to (a link of a lost connection is not opened)."""
 
     def __init__(self, shared: SharedConnection, client_sender: Any) -> None:
         self._shared = shared
@@ -103,12 +101,20 @@ class SharedLink:
         self._max_batch = MAX_BATCH_SIZE_STANDARD
 
     def __repr__(self) -> str:
-        return f"SharedLink({self._client_sender.entity_name!r}, opened={self.opened})"
+        return f"{type(self).__name__}({self._client_sender.entity_name!r}, opened={self.opened})"
 
     @property
     def opened(self) -> bool:
         """Whether the link is attached on the connection as it is now."""
         return self._link is not None and self._shared.link_alive(self._link, self._generation)
+
+
+class SharedLink(_LinkState):
+    """One sender link to one entity on a :class:`SharedConnection`, one transfer at a time.
+
+    ``client_sender`` is the client's ``ServiceBusSender`` for the entity, never opened: it
+    gives the link's address, the token audience and the client's token source.
+    """
 
     def open(self, timeout: float) -> None:
         """Attach the link (connecting and authorising first if needed) within ``timeout``.
@@ -159,25 +165,9 @@ class SharedLink:
             logger.debug("closing the client's sender failed: %s", type(exc).__name__)
 
 
-class AsyncSharedLink:
+class AsyncSharedLink(_LinkState):
     """:class:`SharedLink` for the aio backend: the same link on the same connection, awaited
     from the caller's event loop (the work runs on the connection loop's thread)."""
-
-    def __init__(self, shared: SharedConnection, client_sender: Any) -> None:
-        self._shared = shared
-        self._client_sender = client_sender
-        self._auth: Any = None
-        self._link: Any = None
-        self._generation = -1
-        self._max_batch = MAX_BATCH_SIZE_STANDARD
-
-    def __repr__(self) -> str:
-        return f"AsyncSharedLink({self._client_sender.entity_name!r}, opened={self.opened})"
-
-    @property
-    def opened(self) -> bool:
-        """Whether the link is attached on the connection as it is now."""
-        return self._link is not None and self._shared.link_alive(self._link, self._generation)
 
     async def open(self, timeout: float) -> None:
         """Attach the link within ``timeout`` (the caller bounds it too)."""
