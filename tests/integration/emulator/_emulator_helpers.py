@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 from sendonce import EntityProfile
+from sendonce.backends import LocalBackend
+from sendonce.emulator import Emulator
 
 
 class FakeTime:
@@ -25,3 +30,14 @@ class FakeTime:
 ORDERS = EntityProfile("orders")
 EVENTS = EntityProfile("events", kind="topic")
 SHORT_WINDOW = EntityProfile("short", duplicate_detection_window=timedelta(seconds=20))
+
+
+@contextlib.contextmanager
+def emulated(tmp_path: Path, *profiles: EntityProfile) -> Iterator[tuple[Emulator, LocalBackend]]:
+    """An emulator over a fresh broker file holding ``profiles``, and that file's store."""
+    path = tmp_path / "broker.db"
+    with LocalBackend(path) as store:
+        for profile in profiles:
+            store.create_entity(profile)
+        with Emulator(path, poll_interval=0.02) as emulator:
+            yield emulator, store

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _emulator_helpers import emulated
 
 from sendonce import EntityProfile, IdempotentSender, Message, RetryPolicy, aio
 from sendonce.backends.local import LocalBackend
@@ -37,12 +38,8 @@ LANES = 4
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[tuple[Emulator, LocalBackend]]:
-    path = tmp_path / "broker.db"
-    with LocalBackend(path) as store:
-        store.create_entity(PARTS)
-        store.create_entity(ORDERS)
-        with Emulator(path, poll_interval=0.02) as emulator:
-            yield emulator, store
+    with emulated(tmp_path, PARTS, ORDERS) as both:
+        yield both
 
 
 def keyed(n: int, tag: str = "m") -> list[Message]:

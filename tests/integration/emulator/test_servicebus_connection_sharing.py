@@ -20,6 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from _emulator_helpers import emulated
 
 pytest.importorskip("proton")
 pytest.importorskip("azure.servicebus")
@@ -93,12 +94,8 @@ SECRET = "sharing-Secret-Key-0123456789abcdef="
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[tuple[Emulator, LocalBackend]]:
-    path = tmp_path / "broker.db"
-    with LocalBackend(path) as store:
-        store.create_entity(PARTS)
-        store.create_entity(ORDERS)
-        with Emulator(path, poll_interval=0.02) as emulator:
-            yield emulator, store
+    with emulated(tmp_path, PARTS, ORDERS) as both:
+        yield both
 
 
 def keyed(n: int, keys: int, tag: str = "m") -> list[Message]:
